@@ -1,0 +1,122 @@
+"""Per-call state shared by the chain and the connector for the duration of one tools/call.
+
+The envelope (outermost) opens a ``CallState`` in a context variable; each layer records
+what it decided (principal, class, document hashes, approval) so the audit middleware can
+write one complete event and the connector can re-check with the same facts. Context
+variables follow the call into async tools and into worker threads started with
+``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from nexus_mcp.ids import new_id
+from nexus_mcp.principal import Principal
+
+META_PREFIX = "nexus.mcp/"
+META_IDEMPOTENCY_KEY = "nexus.mcp/idempotency_key"
+META_APPROVAL_TOKEN = "nexus.mcp/approval_token"
+META_EXPECTED_HASHES = "nexus.mcp/expected_document_hashes"
+META_TOOL_CLASS = "nexus.mcp/tool_class"
+META_CORRELATION_ID = "nexus.mcp/correlation_id"
+META_TOOL_EFFECT = "nexus.mcp/tool_effect"
+
+# Tool arguments that are call plumbing, not the action itself.
+ARG_IDEMPOTENCY_KEY = "idempotency_key"
+ARG_APPROVAL_TOKEN = "approval_token"
+PLUMBING_ARGS = frozenset({ARG_IDEMPOTENCY_KEY, ARG_APPROVAL_TOKEN})
+
+
+@dataclass
+class CallState:
+    """What the chain knows about the current call. Mutable; one per tools/call."""
+
+    tool_name: str
+    arguments: dict[str, Any]
+    meta: Mapping[str, Any]
+    transport: str | None
+    session_key: str | None = None
+    tool_call_id: str = field(default_factory=new_id)
+    correlation_id: str = field(default_factory=new_id)
+    started_at: float = field(default_factory=time.perf_counter)
+    principal: Principal | None = None
+    risk: str | None = None
+    tool_class: str | None = None
+    heuristic_class: bool = False
+    idempotency_key: str | None = None
+    idempotency_outcome: str | None = None
+    approval: Mapping[str, Any] | None = None
+    policy_decision: str | None = None
+    policy_rule: str | None = None
+    document_hashes: tuple[Mapping[str, Any], ...] | None = None
+    batch_total_bytes: int | None = None
+    effect: Mapping[str, Any] | None = None
+    block_reason: str | None = None
+    executed: bool = False
+    gateway_checks: set[str] = field(default_factory=set)
+
+    @property
+    def elapsed_ms(self) -> float:
+        return round((time.perf_counter() - self.started_at) * 1000, 3)
+
+
+_current: ContextVar[CallState | None] = ContextVar("nexus_call_state", default=None)
+_principal: ContextVar[Principal | None] = ContextVar("nexus_principal", default=None)
+
+
+def current_call() -> CallState | None:
+    return _current.get()
+
+
+@contextmanager
+def open_call(state: CallState) -> Iterator[CallState]:
+    token = _current.set(state)
+    try:
+        yield state
+    finally:
+        _current.reset(token)
+
+
+def current_principal() -> Principal | None:
+    return _principal.get()
+
+
+@contextmanager
+def bind_principal(principal: Principal | None) -> Iterator[None]:
+    token = _principal.set(principal)
+    try:
+        yield
+    finally:
+        _principal.reset(token)
+
+
+def nexus_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Only the ``nexus.mcp/*`` keys of a request's ``_meta``."""
+    if not meta:
+        return {}
+    return {k: v for k, v in meta.items() if isinstance(k, str) and k.startswith(META_PREFIX)}
+
+
+__all__ = [
+    "ARG_APPROVAL_TOKEN",
+    "ARG_IDEMPOTENCY_KEY",
+    "META_APPROVAL_TOKEN",
+    "META_CORRELATION_ID",
+    "META_EXPECTED_HASHES",
+    "META_IDEMPOTENCY_KEY",
+    "META_TOOL_CLASS",
+    "META_TOOL_EFFECT",
+    "PLUMBING_ARGS",
+    "CallState",
+    "bind_principal",
+    "current_call",
+    "current_principal",
+    "nexus_meta",
+    "open_call",
+]

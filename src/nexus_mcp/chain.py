@@ -1,0 +1,49 @@
+"""The one place that assembles the policy chain, outermost first (DESIGN.md, "The chain").
+
+    1 envelope -> 2 audit -> 3 identity -> 4 namespace -> 5 classification
+      -> 6 approval & write policy -> 7 documents -> 8 budgets & timeouts -> 9 connector
+
+The connector (9) is not a middleware: ``@nexus_tool``'s binding wraps each tool function.
+FastMCP runs ``mcp.middleware`` in list order, the first being the outermost (its
+``DereferenceRefsMiddleware`` is appended after ours and only touches schemas).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastmcp.server.middleware import Middleware
+
+CHAIN_ORDER = (
+    "envelope",
+    "audit",
+    "identity",
+    "namespace",
+    "classification",
+    "approval",
+    "documents",
+    "limits",
+)
+
+
+@dataclass(frozen=True)
+class ChainLayers:
+    """The middleware for each slot; a slot a deployment does not use is ``None``."""
+
+    envelope: Middleware
+    audit: Middleware
+    identity: Middleware
+    namespace: Middleware | None = None
+    classification: Middleware | None = None
+    approval: Middleware | None = None
+    documents: Middleware | None = None
+    limits: Middleware | None = None
+
+
+def build_middleware(layers: ChainLayers) -> list[Middleware]:
+    """The chain in DESIGN.md order, skipping empty slots."""
+    ordered = [getattr(layers, slot) for slot in CHAIN_ORDER]
+    return [layer for layer in ordered if layer is not None]
+
+
+__all__ = ["CHAIN_ORDER", "ChainLayers", "build_middleware"]

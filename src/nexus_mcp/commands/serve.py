@@ -1,0 +1,87 @@
+"""``nexus-mcp serve``: run the server on stdio or streamable HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.logs import configure_logging
+from nexus_mcp.settings import load_settings
+
+# (flag, settings field, help). Every flag also reads NEXUS_MCP_<FIELD> (pydantic-settings).
+SERVE_OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+    ("--transport", "transport", "stdio (default) or http", {"choices": ["stdio", "http"]}),
+    ("--host", "host", "HTTP bind address (default 127.0.0.1)", {}),
+    ("--port", "port", "HTTP port (default 8765)", {"type": int}),
+    ("--http-path", "http_path", "HTTP endpoint path (default /mcp)", {}),
+    ("--workspace", "workspace", "folder the file and notes tools serve", {"type": Path}),
+    ("--mode", "mode", "prod (default) or dev", {"choices": ["dev", "prod"]}),
+    ("--data-dir", "data_dir", "state folder: audit log, SQLite stores (default ./.nexus-data)", {"type": Path}),
+    ("--audit-file", "audit_file", "JSONL audit file (default <data-dir>/audit.jsonl)", {"type": Path}),
+    ("--log-level", "log_level", "DEBUG, INFO (default), WARNING or ERROR", {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"]}),
+    ("--subject", "subject", "stdio principal: subject", {}),
+    ("--role", "role", "stdio principal: role (viewer, editor, evaluator, admin)", {}),
+    ("--profile", "profile", "stdio principal: tool profile", {}),
+    ("--vault-id", "vault_id", "stdio principal: vault id", {}),
+    ("--user-id", "user_id", "stdio principal: user id", {}),
+    ("--canister-user-id", "canister_user_id", "stdio principal: canister user id", {}),
+    ("--scopes", "scopes", "stdio principal: scopes, comma or space separated", {}),
+)
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the workspace over stdio or streamable HTTP",
+        description=(
+            "Serve the workspace tools. Every option can also be set with the environment "
+            "variable NEXUS_MCP_<OPTION> (e.g. NEXUS_MCP_PORT=9000) or in the YAML --config "
+            "file; flags win over the environment, which wins over the file."
+        ),
+    )
+    for flag, dest, help_text, extra in SERVE_OPTIONS:
+        parser.add_argument(flag, dest=dest, default=None, help=f"{help_text} [NEXUS_MCP_{dest.upper()}]", **extra)
+    parser.add_argument(
+        "--read-only", dest="read_only", action="store_const", const=True, default=None,
+        help="stdio principal: read-only caller [NEXUS_MCP_READ_ONLY]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--stateless-http", dest="stateless_http", action="store_const", const=True, default=None,
+        help="HTTP without sessions, for replicas behind a load balancer [NEXUS_MCP_STATELESS_HTTP]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--config", type=Path, default=None,
+        help="YAML configuration file [NEXUS_MCP_CONFIG]",
+    )  # fmt: skip
+    parser.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from nexus_mcp.server import build_server
+    from nexus_mcp.transport import serve
+
+    overrides = {dest: getattr(args, dest) for _, dest, _, _ in SERVE_OPTIONS}
+    overrides["read_only"] = args.read_only
+    overrides["stateless_http"] = args.stateless_http
+    config = args.config or (Path(os.environ["NEXUS_MCP_CONFIG"]) if os.environ.get("NEXUS_MCP_CONFIG") else None)
+    configure_logging("INFO")
+    try:
+        settings = load_settings(config, overrides)
+        configure_logging(settings.log_level)
+        server = build_server(settings, config_file=config)
+    except ConfigError as exc:
+        sys.stderr.write(f"nexus-mcp: {exc}\n")
+        return 2
+    try:
+        asyncio.run(serve(server))
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+__all__ = ["SERVE_OPTIONS", "add_parser", "run_serve"]

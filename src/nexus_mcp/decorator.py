@@ -1,0 +1,228 @@
+"""``@nexus_tool``: declares a tool's contract and binds it to the connector enforcement point.
+
+A tool function is decorated where it is written::
+
+    @nexus_tool(risk="read", description="Read a text file from the workspace.")
+    async def nexus_read_file(path: str) -> ReadFileResult: ...
+
+The decorator only attaches a ``ToolContract`` (seed 002: name, version, description,
+risk, required scopes, data handling). ``server.py`` then calls ``bind_tool`` to wrap the
+function with the connector, the innermost layer of the chain (DESIGN.md, step 9): right
+before the function runs it re-checks the call against the same loaded registry object
+the gateway middleware used (defense in depth), and it turns typed refusals into a
+FastMCP ``ToolError`` that carries them, so FastMCP passes them up without logging a
+traceback and the envelope can answer with the right code. ``functools.wraps`` keeps the
+signature, which FastMCP reads to build the input schema (FASTMCP4_GUIDE 3.2).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar
+
+from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
+from fastmcp.exceptions import ToolError
+from fastmcp.tools import ToolResult
+from mcp_types import TextContent
+from pydantic import BaseModel
+
+from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
+from nexus_mcp.errors import NexusError
+
+Risk = Literal["read", "write", "admin"]
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+CONTRACT_ATTR = "__nexus_contract__"
+
+
+@dataclass(frozen=True)
+class DataHandling:
+    """What of a call may be logged (seed 002 ``data_handling``).
+
+    ``loggable_args`` names the argument fields whose values may appear in the audit log;
+    every other argument is represented only by the digest of all arguments.
+    """
+
+    loggable_args: frozenset[str] = frozenset()
+    contains_user_content: bool = True
+
+
+@dataclass(frozen=True)
+class ToolContract:
+    """The declared contract of one tool."""
+
+    name: str
+    description: str
+    risk: Risk
+    toolset: str
+    version: str = "1.0.0"
+    title: str | None = None
+    required_scopes: frozenset[str] = frozenset()
+    data_handling: DataHandling = field(default_factory=DataHandling)
+    idempotent: bool | None = None
+
+    @property
+    def tool_class(self) -> Literal["read", "write"]:
+        """The registry class this risk corresponds to (admin is a write)."""
+        return "read" if self.risk == "read" else "write"
+
+    def annotations(self) -> dict[str, Any]:
+        """MCP tool annotations derived from the risk."""
+        read = self.risk == "read"
+        return {
+            "title": self.title or self.name,
+            "readOnlyHint": read,
+            "destructiveHint": not read,
+            "idempotentHint": read if self.idempotent is None else self.idempotent,
+            "openWorldHint": False,
+        }
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "nexus": {
+                "risk": self.risk,
+                "version": self.version,
+                "toolset": self.toolset,
+                "required_scopes": sorted(self.required_scopes),
+            }
+        }
+
+
+def nexus_tool(
+    *,
+    risk: Risk,
+    toolset: str,
+    description: str | None = None,
+    name: str | None = None,
+    version: str = "1.0.0",
+    title: str | None = None,
+    required_scopes: Sequence[str] = (),
+    loggable_args: Sequence[str] = (),
+    contains_user_content: bool = True,
+    idempotent: bool | None = None,
+) -> Callable[[F], F]:
+    """Declare a tool's contract. The function must be ``async`` and return a model or dict."""
+
+    def decorate(fn: F) -> F:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"@nexus_tool needs an async function: {fn.__qualname__}")
+        doc = inspect.getdoc(fn) or ""
+        contract = ToolContract(
+            name=name or fn.__name__,
+            description=description or doc.split("\n\n")[0].strip() or fn.__name__,
+            risk=risk,
+            toolset=toolset,
+            version=version,
+            title=title,
+            required_scopes=frozenset(required_scopes),
+            data_handling=DataHandling(
+                loggable_args=frozenset(loggable_args),
+                contains_user_content=contains_user_content,
+            ),
+            idempotent=idempotent,
+        )
+        setattr(fn, CONTRACT_ATTR, contract)
+        return fn
+
+    return decorate
+
+
+def contract_of(fn: Callable[..., Any]) -> ToolContract:
+    contract = getattr(fn, CONTRACT_ATTR, None)
+    if not isinstance(contract, ToolContract):
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)!r} is not declared with @nexus_tool")
+    return contract
+
+
+class ConnectorRefusal(ToolError):
+    """A typed refusal crossing FastMCP's tool boundary; the envelope unwraps ``.error``."""
+
+    def __init__(self, error: NexusError) -> None:
+        # A typed refusal is an expected outcome, not a server fault: FastMCP logs it at
+        # this level instead of as an error with a traceback.
+        super().__init__(error.message, log_level=logging.DEBUG)
+        self.error = error
+
+
+class ConnectorCheck(Protocol):
+    """One connector-side check, run before (``before``) and after (``after``) the tool."""
+
+    def before(
+        self, contract: ToolContract, state: CallState, arguments: dict[str, Any]
+    ) -> None: ...
+
+    def after(
+        self, contract: ToolContract, state: CallState, structured: dict[str, Any]
+    ) -> None: ...
+
+
+EffectBuilder = Callable[[ToolContract, CallState], Mapping[str, Any]]
+
+
+def to_structured(value: Any) -> dict[str, Any]:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return value
+    raise TypeError("a nexus tool must return a pydantic model or a dict")
+
+
+def bind_tool(
+    fn: Callable[..., Awaitable[Any]],
+    *,
+    checks: Sequence[ConnectorCheck],
+    build_effect: EffectBuilder,
+    on_started: Callable[[ToolContract, CallState], None],
+) -> Callable[..., Awaitable[ToolResult]]:
+    """Wrap a declared tool with the connector; the result is what FastMCP registers."""
+    contract = contract_of(fn)
+
+    @functools.wraps(fn)
+    async def connector(*args: Any, **kwargs: Any) -> ToolResult:
+        state = current_call()
+        if state is None or state.principal is None:
+            # Reached without the chain (or without an identity): behave as if the tool
+            # did not exist, the same answer the namespace gives for a hidden tool.
+            raise FastMCPNotFoundError(f"Unknown tool: {contract.name!r}")
+        try:
+            for check in checks:
+                check.before(contract, state, kwargs)
+            state.executed = True
+            on_started(contract, state)
+            value = await fn(*args, **kwargs)
+            structured = to_structured(value)
+            for check in checks:
+                check.after(contract, state, structured)
+            effect = build_effect(contract, state)
+        except NexusError as exc:
+            raise ConnectorRefusal(exc) from exc
+        state.effect = effect
+        text = json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
+        return ToolResult(
+            content=[TextContent(type="text", text=text)],
+            structured_content=structured,
+            meta={META_TOOL_EFFECT: dict(effect)},
+        )
+
+    # functools.wraps copied the declared function's annotations, so FastMCP derives the
+    # input and output schemas from them, not from the ToolResult returned here.
+    return connector
+
+
+__all__ = [
+    "CONTRACT_ATTR",
+    "ConnectorCheck",
+    "ConnectorRefusal",
+    "DataHandling",
+    "Risk",
+    "ToolContract",
+    "bind_tool",
+    "contract_of",
+    "nexus_tool",
+    "to_structured",
+]

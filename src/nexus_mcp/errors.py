@@ -1,0 +1,362 @@
+"""Typed refusals and the one function that turns any exception into the wire envelope.
+
+Every refusal nexus-mcp makes is a ``NexusError`` subclass that carries its stable code,
+the structured facts of the refusal (for audit), and builds its own safe message. Safe
+means: no input values, no paths the caller sent, no exception text, no secrets.
+
+    NexusError
+    ├── InputError
+    │   ├── InvalidInputError            INVALID_INPUT
+    │   ├── InvalidPathError             INVALID_PATH
+    │   ├── NotFoundError                NOT_FOUND
+    │   └── ConflictError                CONFLICT
+    ├── RegistryError
+    │   ├── ToolUnclassifiedError        TOOL_UNCLASSIFIED_DENIED
+    │   ├── ToolClassMismatchError       TOOL_CLASS_MISMATCH
+    │   ├── ToolClassDeclarationError    TOOL_CLASS_DECLARATION_MISMATCH
+    │   ├── IdempotencyKeyRequiredError  IDEMPOTENCY_KEY_REQUIRED
+    │   └── IdempotencyKeyConflictError  IDEMPOTENCY_KEY_CONFLICT
+    ├── DocumentError
+    │   ├── DocSizeExceededError         DOC_SIZE_EXCEEDED
+    │   ├── DocHashMismatchError         DOC_HASH_MISMATCH
+    │   ├── DocPointerInvalidError       DOC_CONTENT_POINTER_INVALID
+    │   └── DocEncodingInvalidError      DOC_ENCODING_INVALID
+    ├── ApprovalError
+    │   ├── ApprovalRequiredError        APPROVAL_REQUIRED
+    │   ├── ApprovalInvalidError         APPROVAL_INVALID
+    │   ├── ApprovalExpiredError         APPROVAL_EXPIRED
+    │   ├── ApprovalReplayedError        APPROVAL_REPLAYED
+    │   └── WritePolicyDeniedError       WRITE_POLICY_DENIED
+    ├── LimitError
+    │   ├── BudgetExceededError          BUDGET_EXCEEDED
+    │   ├── RateLimitedError             RATE_LIMITED
+    │   └── ToolTimeoutError             TOOL_TIMEOUT
+    ├── UpstreamError                    UPSTREAM_ERROR (Knowtation-compatible messages)
+    └── InternalError                    INTERNAL_ERROR
+
+``ConfigError`` is separate: it stops start-up and never reaches a client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+from typing import Any, ClassVar
+
+
+class Code(StrEnum):
+    """The stable error codes of the envelope (DESIGN.md). Never rename one."""
+
+    TOOL_UNCLASSIFIED_DENIED = "TOOL_UNCLASSIFIED_DENIED"
+    TOOL_CLASS_MISMATCH = "TOOL_CLASS_MISMATCH"
+    TOOL_CLASS_DECLARATION_MISMATCH = "TOOL_CLASS_DECLARATION_MISMATCH"
+    IDEMPOTENCY_KEY_REQUIRED = "IDEMPOTENCY_KEY_REQUIRED"
+    IDEMPOTENCY_KEY_CONFLICT = "IDEMPOTENCY_KEY_CONFLICT"
+    DOC_SIZE_EXCEEDED = "DOC_SIZE_EXCEEDED"
+    DOC_HASH_MISMATCH = "DOC_HASH_MISMATCH"
+    DOC_CONTENT_POINTER_INVALID = "DOC_CONTENT_POINTER_INVALID"
+    DOC_ENCODING_INVALID = "DOC_ENCODING_INVALID"
+    APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
+    APPROVAL_INVALID = "APPROVAL_INVALID"
+    APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
+    APPROVAL_REPLAYED = "APPROVAL_REPLAYED"
+    WRITE_POLICY_DENIED = "WRITE_POLICY_DENIED"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+    RATE_LIMITED = "RATE_LIMITED"
+    TOOL_TIMEOUT = "TOOL_TIMEOUT"
+    INVALID_INPUT = "INVALID_INPUT"
+    INVALID_PATH = "INVALID_PATH"
+    NOT_FOUND = "NOT_FOUND"
+    CONFLICT = "CONFLICT"
+    UPSTREAM_ERROR = "UPSTREAM_ERROR"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+
+
+class ConfigError(Exception):
+    """Invalid configuration: stops start-up with a message naming the setting or file."""
+
+
+class NexusError(Exception):
+    """Root of every refusal that reaches a client as the error envelope.
+
+    ``facts`` are structured details for the audit log (limits, sizes, pointers, rule
+    names). They must never hold caller-supplied values; the message is built by the
+    class from a template and only the facts listed in ``public_facts`` may appear in it.
+    """
+
+    code: ClassVar[Code] = Code.INTERNAL_ERROR
+    default_message: ClassVar[str] = "internal error"
+
+    def __init__(self, message: str | None = None, **facts: Any) -> None:
+        self.facts: dict[str, Any] = facts
+        self.message = message if message is not None else self.render(facts)
+        super().__init__(self.message)
+
+    def render(self, facts: dict[str, Any]) -> str:
+        """Build the safe message from facts. Subclasses override for richer text."""
+        return self.default_message
+
+    def to_payload(self) -> dict[str, str]:
+        return {"error": self.message, "code": str(self.code)}
+
+
+# --- input and data -------------------------------------------------------------------
+
+
+class InputError(NexusError):
+    code = Code.INVALID_INPUT
+    default_message = "invalid input"
+
+
+class InvalidInputError(InputError):
+    """Arguments that fail validation. Names the field only, never the value sent."""
+
+    code = Code.INVALID_INPUT
+
+    def render(self, facts: dict[str, Any]) -> str:
+        field = facts.get("field")
+        if field:
+            return f"invalid input for field '{field}'"
+        return "invalid input"
+
+
+class InvalidPathError(InputError):
+    code = Code.INVALID_PATH
+    default_message = "path is not allowed"
+
+
+class NotFoundError(InputError):
+    code = Code.NOT_FOUND
+    default_message = "not found"
+
+
+class ConflictError(InputError):
+    code = Code.CONFLICT
+    default_message = "conflict with the current state"
+
+
+# --- registry ---------------------------------------------------------------------------
+
+
+class RegistryError(NexusError):
+    code = Code.TOOL_UNCLASSIFIED_DENIED
+
+
+class ToolUnclassifiedError(RegistryError):
+    code = Code.TOOL_UNCLASSIFIED_DENIED
+    default_message = "tool is not classified in the registry"
+
+
+class ToolClassMismatchError(RegistryError):
+    code = Code.TOOL_CLASS_MISMATCH
+    default_message = "a read-only caller cannot invoke a write tool"
+
+
+class ToolClassDeclarationError(RegistryError):
+    code = Code.TOOL_CLASS_DECLARATION_MISMATCH
+    default_message = "declared tool class does not match the registry"
+
+
+class IdempotencyKeyRequiredError(RegistryError):
+    code = Code.IDEMPOTENCY_KEY_REQUIRED
+    default_message = "write tools require an idempotency_key"
+
+
+class IdempotencyKeyConflictError(RegistryError):
+    code = Code.IDEMPOTENCY_KEY_CONFLICT
+    default_message = "idempotency_key was already used with different arguments"
+
+
+# --- documents --------------------------------------------------------------------------
+
+
+class DocumentError(NexusError):
+    code = Code.DOC_SIZE_EXCEEDED
+
+
+class DocSizeExceededError(DocumentError):
+    code = Code.DOC_SIZE_EXCEEDED
+
+    def render(self, facts: dict[str, Any]) -> str:
+        limit = facts.get("limit_bytes")
+        kind = facts.get("limit_name", "size")
+        if isinstance(limit, int):
+            return f"document exceeds the {kind} limit of {limit} bytes"
+        return "document exceeds the size limit"
+
+
+class DocHashMismatchError(DocumentError):
+    code = Code.DOC_HASH_MISMATCH
+
+    def render(self, facts: dict[str, Any]) -> str:
+        pointer = facts.get("pointer")
+        if isinstance(pointer, str):
+            return f"document hash does not match the expected hash at {pointer}"
+        return "document hash does not match the expected hash"
+
+
+class DocPointerInvalidError(DocumentError):
+    code = Code.DOC_CONTENT_POINTER_INVALID
+
+    def render(self, facts: dict[str, Any]) -> str:
+        pointer = facts.get("pointer")
+        if isinstance(pointer, str):
+            return f"document content pointer {pointer} does not resolve"
+        return "document content pointer does not resolve"
+
+
+class DocEncodingInvalidError(DocumentError):
+    code = Code.DOC_ENCODING_INVALID
+
+    def render(self, facts: dict[str, Any]) -> str:
+        encoding = facts.get("encoding")
+        if isinstance(encoding, str):
+            return f"document content is not valid {encoding}"
+        return "document content encoding is invalid"
+
+
+# --- approvals and write policy ---------------------------------------------------------
+
+
+class ApprovalError(NexusError):
+    code = Code.APPROVAL_INVALID
+
+
+class ApprovalRequiredError(ApprovalError):
+    code = Code.APPROVAL_REQUIRED
+    default_message = (
+        "this write requires an approval token: ask an approver to mint one for this tool "
+        "and these exact arguments, then pass it as approval_token"
+    )
+
+
+class ApprovalInvalidError(ApprovalError):
+    code = Code.APPROVAL_INVALID
+    default_message = "approval token is not valid for this call"
+
+
+class ApprovalExpiredError(ApprovalError):
+    code = Code.APPROVAL_EXPIRED
+    default_message = "approval token has expired"
+
+
+class ApprovalReplayedError(ApprovalError):
+    code = Code.APPROVAL_REPLAYED
+    default_message = "approval token was already used"
+
+
+class WritePolicyDeniedError(ApprovalError):
+    code = Code.WRITE_POLICY_DENIED
+    default_message = "write denied by the write policy"
+
+
+# --- limits -----------------------------------------------------------------------------
+
+
+class LimitError(NexusError):
+    code = Code.BUDGET_EXCEEDED
+
+
+class BudgetExceededError(LimitError):
+    code = Code.BUDGET_EXCEEDED
+    default_message = "call budget for this session is exhausted"
+
+
+class RateLimitedError(LimitError):
+    code = Code.RATE_LIMITED
+    default_message = "too many calls; retry later"
+
+
+class ToolTimeoutError(LimitError):
+    code = Code.TOOL_TIMEOUT
+    default_message = "tool call timed out"
+
+
+# --- upstream (Knowtation-compatible) and internal --------------------------------------
+
+UPSTREAM_INVALID_PATH = "Invalid path"
+UPSTREAM_RUNTIME_FAILURE = "Runtime failure"
+
+
+class UpstreamError(NexusError):
+    """Knowtation's hosted envelope: ``Invalid path``, ``Upstream <status>``, ``Runtime failure``."""
+
+    code = Code.UPSTREAM_ERROR
+    default_message = UPSTREAM_RUNTIME_FAILURE
+
+    @classmethod
+    def invalid_path(cls) -> UpstreamError:
+        return cls(UPSTREAM_INVALID_PATH, outcome="invalid_path")
+
+    @classmethod
+    def status(cls, status: int) -> UpstreamError:
+        return cls(f"Upstream {int(status)}", outcome="upstream_status", status=int(status))
+
+    @classmethod
+    def runtime_failure(cls) -> UpstreamError:
+        return cls(UPSTREAM_RUNTIME_FAILURE, outcome="runtime_failure")
+
+
+class InternalError(NexusError):
+    code = Code.INTERNAL_ERROR
+
+    def render(self, facts: dict[str, Any]) -> str:
+        ref = facts.get("ref")
+        return f"internal error (ref {ref})" if ref else "internal error"
+
+
+def correlation_ref(correlation_id: str) -> str:
+    """A short, non-reversible reference a user can quote to an operator."""
+    return hashlib.sha256(correlation_id.encode("utf-8")).hexdigest()[:12]
+
+
+def to_nexus_error(exc: BaseException, *, correlation_id: str) -> NexusError:
+    """The one mapping from any exception to a safe ``NexusError``.
+
+    Typed refusals pass through; anything else becomes ``INTERNAL_ERROR`` whose message
+    holds only a hashed reference to the correlation id (the operator's log has the rest).
+    """
+    if isinstance(exc, NexusError):
+        return exc
+    internal = InternalError(ref=correlation_ref(correlation_id), exception=type(exc).__name__)
+    internal.__cause__ = exc
+    return internal
+
+
+__all__ = [
+    "UPSTREAM_INVALID_PATH",
+    "UPSTREAM_RUNTIME_FAILURE",
+    "ApprovalError",
+    "ApprovalExpiredError",
+    "ApprovalInvalidError",
+    "ApprovalReplayedError",
+    "ApprovalRequiredError",
+    "BudgetExceededError",
+    "Code",
+    "ConfigError",
+    "ConflictError",
+    "DocEncodingInvalidError",
+    "DocHashMismatchError",
+    "DocPointerInvalidError",
+    "DocSizeExceededError",
+    "DocumentError",
+    "IdempotencyKeyConflictError",
+    "IdempotencyKeyRequiredError",
+    "InputError",
+    "InternalError",
+    "InvalidInputError",
+    "InvalidPathError",
+    "LimitError",
+    "NexusError",
+    "NotFoundError",
+    "RateLimitedError",
+    "RegistryError",
+    "ToolClassDeclarationError",
+    "ToolClassMismatchError",
+    "ToolTimeoutError",
+    "ToolUnclassifiedError",
+    "UpstreamError",
+    "WritePolicyDeniedError",
+    "correlation_ref",
+    "to_nexus_error",
+]

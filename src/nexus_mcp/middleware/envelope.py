@@ -1,0 +1,128 @@
+"""EnvelopeMiddleware: the outermost layer and the only place that catches ``Exception``.
+
+Every refusal and failure of a ``tools/call`` leaves as the error envelope of DESIGN.md:
+``isError: true``, text content ``{"error", "code"}`` JSON and the same object as
+``structuredContent``. Unknown tools keep FastMCP's own answer (``Unknown tool: '<name>'``)
+so that a hidden tool cannot be told from a missing one. Failures of other requests are
+re-raised as a masked JSON-RPC error, because on handshake-era connections FastMCP would
+pass a plain exception's text to the client (FASTMCP4_GUIDE 1.5).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
+from fastmcp.exceptions import FastMCPError, ToolError
+from fastmcp.exceptions import ValidationError as FastMCPValidationError
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools import ToolResult
+from mcp.shared.exceptions import MCPError
+from mcp_types import TextContent
+from pydantic import ValidationError as PydanticValidationError
+
+from nexus_mcp.calls import META_CORRELATION_ID, CallState, nexus_meta, open_call
+from nexus_mcp.decorator import ConnectorRefusal
+from nexus_mcp.errors import InternalError, InvalidInputError, NexusError, to_nexus_error
+from nexus_mcp.logs import get_logger
+
+log = get_logger(__name__)
+
+_CORRELATION_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
+INTERNAL_JSONRPC_CODE = -32603
+
+
+def to_wire_error(exc: BaseException, *, correlation_id: str) -> NexusError:
+    """Unwrap FastMCP's wrappers, then apply the one mapping in ``errors.to_nexus_error``."""
+    if isinstance(exc, ConnectorRefusal):
+        return exc.error
+    if isinstance(exc, FastMCPValidationError):
+        return invalid_input_from(exc.__cause__)
+    if isinstance(exc, ToolError) and isinstance(exc.__cause__, NexusError):
+        return exc.__cause__
+    return to_nexus_error(exc, correlation_id=correlation_id)
+
+
+def invalid_input_from(cause: BaseException | None) -> InvalidInputError:
+    """``INVALID_INPUT`` naming the first bad declared field; never the value sent.
+
+    pydantic's messages embed the input value even with ``mask_error_details``, so only
+    the location is kept, and not even that for unexpected arguments (the name of an
+    unexpected argument is itself caller input).
+    """
+    if isinstance(cause, PydanticValidationError):
+        for err in cause.errors(include_url=False, include_input=False, include_context=False):
+            loc = err.get("loc") or ()
+            if err.get("type") in ("unexpected_keyword_argument", "extra_forbidden"):
+                return InvalidInputError("unexpected argument", problem="unexpected_argument")
+            if loc and isinstance(loc[0], str):
+                return InvalidInputError(field=loc[0], problem=str(err.get("type")))
+    return InvalidInputError(problem="validation")
+
+
+def to_envelope(error: NexusError) -> ToolResult:
+    payload = error.to_payload()
+    return ToolResult(
+        content=[TextContent(type="text", text=json.dumps(payload, separators=(",", ":")))],
+        structured_content=payload,
+        is_error=True,
+    )
+
+
+def _correlation_id(meta: dict[str, Any]) -> str | None:
+    value = meta.get(META_CORRELATION_ID)
+    if isinstance(value, str) and _CORRELATION_RE.match(value):
+        return value
+    return None
+
+
+class EnvelopeMiddleware(Middleware):
+    """Opens the call state and turns every failure into the envelope."""
+
+    async def on_call_tool(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        ctx = context.fastmcp_context
+        request = ctx.request_context if ctx is not None else None
+        meta = nexus_meta(getattr(request, "meta", None))
+        message = context.message
+        state = CallState(
+            tool_name=str(message.name),
+            arguments=dict(message.arguments or {}),
+            meta=meta,
+            transport=ctx.transport if ctx is not None else None,
+        )
+        if (given := _correlation_id(meta)) is not None:
+            state.correlation_id = given
+        with open_call(state):
+            try:
+                return await call_next(context)
+            except FastMCPNotFoundError:
+                raise
+            except Exception as exc:  # the one place that catches everything (DESIGN.md)
+                error = to_wire_error(exc, correlation_id=state.correlation_id)
+                if isinstance(error, InternalError):
+                    log.error(
+                        "tool_call_internal_error",
+                        tool=state.tool_name,
+                        correlation_id=state.correlation_id,
+                        ref=error.facts.get("ref"),
+                        exc_type=type(exc.__cause__ or exc).__name__,
+                    )
+                return to_envelope(error)
+
+    async def on_request(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        try:
+            return await call_next(context)
+        except (MCPError, FastMCPError, FastMCPNotFoundError):
+            raise
+        except Exception as exc:  # masked: never let exception text reach the client
+            log.error("request_internal_error", method=context.method, exc_type=type(exc).__name__)
+            raise MCPError(code=INTERNAL_JSONRPC_CODE, message="Internal server error") from exc
+
+
+__all__ = ["EnvelopeMiddleware", "invalid_input_from", "to_envelope", "to_wire_error"]

@@ -1,0 +1,54 @@
+"""IdentityMiddleware: binds the request's principal for every layer below it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastmcp.server.dependencies import get_access_token
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+
+from nexus_mcp.calls import bind_principal, current_call
+from nexus_mcp.identity import IdentityResolver, session_key
+
+
+class IdentityMiddleware(Middleware):
+    """Resolves the principal on every request (never cached across requests)."""
+
+    def __init__(self, resolver: IdentityResolver) -> None:
+        self.resolver = resolver
+
+    async def on_request(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        ctx = context.fastmcp_context
+        transport = ctx.transport if ctx is not None else None
+        token = get_access_token()
+        principal = self.resolver.resolve(
+            transport=transport,
+            token_claims=token.claims if token is not None else None,
+            token_subject=token.subject if token is not None else None,
+        )
+        state = current_call()
+        if state is not None:
+            state.principal = principal
+            request = ctx.request_context if ctx is not None else None
+            state.session_key = session_key(
+                principal,
+                session_id=_safe_session_id(ctx),
+                protocol=getattr(request, "protocol_version", None),
+            )
+        with bind_principal(principal):
+            return await call_next(context)
+
+
+def _safe_session_id(ctx: Any) -> str | None:
+    if ctx is None:
+        return None
+    try:
+        value = ctx.session_id
+    except RuntimeError:
+        return None
+    return str(value) if value else None
+
+
+__all__ = ["IdentityMiddleware"]

@@ -1,0 +1,80 @@
+"""ToolNamespaceMiddleware: every caller sees and calls exactly the tools granted to it.
+
+``tools/list`` is filtered to the caller's visible set; a ``tools/call`` of a tool that is
+not visible gets FastMCP's own unknown-tool answer (``Unknown tool: '<name>'``), byte for
+byte, so a hidden tool cannot be told from a missing one. The audit records the real
+reason. No principal means nothing is visible (fail closed), and so does a failed grant
+lookup (which is never cached).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+
+from nexus_mcp.calls import current_call, current_principal
+from nexus_mcp.logs import get_logger
+from nexus_mcp.principal import Principal
+
+log = get_logger(__name__)
+
+
+class Namespace(Protocol):
+    """Answers which tool names a principal may see. Raises when the lookup fails."""
+
+    def visible_tools(self, principal: Principal) -> frozenset[str]: ...
+
+    def record_filtered(self, count: int) -> None: ...
+
+    def record_rejected(self) -> None: ...
+
+    def record_error(self) -> None: ...
+
+
+def unknown_tool(name: str) -> FastMCPNotFoundError:
+    # Exactly the message FastMCP raises for a tool that does not exist (server.py).
+    return FastMCPNotFoundError(f"Unknown tool: {name!r}")
+
+
+class ToolNamespaceMiddleware(Middleware):
+    def __init__(self, namespace: Namespace) -> None:
+        self.namespace = namespace
+
+    def _visible(self, principal: Principal | None) -> frozenset[str]:
+        if principal is None:
+            return frozenset()
+        try:
+            return self.namespace.visible_tools(principal)
+        except Exception:  # noqa: BLE001 - fail closed: a failed lookup shows nothing
+            self.namespace.record_error()
+            log.warning("namespace_lookup_failed", subject=principal.log_subject)
+            return frozenset()
+
+    async def on_list_tools(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        tools: Sequence[Any] = await call_next(context)
+        visible = self._visible(current_principal())
+        kept = [tool for tool in tools if tool.name in visible]
+        self.namespace.record_filtered(len(tools) - len(kept))
+        return kept
+
+    async def on_call_tool(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        name = str(context.message.name)
+        if name not in self._visible(current_principal()):
+            state = current_call()
+            if state is not None:
+                ctx = context.fastmcp_context
+                exists = ctx is not None and await ctx.fastmcp.get_tool(name) is not None
+                state.block_reason = "not_granted" if exists else "unknown_tool"
+            self.namespace.record_rejected()
+            raise unknown_tool(name)
+        return await call_next(context)
+
+
+__all__ = ["Namespace", "ToolNamespaceMiddleware", "unknown_tool"]

@@ -1,0 +1,1 @@
+"""Pure policy: decisions as plain functions and value objects. Nothing here imports FastMCP."""

@@ -1,0 +1,250 @@
+"""Settings: ``NEXUS_MCP_*`` environment variables over an optional YAML file over defaults.
+
+Precedence, highest first: command-line flags, environment, YAML (``--config``), defaults.
+A bad value stops start-up with a ``ConfigError`` that names the setting, never a traceback.
+Nested sections use ``__`` in environment names (``NEXUS_MCP_AUTH__AUDIENCE``).
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from nexus_mcp.errors import ConfigError
+
+MIB = 1024 * 1024
+ENV_PREFIX = "NEXUS_MCP_"
+
+Mode = Literal["dev", "prod"]
+Transport = Literal["stdio", "http"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DevPrincipalSettings(_Section):
+    """Who a dev-mode server treats a caller as when no identity is supplied."""
+
+    subject: str = "dev"
+    role: str = "admin"
+    profile: str = "full"
+    vault_id: str | None = None
+    user_id: str | None = None
+    canister_user_id: str | None = None
+    scopes: str = ""
+    read_only: bool = False
+
+
+class AuthSettings(_Section):
+    """Bearer-token verification on HTTP (FastMCP's ``JWTVerifier``)."""
+
+    jwt_secret: SecretStr | None = Field(default=None, description="HS256 shared secret")
+    jwks_url: str | None = Field(default=None, description="JWKS URL for asymmetric tokens")
+    algorithm: str = "HS256"
+    audience: str = "nexus-mcp"
+    issuer: str | None = None
+
+    @field_validator("jwt_secret")
+    @classmethod
+    def _secret_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().encode("utf-8")) < 32:
+            raise ValueError("must be at least 32 bytes")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.jwt_secret is not None or self.jwks_url is not None
+
+
+class SearchSettings(_Section):
+    """Workload caps for ``nexus_grep`` and ``nexus_glob`` (seed 003, section 4)."""
+
+    max_files_scanned: int = Field(default=10_000, ge=1)
+    max_matches_per_file: int = Field(default=10, ge=1)
+    max_results: int = Field(default=100, ge=1)
+    max_file_bytes: int = Field(default=2 * MIB, ge=1)
+    binary_sniff_bytes: int = Field(default=8192, ge=64)
+    max_seconds: float = Field(default=5.0, gt=0)
+    max_pattern_length: int = Field(default=512, ge=1)
+    allowed_extensions: tuple[str, ...] = (
+        ".js", ".ts", ".tsx", ".jsx", ".py", ".css", ".html", ".json", ".md", ".markdown",
+        ".yaml", ".yml", ".toml", ".txt", ".rst", ".cfg", ".ini", ".sh", ".go", ".rs",
+    )  # fmt: skip
+
+
+class LimitSettings(_Section):
+    max_read_bytes: int = Field(default=10 * MIB, ge=1)
+    max_request_bytes: int = Field(default=64 * MIB, ge=1024)
+    max_list_entries: int = Field(default=1000, ge=1)
+
+
+class Settings(BaseSettings):
+    """Every setting of a nexus-mcp process. See the configuration table in README.md."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    mode: Mode = "prod"
+    transport: Transport = "stdio"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    http_path: str = "/mcp"
+    stateless_http: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    workspace: Path | None = None
+    data_dir: Path = Path(".nexus-data")
+    audit_file: Path | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    server_name: str = "nexus"
+
+    # The launch principal (stdio and in-process); ignored on HTTP, where tokens decide.
+    subject: str | None = None
+    role: str | None = None
+    profile: str | None = None
+    vault_id: str | None = None
+    user_id: str | None = None
+    canister_user_id: str | None = None
+    scopes: str = ""
+    read_only: bool = False
+
+    dev_principal: DevPrincipalSettings = DevPrincipalSettings()
+    auth: AuthSettings = AuthSettings()
+    limits: LimitSettings = LimitSettings()
+    search: SearchSettings = SearchSettings()
+
+    @field_validator("http_path")
+    @classmethod
+    def _path_starts_with_slash(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+    @property
+    def audit_path(self) -> Path:
+        return self.audit_file if self.audit_file is not None else self.data_dir / "audit.jsonl"
+
+    @property
+    def is_dev(self) -> bool:
+        return self.mode == "dev"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+
+_yaml_data: ContextVar[dict[str, Any]] = ContextVar("nexus_yaml_settings", default={})
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Lowest-priority source: the mapping read from ``--config`` by ``load_settings``."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        data = _yaml_data.get()
+        return data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_yaml_data.get())
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML configuration file, or stop with a message naming it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"configuration file {path} cannot be read ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"configuration file {path} is not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration file {path} must hold a mapping at the top level")
+    return data
+
+
+def load_settings(
+    config_file: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Settings:
+    """Build validated settings; ``overrides`` are command-line flags (highest priority).
+
+    Sections of the YAML file that other parts of the server own (``write_policies``,
+    ``registry``, ``profiles``, ``approvals``, ``budgets``, ``notes``) are kept out of
+    ``Settings`` validation and read by their own loaders through ``config_sections``.
+    """
+    data = read_config_file(config_file) if config_file is not None else {}
+    own = {k: v for k, v in data.items() if k not in EXTERNAL_SECTIONS}
+    clean_overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    token = _yaml_data.set(own)
+    try:
+        return Settings(**clean_overrides)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, source=config_file)) from None
+    finally:
+        _yaml_data.reset(token)
+
+
+EXTERNAL_SECTIONS = frozenset(
+    {"write_policies", "registry", "profiles", "approvals", "budgets", "notes", "timeouts"}
+)
+
+
+def describe_validation_error(exc: ValidationError, *, source: Path | None) -> str:
+    """One line per bad setting, naming the setting and its environment variable."""
+    lines = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = [str(part) for part in err["loc"]]
+        name = ".".join(loc) or "settings"
+        env_name = ENV_PREFIX + "__".join(part.upper() for part in loc)
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown setting '{name}'")
+        else:
+            lines.append(f"invalid setting '{name}' ({env_name}): {err['msg']}")
+    where = f" in {source}" if source is not None else ""
+    return f"invalid configuration{where}: " + "; ".join(lines)
+
+
+def config_sections(config_file: Path | None) -> dict[str, Any]:
+    """The sections of the YAML file that other loaders own (see ``EXTERNAL_SECTIONS``)."""
+    if config_file is None:
+        return {}
+    data = read_config_file(config_file)
+    return {k: v for k, v in data.items() if k in EXTERNAL_SECTIONS}
+
+
+__all__ = [
+    "EXTERNAL_SECTIONS",
+    "AuthSettings",
+    "DevPrincipalSettings",
+    "LimitSettings",
+    "SearchSettings",
+    "Settings",
+    "config_sections",
+    "describe_validation_error",
+    "load_settings",
+    "read_config_file",
+]

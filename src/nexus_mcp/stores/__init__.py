@@ -1,0 +1,1 @@
+"""State stores behind small protocols (grants, idempotency, nonces); SQLite or memory by default."""

@@ -1,0 +1,75 @@
+"""Fixtures for end-to-end tests: a real workspace in tmp_path and servers built from settings."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.server import NexusServer, build_server
+from nexus_mcp.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEMO_WORKSPACE = REPO_ROOT / "demo" / "workspace"
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A copy of the demo workspace plus a folder outside it to try escaping into."""
+    root = tmp_path / "ws"
+    shutil.copytree(DEMO_WORKSPACE, root)
+    outside = tmp_path / "ws-evil"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("CANARY-OUTSIDE-SECRET")
+    (root / "escape-link").symlink_to(outside)
+    return root
+
+
+@pytest.fixture
+def audit() -> MemoryAuditSink:
+    return MemoryAuditSink()
+
+
+ServerFactory = Callable[..., NexusServer]
+
+
+@pytest.fixture
+def make_server(workspace: Path, tmp_path: Path, audit: MemoryAuditSink) -> Iterator[ServerFactory]:
+    built: list[NexusServer] = []
+
+    def factory(**overrides: Any) -> NexusServer:
+        values: dict[str, Any] = {
+            "mode": "dev",
+            "workspace": workspace,
+            "data_dir": tmp_path / "data",
+        }
+        values.update(overrides)
+        server = build_server(Settings(**values), audit_sinks=[audit])
+        built.append(server)
+        return server
+
+    yield factory
+    for server in built:
+        server.close()
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file below root (not following links) with its bytes: 'nothing was written'."""
+    out: dict[str, bytes] = {}
+    for dirpath, _dirs, files in os.walk(root, followlinks=False):
+        for name in files:
+            path = Path(dirpath) / name
+            if not path.is_symlink():
+                out[path.relative_to(root).as_posix()] = path.read_bytes()
+    return dict(sorted(out.items()))
+
+
+def wire(result: Any) -> dict[str, Any]:
+    """A CallToolResult as the JSON a client receives."""
+    dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return dumped
