@@ -1,0 +1,77 @@
+"""Settings precedence and error messages that name the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.settings import load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("NEXUS_MCP_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults_are_safe() -> None:
+    settings = load_settings()
+    assert (settings.mode, settings.transport, settings.host) == ("prod", "stdio", "127.0.0.1")
+    assert settings.subject is None
+
+
+def test_flags_beat_environment_which_beats_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("port: 1111\nhost: 0.0.0.0\nmode: dev\nlimits:\n  max_read_bytes: 2048\n")
+    monkeypatch.setenv("NEXUS_MCP_PORT", "2222")
+    monkeypatch.setenv("NEXUS_MCP_LIMITS__MAX_READ_BYTES", "4096")
+    settings = load_settings(config, {"host": "127.0.0.2", "mode": None})
+    assert settings.port == 2222
+    assert settings.host == "127.0.0.2"
+    assert settings.mode == "dev"
+    assert settings.limits.max_read_bytes == 4096
+
+
+def test_launch_principal_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEXUS_MCP_SUBJECT", "alice")
+    monkeypatch.setenv("NEXUS_MCP_READ_ONLY", "true")
+    monkeypatch.setenv("NEXUS_MCP_SCOPES", "notes:read,files:read")
+    settings = load_settings()
+    assert (settings.subject, settings.read_only, settings.scopes) == ("alice", True, "notes:read,files:read")
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "named"),
+    [
+        ("NEXUS_MCP_PORT", "eighty", "'port' (NEXUS_MCP_PORT)"),
+        ("NEXUS_MCP_MODE", "staging", "'mode' (NEXUS_MCP_MODE)"),
+        ("NEXUS_MCP_AUTH__JWT_SECRET", "short", "'auth.jwt_secret' (NEXUS_MCP_AUTH__JWT_SECRET)"),
+        ("NEXUS_MCP_READ_ONLY", "maybe", "'read_only' (NEXUS_MCP_READ_ONLY)"),
+    ],
+)
+def test_bad_values_name_the_setting_and_not_the_value(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert named in str(info.value)
+    assert value not in str(info.value)
+
+
+def test_unknown_file_keys_and_bad_yaml_are_reported_with_the_file(tmp_path: Path) -> None:
+    bad_key = tmp_path / "k.yaml"
+    bad_key.write_text("prot: 1\n")
+    with pytest.raises(ConfigError, match="unknown setting 'prot'"):
+        load_settings(bad_key)
+    bad_yaml = tmp_path / "y.yaml"
+    bad_yaml.write_text("port: [1,\n")
+    with pytest.raises(ConfigError, match=r"y\.yaml is not valid YAML at line"):
+        load_settings(bad_yaml)
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "missing.yaml")
