@@ -1,0 +1,284 @@
+"""Idempotency records: run a write once per key, replay its result to every retry.
+
+A key is scoped by ``(subject, server_id, tool_name, idempotency_key)``, so two callers
+never share one. Only the sha256 of the scope is stored, never the subject or key.
+
+Life of a key (``begin`` claims it atomically, across threads and processes):
+
+- ``NEW``: nobody holds the key; this caller now owns a *pending* claim and runs the tool,
+  then calls ``complete`` (success: the result becomes replayable), ``abandon`` (the call
+  was refused or failed without effect: the claim is deleted and a retry runs again) or
+  ``mark_unknown`` (the tool may have acted but no result was recorded, e.g. a timeout).
+- ``REPLAY``: a result was recorded for the same arguments; return it, do not run the tool.
+- ``CONFLICT``: the key was used with different arguments (``IDEMPOTENCY_KEY_CONFLICT``).
+- ``IN_PROGRESS``: another caller holds a live claim; ``wait`` polls, bounded, until it
+  resolves, so concurrent calls with one key run the tool once and all get its result.
+- ``OUTCOME_UNKNOWN``: the claim's lease ran out without ``complete`` (the process died
+  between running the tool and recording it) or the owner marked it unknown. The write
+  may have happened, so it is never run again under this key: the caller must check the
+  target and retry with a new key. Refused as ``IDEMPOTENCY_KEY_CONFLICT``.
+
+Only successes are recorded. Typed refusals (approval, policy, limits, NOT_FOUND from a
+tool that changed nothing) are abandoned, so a retry after fixing the cause works. A
+record, pending or not, is forgotten ``ttl_seconds`` after its claim; the lease must
+outlast the longest tool timeout. The clock is injectable for tests; it is wall-clock
+time because records are shared between processes.
+
+Calls are short synchronous SQLite transactions; an async caller may run them in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+from nexus_mcp.errors import IdempotencyKeyConflictError
+
+DEFAULT_TTL_SECONDS = 86_400.0
+DEFAULT_LEASE_SECONDS = 300.0
+BUSY_TIMEOUT_SECONDS = 10.0
+WAIT_FIRST_POLL_SECONDS = 0.005
+WAIT_MAX_POLL_SECONDS = 0.1
+SCHEMA_VERSION = 1
+
+STATE_PENDING = "pending"
+STATE_SUCCEEDED = "succeeded"
+STATE_UNKNOWN = "unknown"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS idempotency_records (
+    scope_key   TEXT PRIMARY KEY,
+    args_digest TEXT NOT NULL,
+    state       TEXT NOT NULL CHECK (state IN ('pending', 'succeeded', 'unknown')),
+    owner       TEXT,
+    result_json TEXT,
+    created_at  REAL NOT NULL,
+    lease_until REAL NOT NULL,
+    expires_at  REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idempotency_records_expiry ON idempotency_records (expires_at);
+"""
+
+
+class ClaimStatus(StrEnum):
+    NEW = "new"
+    REPLAY = "replay"
+    CONFLICT = "conflict"
+    IN_PROGRESS = "in_progress"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyScope:
+    subject: str
+    server_id: str
+    tool_name: str
+    idempotency_key: str
+
+    def digest(self) -> str:
+        parts = [self.subject, self.server_id, self.tool_name, self.idempotency_key]
+        return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What ``begin`` found; ``token`` identifies the owner of a NEW claim."""
+
+    status: ClaimStatus
+    scope: IdempotencyScope
+    args_digest: str
+    token: str | None = None
+    result_json: str | None = None
+
+
+class IdempotencyStore(Protocol):
+    def begin(self, scope: IdempotencyScope, args_digest: str) -> Claim: ...
+
+    def complete(self, claim: Claim, result_json: str) -> bool: ...
+
+    def abandon(self, claim: Claim) -> bool: ...
+
+    def mark_unknown(self, claim: Claim) -> bool: ...
+
+    async def wait(self, scope: IdempotencyScope, args_digest: str, timeout: float) -> Claim: ...
+
+    def purge_expired(self, now: float | None = None) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def to_refusal(claim: Claim) -> IdempotencyKeyConflictError | None:
+    """The refusal for a claim that may not run the tool (None for NEW and REPLAY)."""
+    if claim.status is ClaimStatus.CONFLICT:
+        return IdempotencyKeyConflictError(reason="different_arguments")
+    if claim.status is ClaimStatus.OUTCOME_UNKNOWN:
+        return IdempotencyKeyConflictError(
+            "the outcome of an earlier call with this idempotency_key is unknown: "
+            "check the target, then retry with a new idempotency_key",
+            reason="outcome_unknown",
+        )
+    if claim.status is ClaimStatus.IN_PROGRESS:
+        return IdempotencyKeyConflictError(
+            "a call with this idempotency_key is still running; retry later",
+            reason="in_progress",
+        )
+    return None
+
+
+class SqliteIdempotencyStore:
+    """SQLite (WAL) store; one connection behind a lock, ``BEGIN IMMEDIATE`` per claim."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if ttl_seconds <= 0 or lease_seconds <= 0 or lease_seconds > ttl_seconds:
+            raise ValueError("need 0 < lease_seconds <= ttl_seconds")
+        self._ttl = ttl_seconds
+        self._lease = lease_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(
+            str(path), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+        )
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
+            self._conn.executescript(_SCHEMA)
+            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def begin(self, scope: IdempotencyScope, args_digest: str) -> Claim:
+        key = scope.digest()
+        now = self._clock()
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT args_digest, state, result_json, lease_until, expires_at "
+                "FROM idempotency_records WHERE scope_key = ?",
+                (key,),
+            ).fetchone()
+            if row is not None and row[4] <= now:
+                conn.execute("DELETE FROM idempotency_records WHERE scope_key = ?", (key,))
+                row = None
+            if row is None:
+                token = os.urandom(16).hex()
+                conn.execute(
+                    "INSERT INTO idempotency_records VALUES (?, ?, ?, ?, NULL, ?, ?, ?)",
+                    (
+                        key,
+                        args_digest,
+                        STATE_PENDING,
+                        token,
+                        now,
+                        now + self._lease,
+                        now + self._ttl,
+                    ),
+                )
+                return Claim(ClaimStatus.NEW, scope, args_digest, token=token)
+        stored_digest, state, result_json, lease_until, _ = row
+        if stored_digest != args_digest:
+            return Claim(ClaimStatus.CONFLICT, scope, args_digest)
+        if state == STATE_SUCCEEDED:
+            return Claim(ClaimStatus.REPLAY, scope, args_digest, result_json=result_json)
+        if state == STATE_PENDING and lease_until > now:
+            return Claim(ClaimStatus.IN_PROGRESS, scope, args_digest)
+        return Claim(ClaimStatus.OUTCOME_UNKNOWN, scope, args_digest)
+
+    def complete(self, claim: Claim, result_json: str) -> bool:
+        """Record the success of an owned claim; False when the claim is no longer ours."""
+        return self._update_owned(
+            claim,
+            "UPDATE idempotency_records SET state = ?, result_json = ?, owner = NULL "
+            "WHERE scope_key = ? AND owner = ? AND state = ?",
+            (STATE_SUCCEEDED, result_json),
+        )
+
+    def abandon(self, claim: Claim) -> bool:
+        """Delete an owned pending claim: the call had no effect, so a retry may run."""
+        return self._update_owned(
+            claim, "DELETE FROM idempotency_records WHERE scope_key = ? AND owner = ? AND state = ?"
+        )
+
+    def mark_unknown(self, claim: Claim) -> bool:
+        """The tool may have acted without a recorded result: retries are refused."""
+        return self._update_owned(
+            claim,
+            "UPDATE idempotency_records SET state = ?, owner = NULL "
+            "WHERE scope_key = ? AND owner = ? AND state = ?",
+            (STATE_UNKNOWN,),
+        )
+
+    async def wait(self, scope: IdempotencyScope, args_digest: str, timeout: float) -> Claim:
+        """Poll ``begin`` until the key is no longer IN_PROGRESS or ``timeout`` passes.
+
+        A waiter may come back NEW (the owner abandoned): it then owns the claim.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = WAIT_FIRST_POLL_SECONDS
+        while True:
+            claim = self.begin(scope, args_digest)
+            remaining = deadline - loop.time()
+            if claim.status is not ClaimStatus.IN_PROGRESS or remaining <= 0:
+                return claim
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, WAIT_MAX_POLL_SECONDS)
+
+    def purge_expired(self, now: float | None = None) -> int:
+        moment = self._clock() if now is None else now
+        with self._transaction() as conn:
+            cursor = conn.execute(
+                "DELETE FROM idempotency_records WHERE expires_at <= ?", (moment,)
+            )
+            return cursor.rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def _update_owned(self, claim: Claim, sql: str, leading: tuple[str, ...] = ()) -> bool:
+        if claim.status is not ClaimStatus.NEW or claim.token is None:
+            return False
+        with self._transaction() as conn:
+            params = (*leading, claim.scope.digest(), claim.token, STATE_PENDING)
+            return conn.execute(sql, params).rowcount == 1
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        # BEGIN IMMEDIATE takes SQLite's write lock before reading, so two processes
+        # cannot both see "no record" and both claim; the thread lock serializes our one
+        # connection.
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "DEFAULT_TTL_SECONDS",
+    "Claim",
+    "ClaimStatus",
+    "IdempotencyScope",
+    "IdempotencyStore",
+    "SqliteIdempotencyStore",
+    "to_refusal",
+]

@@ -1,0 +1,363 @@
+"""Idempotency records on real SQLite: replay, conflict, exactly-once, expiry, crash, scope."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nexus_mcp.errors import Code, IdempotencyKeyConflictError
+from nexus_mcp.stores.idempotency import (
+    Claim,
+    ClaimStatus,
+    IdempotencyScope,
+    IdempotencyStore,
+    SqliteIdempotencyStore,
+    to_refusal,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+SCOPE = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-1")
+ARGS = "a" * 64
+OTHER_ARGS = "b" * 64
+TTL = 1000.0
+LEASE = 60.0
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingTool:
+    """A write tool that counts how often it really runs."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self._lock = threading.Lock()
+
+    async def __call__(self) -> str:
+        with self._lock:
+            self.runs += 1
+            run = self.runs
+        for _ in range(5):  # give the other callers a chance to arrive mid-run
+            await asyncio.sleep(0)
+        return json.dumps({"written": True, "run": run})
+
+
+async def call_once(
+    store: IdempotencyStore,
+    scope: IdempotencyScope,
+    args_digest: str,
+    tool: Callable[[], Awaitable[str]],
+    *,
+    wait_timeout: float = 10.0,
+) -> str:
+    """What the lead's middleware does with a claim, reduced to its decisions."""
+    claim = store.begin(scope, args_digest)
+    if claim.status is ClaimStatus.IN_PROGRESS:
+        claim = await store.wait(scope, args_digest, wait_timeout)
+    refusal = to_refusal(claim)
+    if refusal is not None:
+        raise refusal
+    if claim.status is ClaimStatus.REPLAY:
+        assert claim.result_json is not None
+        return claim.result_json
+    result = await tool()
+    assert store.complete(claim, result)
+    return result
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: FakeClock) -> Iterator[SqliteIdempotencyStore]:
+    opened = SqliteIdempotencyStore(
+        tmp_path / "idem.sqlite3", ttl_seconds=TTL, lease_seconds=LEASE, clock=clock
+    )
+    yield opened
+    opened.close()
+
+
+async def test_a_retry_with_the_same_key_and_arguments_replays_without_running(
+    store: SqliteIdempotencyStore,
+) -> None:
+    tool = CountingTool()
+    first = await call_once(store, SCOPE, ARGS, tool)
+    second = await call_once(store, SCOPE, ARGS, tool)
+    assert tool.runs == 1
+    assert second == first == json.dumps({"written": True, "run": 1})
+
+
+def test_the_same_key_with_different_arguments_is_a_conflict(
+    store: SqliteIdempotencyStore,
+) -> None:
+    claim = store.begin(SCOPE, ARGS)
+    assert store.complete(claim, "{}")
+    conflict = store.begin(SCOPE, OTHER_ARGS)
+    assert conflict.status is ClaimStatus.CONFLICT
+    refusal = to_refusal(conflict)
+    assert refusal is not None and refusal.code == Code.IDEMPOTENCY_KEY_CONFLICT
+    # Also while the first call is still running.
+    other = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-2")
+    store.begin(other, ARGS)
+    assert store.begin(other, OTHER_ARGS).status is ClaimStatus.CONFLICT
+
+
+async def test_twenty_concurrent_calls_with_one_key_run_the_tool_once(
+    store: SqliteIdempotencyStore,
+) -> None:
+    tool = CountingTool()
+    results = await asyncio.gather(*(call_once(store, SCOPE, ARGS, tool) for _ in range(20)))
+    assert tool.runs == 1
+    assert set(results) == {json.dumps({"written": True, "run": 1})}
+
+
+def test_concurrent_threads_with_one_key_run_the_tool_once(tmp_path: Path) -> None:
+    store = SqliteIdempotencyStore(tmp_path / "idem.sqlite3")
+    tool = CountingTool()
+    results: list[str] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def worker() -> None:
+        start.wait()
+        try:
+            results.append(asyncio.run(call_once(store, SCOPE, ARGS, tool)))
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    assert tool.runs == 1
+    assert len(results) == 8 and len(set(results)) == 1
+    store.close()
+
+
+def test_concurrent_processes_with_one_key_claim_it_once(tmp_path: Path) -> None:
+    path = tmp_path / "idem.sqlite3"
+    SqliteIdempotencyStore(path).close()
+    script = (
+        "import sys\n"
+        "from nexus_mcp.stores.idempotency import IdempotencyScope, SqliteIdempotencyStore\n"
+        "store = SqliteIdempotencyStore(sys.argv[1])\n"
+        "claim = store.begin(IdempotencyScope('alice', 'nexus', 'w', 'k'), 'a' * 64)\n"
+        "print(claim.status.value)\n"
+    )
+    env = {"PYTHONPATH": str(REPO / "src")}
+    processes = [
+        subprocess.Popen(  # noqa: S603 - fixed argv: this interpreter and a literal script
+            [sys.executable, "-c", script, str(path)],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    statuses = sorted(process.communicate(timeout=60)[0].strip() for process in processes)
+    assert statuses == ["in_progress", "in_progress", "in_progress", "new"]
+
+
+def test_records_expire_after_the_ttl(store: SqliteIdempotencyStore, clock: FakeClock) -> None:
+    claim = store.begin(SCOPE, ARGS)
+    assert store.complete(claim, '{"ok":1}')
+    clock.now += TTL - 1
+    assert store.begin(SCOPE, ARGS).status is ClaimStatus.REPLAY
+    clock.now += 1
+    fresh = store.begin(SCOPE, OTHER_ARGS)
+    assert fresh.status is ClaimStatus.NEW
+
+
+def test_purge_removes_only_expired_records(
+    store: SqliteIdempotencyStore, clock: FakeClock
+) -> None:
+    store.complete(store.begin(SCOPE, ARGS), "{}")
+    clock.now += TTL / 2
+    later = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-2")
+    store.complete(store.begin(later, ARGS), "{}")
+    assert store.purge_expired() == 0
+    assert store.purge_expired(clock.now + TTL / 2) == 1
+    assert store.begin(later, ARGS).status is ClaimStatus.REPLAY
+    assert store.begin(SCOPE, ARGS).status is ClaimStatus.NEW
+
+
+def test_a_crash_between_running_and_recording_refuses_the_retry(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "idem.sqlite3"
+    crashed = SqliteIdempotencyStore(path, ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
+    assert crashed.begin(SCOPE, ARGS).status is ClaimStatus.NEW
+    crashed.close()  # the process died: no complete, no abandon
+    del crashed
+
+    reopened = SqliteIdempotencyStore(path, ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
+    clock.now += 1
+    assert reopened.begin(SCOPE, ARGS).status is ClaimStatus.IN_PROGRESS
+    clock.now += LEASE
+    unknown = reopened.begin(SCOPE, ARGS)
+    assert unknown.status is ClaimStatus.OUTCOME_UNKNOWN
+    refusal = to_refusal(unknown)
+    assert refusal is not None
+    assert (refusal.code, refusal.facts) == (
+        Code.IDEMPOTENCY_KEY_CONFLICT,
+        {"reason": "outcome_unknown"},
+    )
+    # Never run again under this key until the record expires.
+    clock.now += TTL - LEASE - 2
+    assert reopened.begin(SCOPE, ARGS).status is ClaimStatus.OUTCOME_UNKNOWN
+    reopened.close()
+
+
+async def test_a_retry_after_a_crash_does_not_run_the_tool(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "idem.sqlite3"
+    crashed = SqliteIdempotencyStore(path, ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
+    crashed.begin(SCOPE, ARGS)
+    crashed.close()
+    reopened = SqliteIdempotencyStore(path, ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
+    clock.now += LEASE
+    tool = CountingTool()
+    with pytest.raises(IdempotencyKeyConflictError):
+        await call_once(reopened, SCOPE, ARGS, tool)
+    assert tool.runs == 0
+    reopened.close()
+
+
+def test_keys_are_scoped_by_subject_server_and_tool(store: SqliteIdempotencyStore) -> None:
+    scopes = [
+        SCOPE,
+        IdempotencyScope("bob", "nexus", "nexus_write_file", "key-1"),
+        IdempotencyScope("alice", "other", "nexus_write_file", "key-1"),
+        IdempotencyScope("alice", "nexus", "nexus_edit_file", "key-1"),
+        # Field boundaries cannot be shifted to forge another scope.
+        IdempotencyScope("alicenexus", "", "nexus_write_file", "key-1"),
+    ]
+    for index, scope in enumerate(scopes):
+        claim = store.begin(scope, f"{index:064d}")
+        assert claim.status is ClaimStatus.NEW
+        assert store.complete(claim, json.dumps(index))
+    for index, scope in enumerate(scopes):
+        assert store.begin(scope, f"{index:064d}").result_json == json.dumps(index)
+
+
+def test_the_database_holds_no_subject_or_key_in_clear(tmp_path: Path) -> None:
+    path = tmp_path / "idem.sqlite3"
+    store = SqliteIdempotencyStore(path)
+    secret = IdempotencyScope("subject-7f3a", "nexus", "nexus_write_file", "key-9c1d")
+    store.complete(store.begin(secret, ARGS), "{}")
+    store.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert b"subject-7f3a" not in stored and b"key-9c1d" not in stored
+
+
+async def test_an_abandoned_claim_lets_the_retry_run(store: SqliteIdempotencyStore) -> None:
+    claim = store.begin(SCOPE, ARGS)
+    assert store.abandon(claim)
+    tool = CountingTool()
+    await call_once(store, SCOPE, ARGS, tool)
+    assert tool.runs == 1
+
+
+def test_only_the_owner_of_a_new_claim_can_settle_it(store: SqliteIdempotencyStore) -> None:
+    owner = store.begin(SCOPE, ARGS)
+    onlooker = store.begin(SCOPE, ARGS)
+    forged = Claim(ClaimStatus.NEW, SCOPE, ARGS, token="0" * 32)
+    assert onlooker.status is ClaimStatus.IN_PROGRESS
+    assert not store.complete(onlooker, "{}")
+    assert not store.abandon(onlooker)
+    assert not store.mark_unknown(forged)
+    assert store.complete(owner, '{"v":1}')
+    assert not store.complete(owner, '{"v":2}')  # settled once
+    assert not store.abandon(owner)
+    assert store.begin(SCOPE, ARGS).result_json == '{"v":1}'
+
+
+def test_a_claim_marked_unknown_refuses_retries(store: SqliteIdempotencyStore) -> None:
+    claim = store.begin(SCOPE, ARGS)
+    assert store.mark_unknown(claim)
+    assert store.begin(SCOPE, ARGS).status is ClaimStatus.OUTCOME_UNKNOWN
+    assert not store.complete(claim, "{}")
+
+
+def test_a_late_completion_by_the_owner_still_records_the_result(
+    store: SqliteIdempotencyStore, clock: FakeClock
+) -> None:
+    claim = store.begin(SCOPE, ARGS)
+    clock.now += LEASE + 1
+    assert store.begin(SCOPE, ARGS).status is ClaimStatus.OUTCOME_UNKNOWN
+    assert store.complete(claim, '{"late":true}')
+    assert store.begin(SCOPE, ARGS).status is ClaimStatus.REPLAY
+
+
+def test_a_stale_owner_cannot_touch_a_key_reclaimed_after_expiry(
+    store: SqliteIdempotencyStore, clock: FakeClock
+) -> None:
+    stale = store.begin(SCOPE, ARGS)
+    clock.now += TTL
+    fresh = store.begin(SCOPE, ARGS)
+    assert fresh.status is ClaimStatus.NEW
+    assert not store.complete(stale, '{"stale":true}')
+    assert store.complete(fresh, '{"fresh":true}')
+    assert store.begin(SCOPE, ARGS).result_json == '{"fresh":true}'
+
+
+async def test_waiting_gives_up_after_the_timeout_with_in_progress(
+    store: SqliteIdempotencyStore,
+) -> None:
+    store.begin(SCOPE, ARGS)
+    claim = await store.wait(SCOPE, ARGS, 0.02)
+    assert claim.status is ClaimStatus.IN_PROGRESS
+    refusal = to_refusal(claim)
+    assert refusal is not None and refusal.facts == {"reason": "in_progress"}
+
+
+async def test_a_waiter_takes_over_when_the_owner_abandons(store: SqliteIdempotencyStore) -> None:
+    owner = store.begin(SCOPE, ARGS)
+
+    async def abandon_soon() -> None:
+        await asyncio.sleep(0)
+        store.abandon(owner)
+
+    claim, _ = await asyncio.gather(store.wait(SCOPE, ARGS, 10.0), abandon_soon())
+    assert claim.status is ClaimStatus.NEW and claim.token not in (None, owner.token)
+
+
+def test_new_and_replay_claims_are_not_refusals(store: SqliteIdempotencyStore) -> None:
+    claim = store.begin(SCOPE, ARGS)
+    assert to_refusal(claim) is None
+    store.complete(claim, "{}")
+    assert to_refusal(store.begin(SCOPE, ARGS)) is None
+
+
+@pytest.mark.parametrize(("ttl", "lease"), [(0, 1), (10, 0), (10, 11), (-1, -2)])
+def test_a_lease_longer_than_the_ttl_is_refused(tmp_path: Path, ttl: float, lease: float) -> None:
+    with pytest.raises(ValueError):
+        SqliteIdempotencyStore(tmp_path / "x.sqlite3", ttl_seconds=ttl, lease_seconds=lease)
+
+
+def test_a_failed_recording_rolls_back_and_leaves_the_claim_pending(
+    store: SqliteIdempotencyStore,
+) -> None:
+    claim = store.begin(SCOPE, ARGS)
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.complete(claim, object())  # type: ignore[arg-type]
+    assert store.begin(SCOPE, ARGS).status is ClaimStatus.IN_PROGRESS
+    assert store.complete(claim, "{}")
