@@ -1,0 +1,334 @@
+"""The ReBAC tuple store: (subject, relation, object) grants and profile assignments per zone.
+
+``TupleStore`` is the small protocol policy code depends on; ``SqliteTupleStore`` is the
+embedded default. Every zone has a revision number stored in the database: each write,
+delete or assignment batch commits in one transaction and increases it by one, so another
+process sharing the file (or a restart) sees the same revision, and caches keyed by it
+notice foreign writes.
+
+Concurrency: one SQLite connection per thread (WAL journal, so readers never block the
+writer), write batches under ``BEGIN IMMEDIATE`` with a busy timeout, so several
+processes may share the file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple, Protocol
+
+from nexus_mcp.errors import ConfigError, InvalidInputError
+
+TOOLS_PREFIX = "/tools/"
+DEFAULT_ZONE = "default"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_SECONDS = 5.0
+# The last code point has no successor, so a prefix ending in it cannot bound a range scan.
+_MAX_CODE_POINT = 0x10FFFF
+_SURROGATES_START, _SURROGATES_END = 0xD800, 0xDFFF
+
+_SCHEMA = (
+    # Primary key order serves list_objects: equality on zone/subject/relation, then a
+    # range scan on object for the prefix, all inside the one clustered index.
+    """CREATE TABLE IF NOT EXISTS tuples (
+        zone TEXT NOT NULL, subject TEXT NOT NULL, relation TEXT NOT NULL, object TEXT NOT NULL,
+        PRIMARY KEY (zone, subject, relation, object)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS zone_revisions (
+        zone TEXT PRIMARY KEY, revision INTEGER NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS assignments (
+        zone TEXT NOT NULL, subject TEXT NOT NULL, profile TEXT NOT NULL,
+        PRIMARY KEY (zone, subject)) WITHOUT ROWID""",
+)
+_DELETE_TUPLE = "DELETE FROM tuples WHERE zone = ? AND subject = ? AND relation = ? AND object = ?"
+_INSERT_TUPLE = "INSERT OR IGNORE INTO tuples (zone, subject, relation, object) VALUES (?, ?, ?, ?)"
+_SELECT_TUPLE = (
+    "SELECT 1 FROM tuples WHERE zone = ? AND subject = ? AND relation = ? AND object = ?"
+)
+_BUMP_REVISION = """INSERT INTO zone_revisions (zone, revision) VALUES (?, 1)
+    ON CONFLICT (zone) DO UPDATE SET revision = revision + 1 RETURNING revision"""
+
+
+class RelationTuple(NamedTuple):
+    """One grant: ``subject`` has ``relation`` on ``object`` (e.g. viewer on /tools/x)."""
+
+    subject: str
+    relation: str
+    object: str
+
+
+class TupleStore(Protocol):
+    """What policy needs from a grants backend (SQLite now, a shared service later)."""
+
+    def write(self, tuples: Iterable[RelationTuple], zone: str) -> int: ...
+
+    def delete(self, tuples: Iterable[RelationTuple], zone: str) -> int: ...
+
+    def update(
+        self,
+        zone: str,
+        *,
+        write: Iterable[RelationTuple] = (),
+        delete: Iterable[RelationTuple] = (),
+    ) -> int: ...
+
+    def check(self, subject: str, relation: str, object: str, zone: str) -> bool: ...
+
+    def list_objects(
+        self, subject: str, relation: str, zone: str, prefix: str = TOOLS_PREFIX
+    ) -> list[str]: ...
+
+    def revision(self, zone: str) -> int: ...
+
+    def set_assignment(self, subject: str, profile: str, zone: str) -> int: ...
+
+    def get_assignment(self, subject: str, zone: str) -> str | None: ...
+
+    def clear_assignment(self, subject: str, zone: str) -> int: ...
+
+    def list_subjects(self, zone: str) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+class SqliteTupleStore:
+    """``TupleStore`` on one SQLite file, safe across threads and processes."""
+
+    def __init__(self, path: Path | str) -> None:
+        self._path = Path(path)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+        self._closed = False
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._create_schema(self._connection())
+        except (OSError, sqlite3.Error) as exc:
+            self.close()
+            raise ConfigError(
+                f"{self._path}: grants database cannot be opened ({type(exc).__name__})"
+            ) from None
+        except ConfigError:
+            self.close()
+            raise
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    # --- writes ----------------------------------------------------------------------
+
+    def write(self, tuples: Iterable[RelationTuple], zone: str) -> int:
+        """Add tuples (existing ones are kept); one transaction, one revision bump."""
+        return self.update(zone, write=tuples)
+
+    def delete(self, tuples: Iterable[RelationTuple], zone: str) -> int:
+        """Remove tuples (absent ones are ignored); one transaction, one revision bump."""
+        return self.update(zone, delete=tuples)
+
+    def update(
+        self,
+        zone: str,
+        *,
+        write: Iterable[RelationTuple] = (),
+        delete: Iterable[RelationTuple] = (),
+    ) -> int:
+        """Delete then add in one transaction; returns the new revision.
+
+        An empty batch changes nothing and returns the current revision without a bump.
+        """
+        to_write = [_checked(t) for t in write]
+        to_delete = [_checked(t) for t in delete]
+        _check_text(zone, "zone")
+        if not to_write and not to_delete:
+            return self.revision(zone)
+        with self._transaction() as conn:
+            conn.executemany(_DELETE_TUPLE, [(zone, *t) for t in to_delete])
+            conn.executemany(_INSERT_TUPLE, [(zone, *t) for t in to_write])
+            return _bump(conn, zone)
+
+    def set_assignment(self, subject: str, profile: str, zone: str) -> int:
+        """Record which profile an operator assigned to a subject; bumps the revision."""
+        _check_text(subject, "subject")
+        _check_text(profile, "profile")
+        _check_text(zone, "zone")
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO assignments (zone, subject, profile) VALUES (?, ?, ?)"
+                " ON CONFLICT (zone, subject) DO UPDATE SET profile = excluded.profile",
+                (zone, subject, profile),
+            )
+            return _bump(conn, zone)
+
+    def clear_assignment(self, subject: str, zone: str) -> int:
+        """Forget a subject's assigned profile; bumps the revision."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM assignments WHERE zone = ? AND subject = ?", (zone, subject))
+            return _bump(conn, zone)
+
+    # --- reads -----------------------------------------------------------------------
+
+    def check(self, subject: str, relation: str, object: str, zone: str) -> bool:
+        row = (
+            self._connection()
+            .execute(
+                _SELECT_TUPLE,
+                (zone, subject, relation, object),
+            )
+            .fetchone()
+        )
+        return row is not None
+
+    def list_objects(
+        self, subject: str, relation: str, zone: str, prefix: str = TOOLS_PREFIX
+    ) -> list[str]:
+        """Objects the subject has ``relation`` on, filtered by prefix in SQL, sorted."""
+        sql = "SELECT object FROM tuples WHERE zone = ? AND subject = ? AND relation = ?"
+        params: list[str | int] = [zone, subject, relation]
+        if prefix:
+            # A half-open range [prefix, successor) is what lets SQLite use the index;
+            # LIKE would not (it is case-insensitive by default) and needs escaping.
+            upper = _prefix_successor(prefix)
+            if upper is None:
+                sql += " AND object >= ? AND substr(object, 1, ?) = ?"
+                params += [prefix, len(prefix), prefix]
+            else:
+                sql += " AND object >= ? AND object < ?"
+                params += [prefix, upper]
+        rows = self._connection().execute(sql + " ORDER BY object", params).fetchall()
+        return [row[0] for row in rows]
+
+    def revision(self, zone: str) -> int:
+        """The zone's current revision (0 before its first write); read from the database."""
+        row = (
+            self._connection()
+            .execute("SELECT revision FROM zone_revisions WHERE zone = ?", (zone,))
+            .fetchone()
+        )
+        return int(row[0]) if row is not None else 0
+
+    def get_assignment(self, subject: str, zone: str) -> str | None:
+        row = (
+            self._connection()
+            .execute(
+                "SELECT profile FROM assignments WHERE zone = ? AND subject = ?", (zone, subject)
+            )
+            .fetchone()
+        )
+        return str(row[0]) if row is not None else None
+
+    def list_subjects(self, zone: str) -> list[str]:
+        """Subjects with an assignment or at least one tuple in the zone, sorted."""
+        rows = (
+            self._connection()
+            .execute(
+                "SELECT subject FROM assignments WHERE zone = ?"
+                " UNION SELECT DISTINCT subject FROM tuples WHERE zone = ? ORDER BY subject",
+                (zone, zone),
+            )
+            .fetchall()
+        )
+        return [row[0] for row in rows]
+
+    def close(self) -> None:
+        """Close every thread's connection; the store cannot be used afterwards."""
+        with self._lock:
+            self._closed = True
+            connections, self._connections = self._connections, []
+        self._local.conn = None
+        for conn in connections:
+            conn.close()
+
+    # --- plumbing --------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        with self._lock:
+            if self._closed:
+                raise sqlite3.ProgrammingError("grants store is closed")
+            # check_same_thread=False only so close() may close it from another thread;
+            # each connection is otherwise used by the thread that opened it.
+            conn = sqlite3.connect(
+                self._path,
+                timeout=BUSY_TIMEOUT_SECONDS,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            self._connections.append(conn)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        self._local.conn = conn
+        return conn
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._connection())
+
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA journal_mode = WAL")
+        with _Transaction(conn):
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"{self._path}: grants database schema {version} is newer than this"
+                    f" server understands ({SCHEMA_VERSION})"
+                )
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception and re-raises it."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        # IMMEDIATE takes the write lock up front, so two processes cannot both read then
+        # fail to upgrade (SQLITE_BUSY without waiting).
+        self._conn.execute("BEGIN IMMEDIATE")
+        return self._conn
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._conn.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
+def _bump(conn: sqlite3.Connection, zone: str) -> int:
+    return int(conn.execute(_BUMP_REVISION, (zone,)).fetchone()[0])
+
+
+def _check_text(value: object, field: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(field=field)
+
+
+def _checked(item: RelationTuple | tuple[str, str, str]) -> RelationTuple:
+    subject, relation, obj = item
+    _check_text(subject, "subject")
+    _check_text(relation, "relation")
+    _check_text(obj, "object")
+    return RelationTuple(subject, relation, obj)
+
+
+def _prefix_successor(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with ``prefix``, if any."""
+    last = ord(prefix[-1])
+    if last == _MAX_CODE_POINT:
+        return None
+    successor = last + 1
+    if _SURROGATES_START <= successor <= _SURROGATES_END:
+        # Lone surrogates cannot be encoded to UTF-8; the next encodable code point sorts
+        # the same way in SQLite's byte order.
+        successor = _SURROGATES_END + 1
+    return prefix[:-1] + chr(successor)
+
+
+__all__ = [
+    "DEFAULT_ZONE",
+    "TOOLS_PREFIX",
+    "RelationTuple",
+    "SqliteTupleStore",
+    "TupleStore",
+]

@@ -1,0 +1,250 @@
+"""The SQLite tuple store: tuples, per-zone revisions, prefix listing, assignments, sharing."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nexus_mcp.errors import Code, ConfigError, InvalidInputError
+from nexus_mcp.stores.grants import RelationTuple, SqliteTupleStore
+
+ZONE = "default"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteTupleStore]:
+    opened = SqliteTupleStore(tmp_path / "grants.sqlite3")
+    yield opened
+    opened.close()
+
+
+def viewer(subject: str, tool: str) -> RelationTuple:
+    return RelationTuple(subject, "viewer", f"/tools/{tool}")
+
+
+def test_written_tuple_checks_true_and_deleted_tuple_checks_false(store: SqliteTupleStore) -> None:
+    store.write([viewer("alice", "nexus_read_file")], ZONE)
+
+    assert store.check("alice", "viewer", "/tools/nexus_read_file", ZONE)
+    assert not store.check("bob", "viewer", "/tools/nexus_read_file", ZONE)
+    assert not store.check("alice", "direct_viewer", "/tools/nexus_read_file", ZONE)
+
+    store.delete([viewer("alice", "nexus_read_file")], ZONE)
+
+    assert not store.check("alice", "viewer", "/tools/nexus_read_file", ZONE)
+
+
+def test_revision_starts_at_zero_and_rises_by_one_per_batch(store: SqliteTupleStore) -> None:
+    assert store.revision(ZONE) == 0
+
+    first = store.write([viewer("a", "t1"), viewer("a", "t2"), viewer("b", "t1")], ZONE)
+    second = store.delete([viewer("a", "t1"), viewer("a", "never-written")], ZONE)
+    third = store.update(ZONE, write=[viewer("a", "t3")], delete=[viewer("a", "t2")])
+
+    assert (first, second, third) == (1, 2, 3)
+    assert store.revision(ZONE) == 3
+    assert store.list_objects("a", "viewer", ZONE) == ["/tools/t3"]
+
+
+def test_empty_batch_changes_nothing_and_keeps_the_revision(store: SqliteTupleStore) -> None:
+    store.write([viewer("a", "t1")], ZONE)
+
+    assert store.write([], ZONE) == 1
+    assert store.delete([], ZONE) == 1
+    assert store.revision(ZONE) == 1
+
+
+def test_zones_have_separate_tuples_and_revisions(store: SqliteTupleStore) -> None:
+    store.write([viewer("a", "t1")], "zone-1")
+    store.write([viewer("a", "t2")], "zone-2")
+    store.write([viewer("a", "t3")], "zone-2")
+
+    assert store.list_objects("a", "viewer", "zone-1") == ["/tools/t1"]
+    assert store.list_objects("a", "viewer", "zone-2") == ["/tools/t2", "/tools/t3"]
+    assert (store.revision("zone-1"), store.revision("zone-2")) == (1, 2)
+
+
+def test_list_objects_keeps_only_the_prefix_relation_and_subject_asked_for(
+    store: SqliteTupleStore,
+) -> None:
+    store.write(
+        [
+            RelationTuple("a", "viewer", "/tools/b"),
+            RelationTuple("a", "viewer", "/tools/a"),
+            RelationTuple("a", "viewer", "/tools"),
+            RelationTuple("a", "viewer", "/toolsX/a"),
+            RelationTuple("a", "viewer", "/tool/a"),
+            RelationTuple("a", "viewer", "/files/x"),
+            RelationTuple("a", "direct_viewer", "/tools/c"),
+            RelationTuple("b", "viewer", "/tools/d"),
+        ],
+        ZONE,
+    )
+
+    assert store.list_objects("a", "viewer", ZONE) == ["/tools/a", "/tools/b"]
+    assert store.list_objects("a", "viewer", ZONE, prefix="/files/") == ["/files/x"]
+    assert len(store.list_objects("a", "viewer", ZONE, prefix="")) == 6
+
+
+@pytest.mark.parametrize(
+    ("prefix", "inside", "outside"),
+    [
+        ("p\ud7ff", "p\ud7ffz", "p\ue000"),
+        ("p\U0010ffff", "p\U0010ffffz", "q"),
+    ],
+    ids=["successor-skips-surrogates", "prefix-ends-in-last-code-point"],
+)
+def test_list_objects_bounds_prefixes_at_the_edges_of_unicode(
+    store: SqliteTupleStore, prefix: str, inside: str, outside: str
+) -> None:
+    store.write([RelationTuple("a", "r", inside), RelationTuple("a", "r", outside)], ZONE)
+
+    assert store.list_objects("a", "r", ZONE, prefix=prefix) == [inside]
+
+
+def test_tuples_revision_and_assignments_survive_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "grants.sqlite3"
+    first = SqliteTupleStore(path)
+    first.write([viewer("a", "t1")], ZONE)
+    first.set_assignment("a", "coding", ZONE)
+    first.close()
+
+    reopened = SqliteTupleStore(path)
+    try:
+        assert reopened.list_objects("a", "viewer", ZONE) == ["/tools/t1"]
+        assert reopened.get_assignment("a", ZONE) == "coding"
+        assert reopened.revision(ZONE) == 2
+    finally:
+        reopened.close()
+
+
+def test_assignment_is_set_replaced_and_cleared_with_a_revision_bump(
+    store: SqliteTupleStore,
+) -> None:
+    assert store.get_assignment("a", ZONE) is None
+
+    assert store.set_assignment("a", "minimal", ZONE) == 1
+    assert store.set_assignment("a", "coding", ZONE) == 2
+    assert store.get_assignment("a", ZONE) == "coding"
+    assert store.get_assignment("a", "other-zone") is None
+
+    assert store.clear_assignment("a", ZONE) == 3
+    assert store.get_assignment("a", ZONE) is None
+
+
+def test_list_subjects_names_assigned_and_granted_subjects_once(store: SqliteTupleStore) -> None:
+    store.set_assignment("carol", "minimal", ZONE)
+    store.write([viewer("alice", "t1"), viewer("alice", "t2"), viewer("carol", "t1")], ZONE)
+    store.write([viewer("zed", "t1")], "other-zone")
+
+    assert store.list_subjects(ZONE) == ["alice", "carol"]
+
+
+def test_a_write_through_another_connection_is_visible_with_its_revision(tmp_path: Path) -> None:
+    path = tmp_path / "grants.sqlite3"
+    ours, theirs = SqliteTupleStore(path), SqliteTupleStore(path)
+    try:
+        ours.write([viewer("a", "t1")], ZONE)
+        assert ours.list_objects("a", "viewer", ZONE) == ["/tools/t1"]
+
+        theirs.write([viewer("a", "t2")], ZONE)
+        theirs.set_assignment("a", "search", ZONE)
+
+        assert ours.revision(ZONE) == 3
+        assert ours.list_objects("a", "viewer", ZONE) == ["/tools/t1", "/tools/t2"]
+        assert ours.get_assignment("a", ZONE) == "search"
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_concurrent_batches_from_threads_and_connections_all_commit(tmp_path: Path) -> None:
+    path = tmp_path / "grants.sqlite3"
+    stores = [SqliteTupleStore(path), SqliteTupleStore(path)]
+    batches_per_thread, threads_per_store = 15, 3
+    failures: list[BaseException] = []
+
+    def run(store: SqliteTupleStore, worker: int) -> None:
+        try:
+            for batch in range(batches_per_thread):
+                store.write([viewer(f"s{worker}", f"t{batch}"), viewer("shared", "t")], ZONE)
+        except BaseException as exc:  # surfaced by the assertion below
+            failures.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=(store, i * threads_per_store + j))
+        for i, store in enumerate(stores)
+        for j in range(threads_per_store)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    try:
+        assert failures == []
+        workers = len(threads)
+        assert stores[0].revision(ZONE) == workers * batches_per_thread
+        assert all(
+            len(stores[1].list_objects(f"s{w}", "viewer", ZONE)) == batches_per_thread
+            for w in range(workers)
+        )
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [RelationTuple("", "viewer", "/tools/x"), RelationTuple("a", "", "/tools/x"), ("a", "r", "")],
+)
+def test_empty_tuple_fields_are_invalid_input_and_write_nothing(
+    store: SqliteTupleStore, bad: RelationTuple
+) -> None:
+    with pytest.raises(InvalidInputError) as raised:
+        store.write([viewer("a", "ok"), bad], ZONE)
+
+    assert raised.value.code is Code.INVALID_INPUT
+    assert store.revision(ZONE) == 0
+    assert store.list_objects("a", "viewer", ZONE) == []
+
+
+def test_a_file_that_is_not_a_database_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "grants.sqlite3"
+    path.write_bytes(b"this is not sqlite" * 100)
+
+    with pytest.raises(ConfigError) as raised:
+        SqliteTupleStore(path)
+
+    assert str(path) in str(raised.value)
+
+
+def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "grants.sqlite3"
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version = 99")
+    raw.close()
+
+    with pytest.raises(ConfigError) as raised:
+        SqliteTupleStore(path)
+
+    assert str(path) in str(raised.value)
+
+
+def test_a_closed_store_refuses_to_work(tmp_path: Path) -> None:
+    closed = SqliteTupleStore(tmp_path / "grants.sqlite3")
+    closed.close()
+
+    with pytest.raises(sqlite3.ProgrammingError):
+        closed.revision(ZONE)
+
+
+def test_the_database_uses_the_wal_journal(store: SqliteTupleStore) -> None:
+    raw = sqlite3.connect(store.path)
+    try:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        raw.close()
