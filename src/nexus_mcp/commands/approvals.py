@@ -1,0 +1,182 @@
+"""The ``approvals`` subcommand: mint and verify approval tokens from an operator's shell.
+
+``nexus-mcp approvals mint --tool T --subject S --approver A --args JSON|@FILE`` prints a
+token; ``nexus-mcp approvals verify TOKEN --tool T --subject S --args JSON|@FILE`` prints
+the verified claims as JSON (the ``jti`` only as its sha256) or the error code. The
+secret comes from ``NEXUS_MCP_APPROVAL_SECRET`` / ``NEXUS_MCP_APPROVAL_KEYS`` or the
+``approvals`` section of ``--config``; it is never printed.
+
+Exit codes: 0 success, 1 token refused, 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nexus_mcp.errors import ApprovalError, ConfigError, InvalidInputError
+from nexus_mcp.policy.approvals import (
+    ENV_AUDIENCE,
+    ENV_ISSUER,
+    ApprovalKeys,
+    ApprovalSettings,
+    approval_jti_digest,
+    load_approval_keys,
+    load_approval_settings,
+    mint_approval_token,
+    verify_approval_token,
+)
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+DEFAULT_CLI_HOST_ID = "nexus-mcp-cli"
+
+
+class _UsageError(Exception):
+    """A bad flag value; its message is ours, never the value."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``approvals mint`` and ``approvals verify`` on the top-level CLI."""
+    approvals = subparsers.add_parser("approvals", help="mint and verify approval tokens")
+    actions = approvals.add_subparsers(dest="approvals_command", required=True)
+
+    mint = actions.add_parser("mint", help="print an approval token for one exact call")
+    _add_binding_flags(mint)
+    mint.add_argument("--approver", required=True, help="who approves (the token's sub)")
+    mint.add_argument("--host-id", default=DEFAULT_CLI_HOST_ID, help="minting host id")
+    mint.add_argument("--ttl", type=int, default=None, help="lifetime in seconds (120-300)")
+    mint.set_defaults(func=run_mint)
+
+    verify = actions.add_parser("verify", help="check a token against a call")
+    verify.add_argument("token", help="the approval token")
+    _add_binding_flags(verify)
+    verify.set_defaults(func=run_verify)
+
+
+def run_mint(args: argparse.Namespace) -> int:
+    try:
+        keys, settings = _load_keys_and_settings(args)
+        arguments = _read_arguments(args.args)
+        token = mint_approval_token(
+            keys,
+            settings,
+            approver=args.approver,
+            subject=args.subject,
+            tool=args.tool,
+            arguments=arguments,
+            host_id=args.host_id,
+        )
+    except (ConfigError, _UsageError) as exc:
+        return _fail_usage(str(exc))
+    except InvalidInputError as exc:
+        return _fail_usage(exc.message)
+    print(token)
+    return EXIT_OK
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    try:
+        keys, settings = _load_keys_and_settings(args)
+        arguments = _read_arguments(args.args)
+    except (ConfigError, _UsageError) as exc:
+        return _fail_usage(str(exc))
+    try:
+        claims = verify_approval_token(
+            keys, settings, args.token, subject=args.subject, tool=args.tool, arguments=arguments
+        )
+    except ApprovalError as exc:
+        refusal: dict[str, Any] = {"code": str(exc.code)}
+        if "reason" in exc.facts:
+            refusal["reason"] = exc.facts["reason"]
+        print(json.dumps(refusal, sort_keys=True))
+        return EXIT_REFUSED
+    shown = {
+        "ver": claims.ver,
+        "iss": claims.iss,
+        "aud": claims.aud,
+        "sub": claims.sub,
+        "iat": claims.iat,
+        "nbf": claims.nbf,
+        "exp": claims.exp,
+        "jti_sha256": approval_jti_digest(claims),
+        "tool": claims.tool,
+        "args_sha256": claims.args_sha256,
+        "subject": claims.subject,
+        "host_id": claims.host_id,
+    }
+    print(json.dumps(shown, sort_keys=True, indent=2))
+    return EXIT_OK
+
+
+def _add_binding_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tool", required=True, help="the tool the token approves")
+    parser.add_argument("--subject", required=True, help="the caller allowed to use it")
+    parser.add_argument(
+        "--args", required=True, help="the exact tool arguments: a JSON object or @FILE"
+    )
+    parser.add_argument("--config", default=None, help="YAML configuration file")
+    parser.add_argument("--audience", default=None, help=f"overrides {ENV_AUDIENCE}")
+    parser.add_argument("--issuer", default=None, help=f"overrides {ENV_ISSUER}")
+
+
+def _load_keys_and_settings(args: argparse.Namespace) -> tuple[ApprovalKeys, ApprovalSettings]:
+    config = _read_config(args.config)
+    env: dict[str, str] = dict(os.environ)
+    if args.audience:
+        env[ENV_AUDIENCE] = args.audience
+    if args.issuer:
+        env[ENV_ISSUER] = args.issuer
+    settings = load_approval_settings(env, config)
+    ttl = getattr(args, "ttl", None)
+    if ttl is not None:
+        settings = ApprovalSettings(
+            audience=settings.audience, issuer=settings.issuer, ttl_seconds=ttl
+        )
+    return load_approval_keys(env, config), settings
+
+
+def _read_config(path: str | None) -> Mapping[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        raise ConfigError("--config: the file cannot be read as YAML") from None
+    if loaded is None:
+        return None
+    if not isinstance(loaded, Mapping):
+        raise ConfigError("--config: the file must hold a YAML mapping")
+    return loaded
+
+
+def _read_arguments(raw: str) -> dict[str, Any]:
+    text = raw
+    if raw.startswith("@"):
+        try:
+            text = Path(raw[1:]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            raise _UsageError("--args: the file cannot be read") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise _UsageError("--args: not valid JSON") from None
+    if not isinstance(value, dict):
+        raise _UsageError("--args: must be a JSON object")
+    return value
+
+
+def _fail_usage(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+__all__ = ["add_parser", "run_mint", "run_verify"]

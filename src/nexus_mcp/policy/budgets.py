@@ -1,0 +1,173 @@
+"""Call budgets, rate limits and per-tool timeouts: how much a caller may do, and how fast.
+
+- ``SessionBudget``: at most N calls per session key (the MCP session id, or the
+  principal key where the protocol has no session). A key idle for ``idle_ttl_seconds``
+  is forgotten, which bounds memory; so does ``maxsize`` (least recently used first).
+- ``SlidingWindowRateLimiter``: at most N calls per subject in any window of W seconds,
+  a true sliding window over the accepted calls' timestamps. A subject is forgotten W
+  seconds after its last accepted call, when all its timestamps are stale anyway, so
+  expiry loses nothing; ``maxsize`` bounds memory beyond that.
+- ``ToolTimeouts``: the seconds each tool may run; the caller applies them with
+  ``asyncio.timeout`` so cancellation propagates.
+
+Both counters are thread-safe (one lock each) and never await, so they are also safe
+across asyncio tasks. Clocks are injectable and must be monotonic.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from cachetools import TTLCache
+
+from nexus_mcp.errors import BudgetExceededError, ConfigError, RateLimitedError
+
+Clock = Callable[[], float]
+
+DEFAULT_SESSION_IDLE_TTL_SECONDS = 3600.0
+DEFAULT_TRACKED_KEYS = 10_000
+DEFAULT_TOOL_TIMEOUT_SECONDS = 30.0
+MAX_TOOL_TIMEOUT_SECONDS = 3600.0
+_TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def _require_positive_int(value: int, setting: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{setting} must be a positive integer")
+
+
+def _require_positive_seconds(value: float, setting: str, maximum: float = math.inf) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{setting} must be a number of seconds")
+    if not math.isfinite(value) or value <= 0 or value > maximum:
+        raise ConfigError(f"{setting} must be greater than 0 and at most {maximum} seconds")
+
+
+class SessionBudget:
+    """Counts calls per session key and refuses the call after the last one allowed."""
+
+    def __init__(
+        self,
+        max_calls_per_session: int,
+        clock: Clock = time.monotonic,
+        *,
+        idle_ttl_seconds: float = DEFAULT_SESSION_IDLE_TTL_SECONDS,
+        maxsize: int = DEFAULT_TRACKED_KEYS,
+    ) -> None:
+        _require_positive_int(max_calls_per_session, "budgets.max_calls_per_session")
+        _require_positive_seconds(idle_ttl_seconds, "budgets.idle_ttl_seconds")
+        _require_positive_int(maxsize, "budgets.maxsize")
+        self._max_calls = max_calls_per_session
+        self._lock = threading.Lock()
+        # Re-setting a key renews its TTL, so expiry means "idle for the TTL".
+        self._calls: TTLCache[str, int] = TTLCache(maxsize, idle_ttl_seconds, timer=clock)
+
+    @property
+    def max_calls(self) -> int:
+        return self._max_calls
+
+    def charge(self, key: str) -> int:
+        """Count one call for ``key``; returns the calls left, or raises ``BudgetExceededError``."""
+        with self._lock:
+            used = self._calls.get(key, 0)
+            if used >= self._max_calls:
+                # Renew the TTL: a session hammering an exhausted budget stays exhausted.
+                self._calls[key] = used
+                raise BudgetExceededError(limit=self._max_calls)
+            self._calls[key] = used + 1
+            return self._max_calls - used - 1
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._calls.expire()
+            return len(self._calls)
+
+
+class SlidingWindowRateLimiter:
+    """At most ``max_calls`` accepted calls per subject in any ``window_seconds``."""
+
+    def __init__(
+        self,
+        max_calls: int,
+        window_seconds: float,
+        clock: Clock = time.monotonic,
+        *,
+        maxsize: int = DEFAULT_TRACKED_KEYS,
+    ) -> None:
+        _require_positive_int(max_calls, "rate_limit.max_calls")
+        _require_positive_seconds(window_seconds, "rate_limit.window_seconds")
+        _require_positive_int(maxsize, "rate_limit.maxsize")
+        self._max_calls = max_calls
+        self._window = float(window_seconds)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._calls: TTLCache[str, deque[float]] = TTLCache(maxsize, self._window, timer=clock)
+
+    def check(self, subject: str) -> None:
+        """Accept and record one call for ``subject``, or raise ``RateLimitedError``."""
+        with self._lock:
+            now = self._clock()
+            stamps = self._calls.get(subject)
+            if stamps is None:
+                stamps = deque(maxlen=self._max_calls)
+            cutoff = now - self._window
+            while stamps and stamps[0] <= cutoff:
+                stamps.popleft()
+            if len(stamps) >= self._max_calls:
+                retry_after = max(0.0, stamps[0] + self._window - now)
+                raise RateLimitedError(
+                    limit=self._max_calls,
+                    window_seconds=self._window,
+                    retry_after_seconds=math.ceil(retry_after),
+                )
+            stamps.append(now)
+            self._calls[subject] = stamps
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._calls.expire()
+            return len(self._calls)
+
+
+@dataclass(frozen=True)
+class ToolTimeouts:
+    """Seconds per tool: ``default_seconds`` unless ``overrides`` names the tool."""
+
+    default_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS
+    overrides: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        _require_positive_seconds(
+            self.default_seconds, "timeouts.default_seconds", MAX_TOOL_TIMEOUT_SECONDS
+        )
+        if not isinstance(self.overrides, Mapping):
+            raise ConfigError("timeouts.overrides must be a mapping")
+        for tool, seconds in self.overrides.items():
+            if not isinstance(tool, str) or not _TOOL_NAME_RE.match(tool):
+                raise ConfigError("timeouts.overrides keys must be tool names")
+            _require_positive_seconds(
+                seconds, f"timeouts.overrides.{tool}", MAX_TOOL_TIMEOUT_SECONDS
+            )
+        # Freeze a private copy so a caller's dict cannot change the limits later.
+        object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+
+    def timeout_for(self, tool_name: str) -> float:
+        return float(self.overrides.get(tool_name, self.default_seconds))
+
+
+__all__ = [
+    "DEFAULT_SESSION_IDLE_TTL_SECONDS",
+    "DEFAULT_TOOL_TIMEOUT_SECONDS",
+    "DEFAULT_TRACKED_KEYS",
+    "MAX_TOOL_TIMEOUT_SECONDS",
+    "SessionBudget",
+    "SlidingWindowRateLimiter",
+    "ToolTimeouts",
+]
