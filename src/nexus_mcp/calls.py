@@ -49,6 +49,9 @@ class CallState:
     risk: str | None = None
     tool_class: str | None = None
     heuristic_class: bool = False
+    # The gateway's and the connector's classifications, kept apart on purpose.
+    classification: Any = None
+    connector_classification: Any = None
     idempotency_key: str | None = None
     idempotency_outcome: str | None = None
     approval: Mapping[str, Any] | None = None

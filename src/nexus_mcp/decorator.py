@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import typing
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -29,7 +30,8 @@ from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.exceptions import ToolError
 from fastmcp.tools import ToolResult
 from mcp_types import TextContent
-from pydantic import BaseModel
+from fastmcp import Context
+from pydantic import BaseModel, ConfigDict, create_model
 
 from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
 from nexus_mcp.errors import NexusError
@@ -132,6 +134,24 @@ def nexus_tool(
     return decorate
 
 
+def build_arguments_model(fn: Callable[..., Any]) -> type[BaseModel]:
+    """A strict model of the tool's arguments, for validating a call before policy sees it.
+
+    Same rules as FastMCP's own validation (strict, no extra keys), but without running
+    the function, so the chain can refuse bad input before classification or approval.
+    """
+    hints = typing.get_type_hints(fn, include_extras=True)
+    fields: dict[str, Any] = {}
+    for name, param in inspect.signature(fn).parameters.items():
+        hint = hints.get(name, Any)
+        if isinstance(hint, type) and issubclass(hint, Context):
+            continue
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[name] = (hint, default)
+    config = ConfigDict(extra="forbid", strict=True)
+    return create_model(f"{fn.__name__}_arguments", __config__=config, **fields)
+
+
 def contract_of(fn: Callable[..., Any]) -> ToolContract:
     contract = getattr(fn, CONTRACT_ATTR, None)
     if not isinstance(contract, ToolContract):
@@ -222,6 +242,7 @@ __all__ = [
     "Risk",
     "ToolContract",
     "bind_tool",
+    "build_arguments_model",
     "contract_of",
     "nexus_tool",
     "to_structured",

@@ -7,6 +7,8 @@ real client.
 
 from __future__ import annotations
 
+import hmac
+import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 from fastmcp import FastMCP
 from fastmcp.server.auth import TokenVerifier
 from fastmcp.server.auth.providers.jwt import JWTVerifier
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -22,18 +25,48 @@ from nexus_mcp import __version__
 from nexus_mcp.audit import AuditLog, AuditSink, JsonlAuditSink
 from nexus_mcp.calls import CallState
 from nexus_mcp.chain import ChainLayers, build_middleware
-from nexus_mcp.decorator import ConnectorCheck, ToolContract, bind_tool, contract_of
+from nexus_mcp.decorator import (
+    ConnectorCheck,
+    ToolContract,
+    bind_tool,
+    build_arguments_model,
+    contract_of,
+)
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.identity import IdentityResolver
-from nexus_mcp.ids import new_id
 from nexus_mcp.logs import ensure_logging, get_logger
 from nexus_mcp.middleware.audit import AuditMiddleware, AuditTrail
 from nexus_mcp.middleware.envelope import EnvelopeMiddleware
 from nexus_mcp.middleware.identity import IdentityMiddleware
+from nexus_mcp.access import GrantedTools
+from nexus_mcp.approval_routes import add_approval_routes
+from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer
+from nexus_mcp.middleware.approval import ApprovalMiddleware
+from nexus_mcp.middleware.classification import ClassificationMiddleware
+from nexus_mcp.middleware.documents import DocumentsMiddleware
+from nexus_mcp.middleware.limits import LimitsMiddleware
 from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
-from nexus_mcp.policy.hashing import CONTENT_HASH_ALG
-from nexus_mcp.principal import Principal
-from nexus_mcp.settings import Settings
+from nexus_mcp.policy.approvals import (
+    ApprovalKeys,
+    ApprovalSettings,
+    load_approval_keys,
+    load_approval_settings,
+)
+from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
+from nexus_mcp.policy.documents import DocumentCheck, DocumentHash
+from nexus_mcp.policy.profiles import default_profiles_path, load_profiles
+from nexus_mcp.policy.registry import (
+    RegistrySet,
+    check_risk_parity,
+    default_registry_dir,
+    load_registry_dir,
+)
+from nexus_mcp.policy.visibility import VisibleToolsCache
+from nexus_mcp.policy.write_policy import WritePolicyConfig, load_write_policy_config
+from nexus_mcp.settings import Settings, config_sections
+from nexus_mcp.stores.grants import SqliteTupleStore
+from nexus_mcp.stores.idempotency import SqliteIdempotencyStore
+from nexus_mcp.stores.nonces import MemoryNonceStore
 from nexus_mcp.tools.files import build_files_tools
 from nexus_mcp.workspace import Workspace
 
@@ -48,30 +81,6 @@ INSTRUCTIONS = (
 ToolFunction = Callable[..., Awaitable[Any]]
 
 
-class OpenNamespace:
-    """Every registered tool is visible; read-only callers do not see write tools.
-
-    The embedded default until grants are configured (see ``policy/grants.py``).
-    """
-
-    def __init__(self, contracts: Mapping[str, ToolContract]) -> None:
-        self.all_tools = frozenset(contracts)
-        self.read_tools = frozenset(n for n, c in contracts.items() if c.risk == "read")
-        self.metrics = {"filtered": 0, "rejected": 0, "errors": 0}
-
-    def visible_tools(self, principal: Principal) -> frozenset[str]:
-        return self.read_tools if principal.read_only else self.all_tools
-
-    def record_filtered(self, count: int) -> None:
-        self.metrics["filtered"] += count
-
-    def record_rejected(self) -> None:
-        self.metrics["rejected"] += 1
-
-    def record_error(self) -> None:
-        self.metrics["errors"] += 1
-
-
 @dataclass
 class Runtime:
     """Everything the chain and the tools share for the life of one server."""
@@ -80,24 +89,34 @@ class Runtime:
     config_file: Path | None
     workspace: Workspace
     audit_log: AuditLog
+    registry: RegistrySet
+    enforcer: RegistryEnforcer
+    idempotency: SqliteIdempotencyStore
+    grants: SqliteTupleStore
+    access: GrantedTools
+    write_policies: WritePolicyConfig
+    approval_keys: ApprovalKeys | None
+    approval_settings: ApprovalSettings
+    nonces: MemoryNonceStore
     contracts: dict[str, ToolContract] = field(default_factory=dict)
+    argument_models: dict[str, type[BaseModel]] = field(default_factory=dict)
     connector_checks: list[ConnectorCheck] = field(default_factory=list)
+    verifier: TokenVerifier | None = None
 
     def registry_info(self) -> Mapping[str, Any] | None:
-        return None
+        return self.registry.summary()
 
     def build_effect(self, contract: ToolContract, state: CallState) -> Mapping[str, Any]:
-        return {
-            "effect_id": new_id(),
-            "tool_call_id": state.tool_call_id,
-            "tool_name": contract.name,
-            "document_hashes": [dict(h) for h in state.document_hashes or ()],
-            "batch_total_bytes": state.batch_total_bytes or 0,
-            "content_hash_alg": CONTENT_HASH_ALG,
-        }
+        check = DocumentCheck(
+            hashes=tuple(DocumentHash(**h) for h in state.document_hashes or ()),
+            batch_total_bytes=state.batch_total_bytes or 0,
+        )
+        return self.enforcer.effect(state, check)
 
     def close(self) -> None:
         self.audit_log.close()
+        self.idempotency.close()
+        self.grants.close()
 
 
 @dataclass
@@ -144,6 +163,7 @@ def build_server(
     config_file: Path | None = None,
     audit_sinks: Iterable[AuditSink] | None = None,
     extra_tools: Iterable[ToolFunction] = (),
+    env: Mapping[str, str] | None = None,
 ) -> NexusServer:
     """Build a ready-to-run server. ``audit_sinks`` replaces the JSONL file (tests)."""
     ensure_logging()
@@ -152,34 +172,65 @@ def build_server(
             "HTTP in prod mode needs token verification: set auth.jwt_secret "
             "(NEXUS_MCP_AUTH__JWT_SECRET) or auth.jwks_url (NEXUS_MCP_AUTH__JWKS_URL)"
         )
+    environ = dict(os.environ if env is None else env)
+    sections = config_sections(config_file)
     workspace = resolve_workspace(settings)
+    functions: list[ToolFunction] = [*build_files_tools(workspace, settings), *extra_tools]
+    contracts: dict[str, ToolContract] = {}
+    for fn in functions:
+        contract = contract_of(fn)
+        if contract.name in contracts:
+            raise ConfigError(f"two tools are named {contract.name}")
+        contracts[contract.name] = contract
+
+    registry = load_registry(settings)
+    check_registry_parity(registry, settings, contracts)
+    enforcer = RegistryEnforcer(
+        registry, server_id=settings.registry.server_id, mode=settings.mode, contracts=contracts
+    )
+    write_policies = load_write_policies(sections, settings)
+    approval_keys, approval_settings = load_approvals(sections, environ, settings, write_policies)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
+    grants = SqliteTupleStore(settings.profiles.grants_db or settings.data_dir / "grants.sqlite3")
+    profiles = load_profiles(settings.profiles.file or default_profiles_path(), known_tools=contracts)
+    write_tools = [name for name, c in contracts.items() if c.tool_class == "write"]
     runtime = Runtime(
         settings=settings,
         config_file=config_file,
         workspace=workspace,
         audit_log=AuditLog(sinks),
+        registry=registry,
+        enforcer=enforcer,
+        idempotency=SqliteIdempotencyStore(
+            settings.data_dir / "idempotency.sqlite3",
+            ttl_seconds=settings.registry.idempotency_ttl_seconds,
+            lease_seconds=max(300.0, 2 * _longest_timeout(settings)),
+        ),
+        grants=grants,
+        access=GrantedTools(
+            grants,
+            VisibleToolsCache(grants, ttl_seconds=settings.profiles.cache_ttl_seconds),
+            profiles,
+            write_tools=write_tools,
+            zone=settings.profiles.zone,
+        ),
+        write_policies=write_policies,
+        approval_keys=approval_keys,
+        approval_settings=approval_settings,
+        nonces=MemoryNonceStore(),
+        contracts=contracts,
+        argument_models={contract_of(fn).name: build_arguments_model(fn) for fn in functions},
+        connector_checks=[RegistryConnectorCheck(enforcer)],
+        verifier=build_verifier(settings) if settings.transport == "http" else None,
     )
-    functions: list[ToolFunction] = [*build_files_tools(workspace, settings), *extra_tools]
-    for fn in functions:
-        contract = contract_of(fn)
-        if contract.name in runtime.contracts:
-            raise ConfigError(f"two tools are named {contract.name}")
-        runtime.contracts[contract.name] = contract
-
     trail = AuditTrail(runtime.audit_log, runtime.contracts, runtime.registry_info)
-    layers = ChainLayers(
-        envelope=EnvelopeMiddleware(),
-        audit=AuditMiddleware(trail),
-        identity=IdentityMiddleware(IdentityResolver(settings)),
-        namespace=ToolNamespaceMiddleware(OpenNamespace(runtime.contracts)),
-    )
     mcp: FastMCP[Any] = FastMCP(
         settings.server_name,
         instructions=INSTRUCTIONS,
         version=__version__,
-        middleware=build_middleware(layers),
-        auth=build_verifier(settings) if settings.transport == "http" else None,
+        middleware=build_middleware(build_layers(runtime, trail)),
+        auth=runtime.verifier,
         mask_error_details=True,
         strict_input_validation=True,
     )
@@ -200,13 +251,114 @@ def build_server(
             tags={contract.toolset},
         )
     _add_health_routes(mcp, runtime)
+    add_approval_routes(mcp, runtime)
     log.info(
         "server_built",
         mode=settings.mode,
         transport=settings.transport,
         tools=len(runtime.contracts),
+        registry=registry.summary(),
     )
     return NexusServer(mcp=mcp, runtime=runtime)
+
+
+def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
+    """One middleware per slot of DESIGN.md's chain; ``chain.build_middleware`` orders them."""
+    settings = runtime.settings
+    budgets = settings.budgets
+    return ChainLayers(
+        envelope=EnvelopeMiddleware(settings.limits.max_request_bytes),
+        audit=AuditMiddleware(trail),
+        identity=IdentityMiddleware(IdentityResolver(settings)),
+        namespace=ToolNamespaceMiddleware(runtime.access),
+        classification=ClassificationMiddleware(
+            runtime.enforcer,
+            runtime.idempotency,
+            wait_seconds=settings.registry.idempotency_wait_seconds,
+            argument_models=runtime.argument_models,
+        ),
+        approval=ApprovalMiddleware(
+            runtime.write_policies,
+            runtime.workspace,
+            keys=runtime.approval_keys,
+            approval_settings=runtime.approval_settings,
+            nonce_store=runtime.nonces,
+            stateless_http=settings.stateless_http,
+        ),
+        documents=DocumentsMiddleware(runtime.enforcer),
+        limits=LimitsMiddleware(
+            SessionBudget(budgets.max_calls_per_session),
+            SlidingWindowRateLimiter(budgets.rate_limit_calls, budgets.rate_limit_window_seconds),
+            ToolTimeouts(default_seconds=budgets.tool_timeout_seconds, overrides=dict(budgets.tool_timeouts)),
+        ),
+    )
+
+
+def _longest_timeout(settings: Settings) -> float:
+    return max([settings.budgets.tool_timeout_seconds, *settings.budgets.tool_timeouts.values()])
+
+
+def load_registry(settings: Settings) -> RegistrySet:
+    pins = {sid: (pin.version, pin.digest) for sid, pin in settings.registry.pins.items()}
+    return load_registry_dir(settings.registry.directory or default_registry_dir(), pins=pins)
+
+
+def check_registry_parity(
+    registry: RegistrySet, settings: Settings, contracts: Mapping[str, ToolContract]
+) -> None:
+    """A tool whose declared risk disagrees with the registry: refuse in prod, warn in dev."""
+    mismatches = check_risk_parity(
+        registry,
+        server_id=settings.registry.server_id,
+        declared_risks={name: c.risk for name, c in contracts.items()},
+    )
+    if not mismatches:
+        return
+    described = ", ".join(
+        f"{m.tool_name} (declared {m.declared_risk}, registry {m.registry_class or 'unclassified'})"
+        for m in mismatches
+    )
+    if not settings.is_dev:
+        raise ConfigError(f"tool risks disagree with the registry: {described}")
+    log.warning("registry_risk_mismatch", tools=[m.tool_name for m in mismatches])
+
+
+def load_write_policies(sections: Mapping[str, Any], settings: Settings) -> WritePolicyConfig:
+    config, warnings = load_write_policy_config(sections.get("write_policies"), mode=settings.mode)
+    for warning in warnings:
+        log.warning("write_policy", message=warning)
+    return config
+
+
+def load_approvals(
+    sections: Mapping[str, Any],
+    environ: Mapping[str, str],
+    settings: Settings,
+    policies: WritePolicyConfig,
+) -> tuple[ApprovalKeys | None, ApprovalSettings]:
+    """Approval keys and settings; a policy that requires approval without keys stops start-up."""
+    approval_settings = load_approval_settings(environ, sections)
+    has_secret = bool(
+        environ.get("NEXUS_MCP_APPROVAL_SECRET")
+        or environ.get("NEXUS_MCP_APPROVAL_KEYS")
+        or sections.get("approvals", {}).get("secret")
+        or sections.get("approvals", {}).get("keys")
+    )
+    keys = load_approval_keys(environ, sections) if has_secret else None
+    jwt_secret = settings.auth.jwt_secret
+    if keys is not None and jwt_secret is not None and any(
+        hmac.compare_digest(keys.secret_for(kid) or b"", jwt_secret.get_secret_value().encode())
+        for kid in keys.kids
+    ):
+        # With one secret and one audience an approval token would also verify as a bearer.
+        raise ConfigError("the approval secret must differ from auth.jwt_secret")
+    policy = policies.policy_for_workspace()
+    if keys is None and policy is not None and policy.require_approval:
+        raise ConfigError(
+            "the write policy requires approval but no approval secret is configured: "
+            "set NEXUS_MCP_APPROVAL_SECRET (32+ bytes) or approvals.secret in the config file"
+        )
+    return keys, approval_settings
 
 
 def _add_health_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
@@ -227,4 +379,4 @@ def _add_health_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
         )
 
 
-__all__ = ["NexusServer", "OpenNamespace", "Runtime", "build_server", "build_verifier"]
+__all__ = ["NexusServer", "Runtime", "build_layers", "build_server", "build_verifier"]

@@ -78,6 +78,40 @@ class SearchSettings(_Section):
     )  # fmt: skip
 
 
+class RegistryPin(_Section):
+    """A pinned registry: start-up refuses when the loaded file differs (registry parity)."""
+
+    version: str | None = None
+    digest: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+
+
+class RegistrySettings(_Section):
+    directory: Path | None = Field(default=None, description="registry files (*.json); default: shipped")
+    server_id: str = "nexus"
+    pins: dict[str, RegistryPin] = Field(default_factory=dict)
+    idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
+    idempotency_wait_seconds: float = Field(default=30.0, gt=0)
+
+
+class BudgetSettings(_Section):
+    """Per-session call budget, per-subject sliding-window rate, per-tool timeouts."""
+
+    max_calls_per_session: int = Field(default=10_000, ge=1)
+    rate_limit_calls: int = Field(default=600, ge=1)
+    rate_limit_window_seconds: float = Field(default=60.0, gt=0)
+    tool_timeout_seconds: float = Field(default=30.0, gt=0)
+    tool_timeouts: dict[str, float] = Field(default_factory=dict)
+
+
+class ProfileSettings(_Section):
+    """Tool profiles (YAML) and the grants database."""
+
+    file: Path | None = Field(default=None, description="tool_profiles.yaml; default: shipped")
+    grants_db: Path | None = Field(default=None, description="default: <data_dir>/grants.sqlite3")
+    zone: str = "default"
+    cache_ttl_seconds: float = Field(default=300.0, gt=0)
+
+
 class LimitSettings(_Section):
     max_read_bytes: int = Field(default=10 * MIB, ge=1)
     max_request_bytes: int = Field(default=64 * MIB, ge=1024)
@@ -123,6 +157,10 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     limits: LimitSettings = LimitSettings()
     search: SearchSettings = SearchSettings()
+    registry: RegistrySettings = RegistrySettings()
+    budgets: BudgetSettings = BudgetSettings()
+    profiles: ProfileSettings = ProfileSettings()
+    approver_roles: tuple[str, ...] = ("admin",)
 
     @field_validator("http_path")
     @classmethod
@@ -192,8 +230,8 @@ def load_settings(
 ) -> Settings:
     """Build validated settings; ``overrides`` are command-line flags (highest priority).
 
-    Sections of the YAML file that other parts of the server own (``write_policies``,
-    ``registry``, ``profiles``, ``approvals``, ``budgets``, ``notes``) are kept out of
+    Sections of the YAML file that other loaders own (``write_policies``, ``approvals``,
+    whose secrets never enter ``Settings``) are kept out of
     ``Settings`` validation and read by their own loaders through ``config_sections``.
     """
     data = read_config_file(config_file) if config_file is not None else {}
@@ -208,9 +246,7 @@ def load_settings(
         _yaml_data.reset(token)
 
 
-EXTERNAL_SECTIONS = frozenset(
-    {"write_policies", "registry", "profiles", "approvals", "budgets", "notes", "timeouts"}
-)
+EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals"})
 
 
 def describe_validation_error(exc: ValidationError, *, source: Path | None) -> str:
@@ -239,8 +275,12 @@ def config_sections(config_file: Path | None) -> dict[str, Any]:
 __all__ = [
     "EXTERNAL_SECTIONS",
     "AuthSettings",
+    "BudgetSettings",
+    "ProfileSettings",
     "DevPrincipalSettings",
     "LimitSettings",
+    "RegistryPin",
+    "RegistrySettings",
     "SearchSettings",
     "Settings",
     "config_sections",

@@ -15,6 +15,9 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -22,6 +25,62 @@ from nexus_mcp.errors import ConflictError, DocSizeExceededError, InvalidPathErr
 
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 MAX_PATH_LENGTH = 4096
+
+
+class CommitGuard:
+    """Decides, under one lock, whether a write commits or was cancelled first.
+
+    File I/O runs in a worker thread, which ``asyncio`` cannot interrupt. When a call times
+    out, the event loop side calls ``cancel()``; the worker checks ``may_commit()`` right
+    before its final rename. Either the rename happens before the cancel (the call then
+    reports a timeout whose outcome is unknown, and idempotency records it so) or it never
+    happens: a timed-out write never lands later, and never half-lands.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self.committed = False
+
+    def cancel(self) -> bool:
+        """Forbid any later commit; True when a commit already happened."""
+        with self._lock:
+            self._cancelled = True
+            return self.committed
+
+    @contextlib.contextmanager
+    def commit(self) -> Iterator[None]:
+        with self._lock:
+            if self._cancelled:
+                raise WriteCancelledError()
+            yield
+            self.committed = True
+
+
+class WriteCancelledError(Exception):
+    """The call was cancelled (timed out) before the write committed; nothing changed."""
+
+
+_guard: ContextVar[CommitGuard | None] = ContextVar("nexus_commit_guard", default=None)
+
+
+@contextlib.contextmanager
+def guarded(guard: CommitGuard) -> Iterator[None]:
+    token = _guard.set(guard)
+    try:
+        yield
+    finally:
+        _guard.reset(token)
+
+
+@contextlib.contextmanager
+def _committing() -> Iterator[None]:
+    guard = _guard.get()
+    if guard is None:
+        yield
+        return
+    with guard.commit():
+        yield
 
 
 @dataclass(frozen=True)
@@ -135,7 +194,8 @@ class Workspace:
                 os.fsync(handle.fileno())
             if mode is not None:
                 os.chmod(tmp_name, mode)
-            os.replace(tmp_name, path)
+            with _committing():
+                os.replace(tmp_name, path)
         except BaseException:
             # Cancellation (a timeout) included: never leave the temporary file behind.
             with contextlib.suppress(FileNotFoundError):
@@ -150,7 +210,8 @@ class Workspace:
             raise NotFoundError()
         if path.is_dir():
             raise ConflictError(reason="is_directory")
-        path.unlink()
+        with _committing():
+            path.unlink()
         self._fsync_dir(path.parent)
 
     def make_dir(self, target: ResolvedPath, *, parents: bool) -> bool:
@@ -161,7 +222,8 @@ class Workspace:
             raise ConflictError(reason="exists")
         if not parents and not path.parent.is_dir():
             raise NotFoundError(reason="parent_missing")
-        path.mkdir(parents=parents, exist_ok=False)
+        with _committing():
+            path.mkdir(parents=parents, exist_ok=False)
         return True
 
     def remove_dir(self, target: ResolvedPath, *, recursive: bool) -> int:
@@ -176,10 +238,11 @@ class Workspace:
         entries = sum(1 for _ in path.rglob("*"))
         if entries and not recursive:
             raise ConflictError(reason="not_empty")
-        if recursive:
-            shutil.rmtree(path)
-        else:
-            path.rmdir()
+        with _committing():
+            if recursive:
+                shutil.rmtree(path)
+            else:
+                path.rmdir()
         self._fsync_dir(path.parent)
         return entries + 1
 
@@ -196,7 +259,8 @@ class Workspace:
                 raise ConflictError(reason="exists")
         if not dst.parent.is_dir():
             raise NotFoundError(reason="parent_missing")
-        os.replace(src, dst)
+        with _committing():
+            os.replace(src, dst)
         self._fsync_dir(dst.parent)
 
     @staticmethod
@@ -214,4 +278,13 @@ class Workspace:
             os.close(fd)
 
 
-__all__ = ["MAX_PATH_LENGTH", "ResolvedPath", "Workspace", "is_within", "normalize_relative"]
+__all__ = [
+    "MAX_PATH_LENGTH",
+    "CommitGuard",
+    "ResolvedPath",
+    "WriteCancelledError",
+    "Workspace",
+    "guarded",
+    "is_within",
+    "normalize_relative",
+]

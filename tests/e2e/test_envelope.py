@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import Code
+from nexus_mcp.policy.grants import grant_tool
 
 from .conftest import ServerFactory, snapshot, wire
 
@@ -159,6 +160,7 @@ async def test_unexpected_exceptions_become_masked_internal_errors(
         audit_sinks=[sink],
         extra_tools=[explode],
     )
+    grant_tool(server.runtime.grants, "dev", "explode", "default")  # tools are granted, not ambient
     async with Client(server.mcp, mode=mode) as client:
         result = wire(await client.call_tool_mcp("explode", {}))
     payload = envelope(result)
@@ -174,3 +176,24 @@ async def test_too_many_arguments_text_is_never_echoed(make_server: ServerFactor
     async with Client(make_server().mcp) as client:
         result = wire(await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt", "extra": CANARY}))
     assert envelope(result) == {"error": "unexpected argument", "code": "INVALID_INPUT"}
+
+
+async def test_oversized_arguments_are_refused_in_the_app(
+    make_server: ServerFactory, workspace: Path
+) -> None:
+    """stdio has no HTTP body limit, so the envelope bounds argument size itself."""
+    before = snapshot(workspace)
+    server = make_server(limits={"max_request_bytes": 4096})
+    async with Client(server.mcp) as client:
+        result = wire(await client.call_tool_mcp("nexus_write_file", {"path": "big.txt", "content": "x" * 5000, "idempotency_key": "k"}))
+    assert envelope(result) == {"error": "request is too large", "code": "INVALID_INPUT"}
+    assert snapshot(workspace) == before
+
+
+async def test_client_id_in_meta_never_sets_identity(
+    make_server: ServerFactory, audit: Any
+) -> None:
+    server = make_server(mode="prod", subject="alice", role="viewer")
+    async with Client(server.mcp) as client:
+        await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt"}, meta={"client_id": "admin", "subject": "admin"})
+    assert {e["subject"] for e in audit.records()} == {"alice"}

@@ -78,8 +78,36 @@ def _correlation_id(meta: dict[str, Any]) -> str | None:
     return None
 
 
+def estimate_size(value: Any, budget: int) -> int:
+    """Approximate serialized size of JSON arguments, stopping once it passes ``budget``."""
+    total = 0
+    stack = [value]
+    while stack and total <= budget:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item) + 2
+        elif isinstance(item, dict):
+            total += 2 + 4 * len(item)
+            for key, val in item.items():
+                total += len(str(key))
+                stack.append(val)
+        elif isinstance(item, list | tuple):
+            total += 2 + len(item)
+            stack.extend(item)
+        else:
+            total += 8
+    return total
+
+
 class EnvelopeMiddleware(Middleware):
-    """Opens the call state and turns every failure into the envelope."""
+    """Opens the call state and turns every failure into the envelope.
+
+    It also bounds the size of a call's arguments: HTTP bodies are bounded by the
+    transport, but stdio has no limit of its own (DESIGN.md, transport hardening).
+    """
+
+    def __init__(self, max_request_bytes: int) -> None:
+        self.max_request_bytes = max_request_bytes
 
     async def on_call_tool(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
@@ -98,6 +126,8 @@ class EnvelopeMiddleware(Middleware):
             state.correlation_id = given
         with open_call(state):
             try:
+                if estimate_size(state.arguments, self.max_request_bytes) > self.max_request_bytes:
+                    raise InvalidInputError("request is too large", problem="request_size")
                 return await call_next(context)
             except FastMCPNotFoundError:
                 raise
@@ -125,4 +155,4 @@ class EnvelopeMiddleware(Middleware):
             raise MCPError(code=INTERNAL_JSONRPC_CODE, message="Internal server error") from exc
 
 
-__all__ = ["EnvelopeMiddleware", "invalid_input_from", "to_envelope", "to_wire_error"]
+__all__ = ["EnvelopeMiddleware", "estimate_size", "invalid_input_from", "to_envelope", "to_wire_error"]

@@ -10,6 +10,7 @@ Blocking file I/O runs in a worker thread so the event loop (and timeouts) stay 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import stat
 from collections.abc import Awaitable, Callable, Iterator
@@ -33,7 +34,7 @@ from nexus_mcp.search import (
     walk_files,
 )
 from nexus_mcp.settings import Settings
-from nexus_mcp.workspace import Workspace
+from nexus_mcp.workspace import CommitGuard, Workspace, guarded
 
 TOOLSET = "files"
 
@@ -148,7 +149,25 @@ def _entry_type(mode: int) -> EntryType:
 
 
 async def _io(work: Callable[[], T]) -> T:
-    return await asyncio.to_thread(work)
+    """Run blocking file work in a thread; on cancellation, forbid its commit and wait for it.
+
+    Waiting (shielded) for the thread means that when a timeout is reported, the worker
+    has either committed already or never will (see ``CommitGuard``).
+    """
+    guard = CommitGuard()
+
+    def run() -> T:
+        with guarded(guard):
+            return work()
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        guard.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise
 
 
 def build_files_tools(

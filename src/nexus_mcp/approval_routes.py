@@ -1,0 +1,99 @@
+"""``POST /approvals/mint``: server-side minting of approval tokens (seed 003, section 2).
+
+Only an authenticated principal holding an approver role (``approver_roles``) may mint.
+The request names the write tool, its exact arguments and the subject allowed to use the
+token; the response carries the token. The secret never leaves the server and neither the
+token nor the arguments are logged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from nexus_mcp.identity import IdentityResolver
+from nexus_mcp.logs import get_logger
+from nexus_mcp.policy.approvals import mint_approval_token
+from nexus_mcp.principal import Principal, principal_from_claims
+
+if TYPE_CHECKING:
+    from fastmcp import FastMCP
+
+    from nexus_mcp.server import Runtime
+
+log = get_logger(__name__)
+MAX_MINT_BODY_BYTES = 16 * 1024 * 1024
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+class MintRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tool: str = Field(min_length=1, max_length=128)
+    arguments: dict[str, Any]
+    subject: str | None = Field(default=None, min_length=1, max_length=256)
+    host_id: str = Field(default="http", min_length=1, max_length=128)
+
+
+def _refuse(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": message, "code": code}, status_code=status, headers=NO_STORE)
+
+
+async def authenticate(request: Request, runtime: Runtime) -> Principal | None:
+    """The caller of a plain HTTP route: a verified bearer token, or dev's default principal."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if runtime.verifier is not None:
+        if scheme.lower() != "bearer" or not token:
+            return None
+        access = await runtime.verifier.verify_token(token.strip())
+        if access is None:
+            return None
+        return principal_from_claims(access.claims, subject=access.subject)
+    resolver = IdentityResolver(runtime.settings)
+    return resolver.resolve(transport="streamable-http", token_claims=None, token_subject=None)
+
+
+def add_approval_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
+    @mcp.custom_route("/approvals/mint", methods=["POST"])
+    async def mint(request: Request) -> JSONResponse:
+        if runtime.approval_keys is None:
+            return _refuse(503, "approvals are not configured on this server", "APPROVAL_INVALID")
+        principal = await authenticate(request, runtime)
+        if principal is None:
+            return _refuse(401, "authentication required", "APPROVAL_INVALID")
+        if principal.effective_role not in runtime.settings.approver_roles:
+            log.warning("approval_mint_refused", subject=principal.log_subject, reason="not_approver")
+            return _refuse(403, "an approver role is required to mint approvals", "APPROVAL_INVALID")
+        body = await request.body()
+        if len(body) > MAX_MINT_BODY_BYTES:
+            return _refuse(413, "request body too large", "INVALID_INPUT")
+        try:
+            mint_request = MintRequest.model_validate_json(body)
+        except ValidationError as exc:
+            fields = sorted({str(e["loc"][0]) for e in exc.errors() if e.get("loc")})
+            named = f" for field '{fields[0]}'" if len(fields) == 1 and fields[0] in MintRequest.model_fields else ""
+            return _refuse(400, f"invalid input{named}", "INVALID_INPUT")
+        contract = runtime.contracts.get(mint_request.tool)
+        if contract is None or contract.tool_class != "write":
+            return _refuse(400, "tool is not a write tool of this server", "INVALID_INPUT")
+        token = mint_approval_token(
+            runtime.approval_keys,
+            runtime.approval_settings,
+            approver=principal.subject,
+            subject=mint_request.subject or principal.subject,
+            tool=mint_request.tool,
+            arguments=mint_request.arguments,
+            host_id=mint_request.host_id,
+        )
+        log.info("approval_minted", approver=principal.log_subject, tool=mint_request.tool)
+        return JSONResponse(
+            {"approval_token": token, "expires_in": runtime.approval_settings.ttl_seconds},
+            headers=NO_STORE,
+        )
+
+
+__all__ = ["MintRequest", "add_approval_routes", "authenticate"]

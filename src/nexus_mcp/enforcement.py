@@ -1,0 +1,151 @@
+"""Registry enforcement for one call, shared by the gateway middleware and the connector.
+
+Seed 000 asks for the same rules at two points (connector PRIMARY, gateway SECONDARY)
+against the same pinned registry. ``RegistryEnforcer`` holds that one loaded
+``RegistrySet`` and applies ``classify_call`` and the document checks to a ``CallState``;
+the classification and documents middleware call it, and so does ``RegistryConnectorCheck``
+right before the tool function runs. No FastMCP import here: it is policy glue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nexus_mcp.calls import (
+    ARG_IDEMPOTENCY_KEY,
+    META_EXPECTED_HASHES,
+    META_IDEMPOTENCY_KEY,
+    META_TOOL_CLASS,
+    CallState,
+)
+from nexus_mcp.decorator import ToolContract
+from nexus_mcp.errors import InvalidInputError
+from nexus_mcp.logs import get_logger
+from nexus_mcp.policy.classification import Classification, classify_call
+from nexus_mcp.policy.documents import (
+    DocumentCheck,
+    build_tool_effect,
+    check_read_documents,
+    check_write_documents,
+    parse_expected_hashes,
+)
+from nexus_mcp.policy.registry import DocumentSpec, RegistrySet
+
+log = get_logger(__name__)
+
+
+def plumbing_value(state: CallState, arg_name: str, meta_key: str) -> str | None:
+    """A call-plumbing value from the arguments or ``_meta``; both and different is refused."""
+    from_args = state.arguments.get(arg_name)
+    from_meta = state.meta.get(meta_key)
+    if from_meta is not None and not isinstance(from_meta, str):
+        raise InvalidInputError(field=meta_key)
+    if from_args is not None and from_meta is not None and from_args != from_meta:
+        raise InvalidInputError(
+            f"{arg_name} and _meta {meta_key} differ", field=arg_name, problem="plumbing_conflict"
+        )
+    value = from_args if from_args is not None else from_meta
+    return value if isinstance(value, str) else None
+
+
+class RegistryEnforcer:
+    """Classification and document rules over one loaded registry set."""
+
+    def __init__(
+        self,
+        registry: RegistrySet,
+        *,
+        server_id: str,
+        mode: str,
+        contracts: Mapping[str, ToolContract],
+    ) -> None:
+        self.registry = registry
+        self.server_id = server_id
+        self.mode = mode
+        self.contracts = contracts
+
+    def classify(self, state: CallState) -> Classification:
+        principal = state.principal
+        contract = self.contracts.get(state.tool_name)
+        hints = contract.annotations() if contract is not None else {}
+        declared = state.meta.get(META_TOOL_CLASS)
+        if declared is not None and not isinstance(declared, str):
+            raise InvalidInputError(field=META_TOOL_CLASS)
+        classification = classify_call(
+            self.registry,
+            server_id=self.server_id,
+            tool_name=state.tool_name,
+            mode=self.mode,
+            caller_read_only=principal.read_only if principal is not None else True,
+            declared_class=declared,
+            idempotency_key=plumbing_value(state, ARG_IDEMPOTENCY_KEY, META_IDEMPOTENCY_KEY),
+            read_only_hint=hints.get("readOnlyHint"),
+            destructive_hint=hints.get("destructiveHint"),
+        )
+        if classification.warnings:
+            log.warning("tool_classification_warning", tool=state.tool_name, warnings=list(classification.warnings))
+        return classification
+
+    @staticmethod
+    def write_spec(classification: Classification) -> DocumentSpec | None:
+        entry = classification.entry
+        if entry is None or not entry.is_document_op or classification.tool_class != "write":
+            return None
+        return entry.document_spec
+
+    @staticmethod
+    def read_spec(classification: Classification) -> DocumentSpec | None:
+        entry = classification.entry
+        if entry is None or not entry.is_document_op or classification.tool_class != "read":
+            return None
+        return entry.document_spec
+
+    def check_write(
+        self, state: CallState, classification: Classification, arguments: Mapping[str, Any]
+    ) -> DocumentCheck:
+        expected_raw = state.meta.get(META_EXPECTED_HASHES)
+        expected = parse_expected_hashes(expected_raw) if expected_raw is not None else None
+        return check_write_documents(self.write_spec(classification), arguments, expected)
+
+    def check_read(self, classification: Classification, structured: Mapping[str, Any]) -> DocumentCheck:
+        return check_read_documents(self.read_spec(classification), structured)
+
+    def effect(self, state: CallState, check: DocumentCheck | None) -> dict[str, Any]:
+        return build_tool_effect(
+            check,
+            tool_call_id=state.tool_call_id,
+            server_id=self.server_id,
+            tool_name=state.tool_name,
+            tool_class=state.tool_class or "write",  # type: ignore[arg-type]
+        )
+
+
+def record_check(state: CallState, check: DocumentCheck) -> None:
+    state.document_hashes = tuple(h.to_dict() for h in check.hashes)
+    state.batch_total_bytes = check.batch_total_bytes
+
+
+class RegistryConnectorCheck:
+    """The connector's re-check (seed 000 PRIMARY enforcement), right before the tool runs."""
+
+    def __init__(self, enforcer: RegistryEnforcer) -> None:
+        self.enforcer = enforcer
+
+    def before(self, contract: ToolContract, state: CallState, arguments: dict[str, Any]) -> None:
+        # Computed afresh, never taken from the gateway's result: that is the point.
+        classification = self.enforcer.classify(state)
+        state.connector_classification = classification
+        state.tool_class = classification.tool_class
+        state.heuristic_class = classification.heuristic
+        record_check(state, self.enforcer.check_write(state, classification, arguments))
+
+    def after(self, contract: ToolContract, state: CallState, structured: dict[str, Any]) -> None:
+        classification = state.connector_classification
+        if not isinstance(classification, Classification):  # pragma: no cover - before() ran
+            classification = self.enforcer.classify(state)
+        if self.enforcer.read_spec(classification) is not None:
+            record_check(state, self.enforcer.check_read(classification, structured))
+
+
+__all__ = ["RegistryConnectorCheck", "RegistryEnforcer", "plumbing_value", "record_check"]

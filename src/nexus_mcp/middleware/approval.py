@@ -1,0 +1,179 @@
+"""ApprovalMiddleware: write policy, then approval, for every write-class call (chain step 6).
+
+Deny by default: a workspace without a write policy accepts no writes. When the policy
+requires approval, the call needs a valid, unspent approval token bound to this caller,
+this tool and these exact arguments (or, where the operator chose elicitation and the
+client can answer, an explicit confirmation). The nonce is spent only after every other
+check passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+
+from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState, current_call
+from nexus_mcp.enforcement import plumbing_value
+from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
+from nexus_mcp.identity import MODERN_PROTOCOL
+from nexus_mcp.policy.approvals import (
+    ApprovalKeys,
+    ApprovalSettings,
+    approval_jti_digest,
+    decide_approval_mode,
+    enforce_approval,
+)
+from nexus_mcp.policy.write_policy import (
+    RULE_DISALLOWED_SUBTREE,
+    TOOL_OPERATIONS,
+    WritePolicy,
+    WritePolicyConfig,
+    check_write,
+    count_changed_lines,
+    is_path_disallowed,
+)
+from nexus_mcp.stores.nonces import NonceStore
+from nexus_mcp.workspace import Workspace, normalize_relative
+
+MAX_SUBTREE_ENTRIES = 100_000
+
+
+def target_paths(operation: str, arguments: dict[str, Any]) -> list[str]:
+    """The workspace paths a write touches, normalized (``INVALID_PATH`` when hostile)."""
+    keys = ("source", "destination") if operation == "rename" else ("path",)
+    return [normalize_relative(arguments[k]) for k in keys if isinstance(arguments.get(k), str)]
+
+
+def measure_write(operation: str, arguments: dict[str, Any]) -> tuple[int | None, int | None]:
+    """``(size_bytes, changed_lines)`` of a write before it runs, for the policy limits."""
+    if operation == "write":
+        content = arguments.get("content")
+        return (len(content.encode("utf-8")) if isinstance(content, str) else None), None
+    if operation == "edit":
+        old, new = arguments.get("old_text"), arguments.get("new_text")
+        times = arguments.get("expected_occurrences", 1)
+        if isinstance(old, str) and isinstance(new, str) and isinstance(times, int):
+            return len(new.encode("utf-8")) * times, count_changed_lines(old, new) * times
+    return None, None
+
+
+class ApprovalMiddleware(Middleware):
+    def __init__(
+        self,
+        policies: WritePolicyConfig,
+        workspace: Workspace,
+        *,
+        keys: ApprovalKeys | None,
+        approval_settings: ApprovalSettings,
+        nonce_store: NonceStore,
+        stateless_http: bool,
+    ) -> None:
+        self.policies = policies
+        self.workspace = workspace
+        self.keys = keys
+        self.approval_settings = approval_settings
+        self.nonce_store = nonce_store
+        self.stateless_http = stateless_http
+
+    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        state = current_call()
+        if state is None or state.tool_class != "write":
+            return await call_next(context)
+        policy = self.policies.policy_for_workspace()
+        try:
+            decision = self._decide(policy, state)
+        except WritePolicyDeniedError as exc:
+            state.policy_decision, state.policy_rule = "denied", str(exc.facts.get("rule"))
+            raise
+        state.policy_decision, state.policy_rule = "allowed", decision.rule
+        if decision.requires_approval:
+            mode = decide_approval_mode(decision, can_elicit=self._can_elicit(context))
+            if mode == "token":
+                await self._check_token(state)
+            elif mode == "elicit":
+                await self._confirm(context, state)
+            else:
+                raise ApprovalRequiredError(reason="elicitation_unavailable")
+        return await call_next(context)
+
+    def _decide(self, policy: WritePolicy | None, state: CallState) -> Any:
+        operation = TOOL_OPERATIONS.get(state.tool_name)
+        if operation is None:
+            raise WritePolicyDeniedError(rule="unknown_operation")
+        paths = target_paths(operation, state.arguments)
+        size_bytes, changed_lines = measure_write(operation, state.arguments)
+        decision = check_write(
+            policy, operation=operation, paths=paths, size_bytes=size_bytes, changed_lines=changed_lines
+        )
+        if operation in ("rmdir", "rename"):
+            self._check_subtrees(policy, paths)
+        return decision
+
+    def _check_subtrees(self, policy: WritePolicy | None, paths: Sequence[str]) -> None:
+        # A folder moved or removed as a whole must not carry a protected entry with it
+        # (a nested .git/, say), which patterns on the folder's own path cannot see.
+        seen = 0
+        for path in paths:
+            folder = self.workspace.root / path
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+                for name in [*dirnames, *filenames]:
+                    seen += 1
+                    relative = os.path.relpath(os.path.join(dirpath, name), self.workspace.root)
+                    if seen > MAX_SUBTREE_ENTRIES or is_path_disallowed(policy, relative.replace(os.sep, "/")):
+                        raise WritePolicyDeniedError(rule=RULE_DISALLOWED_SUBTREE)
+
+    async def _check_token(self, state: CallState) -> None:
+        principal = state.principal
+        if self.keys is None or principal is None:
+            raise ApprovalRequiredError(reason="no_approval_keys")
+        token = plumbing_value(state, ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN)
+        claims = await enforce_approval(
+            self.keys,
+            self.approval_settings,
+            token,
+            subject=principal.subject,
+            tool=state.tool_name,
+            arguments=state.arguments,
+            nonce_store=self.nonce_store,
+        )
+        state.approval = {
+            "approver": claims.sub,
+            "host_id": claims.host_id,
+            "jti_digest": approval_jti_digest(claims),
+        }
+
+    def _can_elicit(self, context: MiddlewareContext[Any]) -> bool:
+        ctx = context.fastmcp_context
+        if ctx is None or self.stateless_http:
+            return False
+        request = ctx.request_context
+        if request is None or getattr(request, "protocol_version", None) == MODERN_PROTOCOL:
+            return False
+        try:
+            capabilities = request.session.client_params.capabilities  # type: ignore[union-attr]
+        except AttributeError:
+            return False
+        return getattr(capabilities, "elicitation", None) is not None
+
+    async def _confirm(self, context: MiddlewareContext[Any], state: CallState) -> None:
+        ctx = context.fastmcp_context
+        assert ctx is not None
+        operation = TOOL_OPERATIONS.get(state.tool_name, "write")
+        paths = ", ".join(target_paths(operation, state.arguments))
+        answer = await asyncio.wait_for(
+            ctx.elicit(f"Approve {operation} of {paths} by {state.tool_name}?", response_type=["approve", "deny"]),
+            timeout=120,
+        )
+        if getattr(answer, "action", None) != "accept" or getattr(answer, "data", None) != "approve":
+            raise ApprovalRequiredError(reason="declined")
+        principal = state.principal
+        state.approval = {"approver": principal.subject if principal else None, "host_id": "elicitation"}
+
+
+__all__ = ["ApprovalMiddleware", "measure_write", "target_paths"]

@@ -1,0 +1,126 @@
+"""ClassificationMiddleware: manifest-first class, read-only and declared-class rules,
+and the idempotency of writes (DESIGN.md chain step 5).
+
+A write with a key that already succeeded for the same arguments gets the recorded result
+without running again; the same key with other arguments is refused; concurrent calls
+with one key wait for the first. The replay is decided here, before approval and
+documents, because a retry must not need a fresh approval for a write that already
+happened (the approval token it carries was consumed by the first run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from pydantic import BaseModel, ValidationError
+from fastmcp.tools import ToolResult
+from mcp_types import TextContent
+
+from nexus_mcp.calls import ARG_IDEMPOTENCY_KEY, META_IDEMPOTENCY_KEY, META_TOOL_EFFECT, PLUMBING_ARGS, CallState, current_call
+from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
+from nexus_mcp.errors import NexusError
+from nexus_mcp.middleware.envelope import invalid_input_from
+from nexus_mcp.policy.hashing import digest_arguments
+from nexus_mcp.stores.idempotency import Claim, ClaimStatus, IdempotencyScope, IdempotencyStore, to_refusal
+
+META_REPLAYED = "nexus.mcp/idempotent_replay"
+
+
+class ClassificationMiddleware(Middleware):
+    def __init__(
+        self,
+        enforcer: RegistryEnforcer,
+        store: IdempotencyStore,
+        *,
+        wait_seconds: float,
+        argument_models: Mapping[str, type[BaseModel]],
+    ) -> None:
+        self.enforcer = enforcer
+        self.store = store
+        self.wait_seconds = wait_seconds
+        self.argument_models = argument_models
+
+    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        state = current_call()
+        if state is None:  # pragma: no cover - the envelope always opens one
+            return await call_next(context)
+        model = self.argument_models.get(state.tool_name)
+        if model is not None:
+            # Seed 000 gateway rule 1: validate the call before deriving anything from it.
+            try:
+                model.model_validate(state.arguments)
+            except ValidationError as exc:
+                raise invalid_input_from(exc) from None
+        classification = self.enforcer.classify(state)
+        state.classification = classification
+        state.tool_class = classification.tool_class
+        state.heuristic_class = classification.heuristic
+        state.gateway_checks.add("classification")
+        if classification.tool_class != "write":
+            return await call_next(context)
+        return await self._run_once(state, context, call_next)
+
+    async def _run_once(
+        self, state: CallState, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        principal = state.principal
+        key = plumbing_value(state, ARG_IDEMPOTENCY_KEY, META_IDEMPOTENCY_KEY)
+        assert principal is not None and key is not None  # classify refused otherwise
+        scope = IdempotencyScope(principal.subject, self.enforcer.server_id, state.tool_name, key)
+        digest = digest_arguments(state.arguments, exclude=PLUMBING_ARGS)
+        claim = await asyncio.to_thread(self.store.begin, scope, digest)
+        if claim.status is ClaimStatus.IN_PROGRESS:
+            claim = await self.store.wait(scope, digest, self.wait_seconds)
+        if claim.status is ClaimStatus.REPLAY:
+            state.idempotency_outcome = "replayed"
+            return replay_result(claim)
+        refusal = to_refusal(claim)
+        if refusal is not None:
+            state.idempotency_outcome = str(claim.status)
+            raise refusal
+        state.idempotency_outcome = "executed"
+        try:
+            result = await call_next(context)
+        except BaseException as exc:
+            await asyncio.to_thread(self._release, claim, state, exc)
+            raise
+        record = {"structured": result.structured_content, "meta": result.meta or {}}
+        await asyncio.to_thread(self.store.complete, claim, json.dumps(record, separators=(",", ":")))
+        return result
+
+    def _release(self, claim: Claim, state: CallState, exc: BaseException) -> None:
+        # A refusal, or a failure before the tool ran, changed nothing: free the key. If the
+        # tool started and then failed or timed out, it may have acted: never run it again
+        # under this key (mark the outcome unknown) and never record success.
+        if isinstance(exc, NexusError) or not state.executed or _is_refusal(exc):
+            self.store.abandon(claim)
+            state.idempotency_outcome = "abandoned"
+        else:
+            self.store.mark_unknown(claim)
+            state.idempotency_outcome = "outcome_unknown"
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    from nexus_mcp.decorator import ConnectorRefusal
+
+    error = exc.error if isinstance(exc, ConnectorRefusal) else None
+    # Typed refusals from the tool body (NOT_FOUND, CONFLICT, INVALID_PATH) are raised
+    # before any change is made; a timeout is not a refusal.
+    return error is not None and error.code.value not in {"TOOL_TIMEOUT", "INTERNAL_ERROR"}
+
+
+def replay_result(claim: Claim) -> ToolResult:
+    record = json.loads(claim.result_json or "{}")
+    structured = record.get("structured") or {}
+    meta = dict(record.get("meta") or {})
+    meta[META_REPLAYED] = True
+    meta.setdefault(META_TOOL_EFFECT, {})
+    text = json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
+    return ToolResult(content=[TextContent(type="text", text=text)], structured_content=structured, meta=meta)
+
+
+__all__ = ["META_REPLAYED", "ClassificationMiddleware", "replay_result"]

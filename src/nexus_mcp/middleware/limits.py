@@ -1,0 +1,42 @@
+"""LimitsMiddleware: per-session call budget, per-subject rate, per-tool timeout (step 8).
+
+The timeout cancels the running call; file tools forbid their own commit once cancelled
+(``workspace.CommitGuard``), so a timed-out write never lands afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+
+from nexus_mcp.calls import current_call
+from nexus_mcp.errors import ToolTimeoutError
+from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
+
+
+class LimitsMiddleware(Middleware):
+    def __init__(self, budget: SessionBudget, rate: SlidingWindowRateLimiter, timeouts: ToolTimeouts) -> None:
+        self.budget = budget
+        self.rate = rate
+        self.timeouts = timeouts
+
+    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        state = current_call()
+        if state is None or state.principal is None:  # pragma: no cover - identity ran first
+            return await call_next(context)
+        self.rate.check(state.principal.subject)
+        self.budget.charge(state.session_key or f"principal:{state.principal.subject}")
+        seconds = self.timeouts.timeout_for(state.tool_name)
+        deadline = asyncio.timeout(seconds)
+        try:
+            async with deadline:
+                return await call_next(context)
+        except TimeoutError:
+            if deadline.expired():
+                raise ToolTimeoutError(timeout_seconds=seconds) from None
+            raise
+
+
+__all__ = ["LimitsMiddleware"]
