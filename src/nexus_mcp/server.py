@@ -67,6 +67,8 @@ from nexus_mcp.settings import Settings, config_sections
 from nexus_mcp.stores.grants import SqliteTupleStore
 from nexus_mcp.stores.idempotency import SqliteIdempotencyStore
 from nexus_mcp.stores.nonces import MemoryNonceStore
+from nexus_mcp.catalog import ToolCatalog
+from nexus_mcp.tools.discovery import build_discovery_tools
 from nexus_mcp.tools.files import build_files_tools
 from nexus_mcp.workspace import Workspace
 
@@ -175,7 +177,15 @@ def build_server(
     environ = dict(os.environ if env is None else env)
     sections = config_sections(config_file)
     workspace = resolve_workspace(settings)
-    functions: list[ToolFunction] = [*build_files_tools(workspace, settings), *extra_tools]
+    catalog = ToolCatalog()
+    # The discovery tools ask the namespace, which is built from the tool list below; the
+    # late binding closes that loop without a global.
+    late: dict[str, GrantedTools] = {}
+    functions: list[ToolFunction] = [
+        *build_files_tools(workspace, settings),
+        *build_discovery_tools(catalog, lambda principal: late["access"].visible_tools(principal)),
+        *extra_tools,
+    ]
     contracts: dict[str, ToolContract] = {}
     for fn in functions:
         contract = contract_of(fn)
@@ -224,6 +234,18 @@ def build_server(
         connector_checks=[RegistryConnectorCheck(enforcer)],
         verifier=build_verifier(settings) if settings.transport == "http" else None,
     )
+    late["access"] = runtime.access
+    for fn in functions:
+        contract = contract_of(fn)
+        catalog.add(
+            name=contract.name,
+            server_id=settings.registry.server_id,
+            toolset=contract.toolset,
+            description=contract.description,
+            risk=contract.risk,
+            input_schema=runtime.argument_models[contract.name].model_json_schema(),
+            annotations=contract.annotations(),
+        )
     trail = AuditTrail(runtime.audit_log, runtime.contracts, runtime.registry_info)
     mcp: FastMCP[Any] = FastMCP(
         settings.server_name,
