@@ -1,0 +1,121 @@
+"""Where notes come from: the ``NoteBackend`` role and the embedded local vault.
+
+A backend reads exactly one note per call and never writes. It raises only
+``UpstreamError``: ``status(404)`` for a missing note, ``invalid_path()`` for a path that
+escapes the vault, ``runtime_failure()`` for anything else. Errors never carry the path,
+the content or an OS error text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from nexus_mcp.errors import UpstreamError
+from nexus_mcp.notes.frontmatter import parse_note_frontmatter
+from nexus_mcp.notes.paths import PATH_SEPARATOR, check_normalized_path
+from nexus_mcp.notes.source import NoteSource
+from nexus_mcp.principal import Principal
+
+NOT_FOUND_STATUS = 404
+# A body at the 1,000,000-unit cap is at most 3 MB of UTF-8; the rest is headroom for
+# frontmatter and trailing whitespace. Larger files are refused without being read.
+DEFAULT_MAX_NOTE_FILE_BYTES = 8 * 1024 * 1024
+
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)  # the real path was checked; a swapped-in link fails
+    | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block the open
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+@runtime_checkable
+class NoteBackend(Protocol):
+    """Reads one note of the caller's vault. ``path`` is already normalized."""
+
+    async def read_note(self, path: str, caller: Principal) -> NoteSource: ...
+
+
+class LocalVaultBackend:
+    """A folder on disk is the vault; containment is checked on real paths.
+
+    The request path is joined under the root, must exist, and its real path (symlinks
+    resolved) must be the root or inside it by a separator-aware prefix check, so a
+    symlink out of the vault or a sibling folder such as ``root-evil`` is refused.
+    """
+
+    def __init__(self, root: Path, *, max_file_bytes: int = DEFAULT_MAX_NOTE_FILE_BYTES) -> None:
+        self._root = Path(root)
+        self._max_file_bytes = max_file_bytes
+
+    async def read_note(self, path: str, caller: Principal) -> NoteSource:
+        safe_path = check_normalized_path(path)
+        content = await asyncio.to_thread(self._read_text, safe_path)
+        frontmatter, body = parse_note_frontmatter(content)
+        return NoteSource(body=body, frontmatter=frontmatter)
+
+    def _read_text(self, safe_path: str) -> str:
+        try:
+            root_real = os.path.realpath(self._root, strict=True)
+        except OSError:
+            raise _failure("vault_root_unavailable") from None
+        candidate = os.path.join(root_real, *safe_path.split(PATH_SEPARATOR))
+        if not os.path.exists(candidate):
+            raise UpstreamError.status(NOT_FOUND_STATUS)
+        real = os.path.realpath(candidate)
+        if not is_path_inside(root_real, real):
+            raise UpstreamError.invalid_path()
+        try:
+            fd = os.open(real, _OPEN_FLAGS)
+        except FileNotFoundError:
+            raise UpstreamError.status(NOT_FOUND_STATUS) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UpstreamError.invalid_path() from None
+            raise _failure("open_failed") from None
+        try:
+            return self._read_regular_file(fd)
+        finally:
+            os.close(fd)
+
+    def _read_regular_file(self, fd: int) -> str:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise UpstreamError.status(NOT_FOUND_STATUS)
+            if info.st_size > self._max_file_bytes:
+                raise _failure("note_file_too_large")
+            chunks: list[bytes] = []
+            remaining = self._max_file_bytes + 1
+            while remaining > 0:
+                chunk = os.read(fd, min(remaining, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                remaining -= len(chunk)
+        except OSError:
+            raise _failure("read_failed") from None
+        data = b"".join(chunks)
+        if len(data) > self._max_file_bytes:
+            raise _failure("note_file_too_large")
+        # Node reads notes as UTF-8 with replacement characters and keeps a BOM.
+        return data.decode("utf-8", errors="replace")
+
+
+def is_path_inside(root: str, candidate: str) -> bool:
+    """True when ``candidate`` is ``root`` or below it (both absolute real paths)."""
+    if candidate == root:
+        return True
+    prefix = root if root.endswith(os.sep) else root + os.sep
+    return candidate.startswith(prefix)
+
+
+def _failure(reason: str) -> UpstreamError:
+    error = UpstreamError.runtime_failure()
+    error.facts["reason"] = reason
+    return error
