@@ -70,6 +70,8 @@ from nexus_mcp.stores.nonces import MemoryNonceStore
 from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.tools.discovery import build_discovery_tools
 from nexus_mcp.tools.files import build_files_tools
+from nexus_mcp.tools.notes import build_notes_tools
+from nexus_mcp.vaults import VaultRouter
 from nexus_mcp.workspace import Workspace
 
 log = get_logger(__name__)
@@ -97,6 +99,7 @@ class Runtime:
     grants: SqliteTupleStore
     access: GrantedTools
     write_policies: WritePolicyConfig
+    vaults: VaultRouter
     approval_keys: ApprovalKeys | None
     approval_settings: ApprovalSettings
     nonces: MemoryNonceStore
@@ -178,11 +181,13 @@ def build_server(
     sections = config_sections(config_file)
     workspace = resolve_workspace(settings)
     catalog = ToolCatalog()
+    vaults = VaultRouter(settings)
     # The discovery tools ask the namespace, which is built from the tool list below; the
     # late binding closes that loop without a global.
     late: dict[str, GrantedTools] = {}
     functions: list[ToolFunction] = [
         *build_files_tools(workspace, settings),
+        *build_notes_tools(vaults.backend_for),
         *build_discovery_tools(catalog, lambda principal: late["access"].visible_tools(principal)),
         *extra_tools,
     ]
@@ -226,6 +231,7 @@ def build_server(
             zone=settings.profiles.zone,
         ),
         write_policies=write_policies,
+        vaults=vaults,
         approval_keys=approval_keys,
         approval_settings=approval_settings,
         nonces=MemoryNonceStore(),

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from nexus_mcp.errors import ConfigError
@@ -112,6 +120,25 @@ class ProfileSettings(_Section):
     cache_ttl_seconds: float = Field(default=300.0, gt=0)
 
 
+class NotesSettings(_Section):
+    """Where the notes tools read: local vault folders (default) or a hosted canister."""
+
+    backend: Literal["local", "canister"] = "local"
+    vaults: dict[str, Path] = Field(default_factory=dict, description="vault_id -> folder")
+    canister_url: str | None = Field(default=None, description="https://... of the canister")
+    canister_token: SecretStr | None = Field(default=None, description="bearer token for the canister")
+    gateway_secret: SecretStr | None = Field(default=None, description="X-Gateway-Auth value")
+    connect_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    read_timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    max_response_bytes: int = Field(default=8 * MIB, ge=1024)
+
+    @model_validator(mode="after")
+    def _canister_needs_url(self) -> NotesSettings:
+        if self.backend == "canister" and not self.canister_url:
+            raise ValueError("backend 'canister' needs canister_url")
+        return self
+
+
 class LimitSettings(_Section):
     max_read_bytes: int = Field(default=10 * MIB, ge=1)
     max_request_bytes: int = Field(default=64 * MIB, ge=1024)
@@ -160,6 +187,7 @@ class Settings(BaseSettings):
     registry: RegistrySettings = RegistrySettings()
     budgets: BudgetSettings = BudgetSettings()
     profiles: ProfileSettings = ProfileSettings()
+    notes: NotesSettings = NotesSettings()
     approver_roles: tuple[str, ...] = ("admin",)
 
     @field_validator("http_path")
@@ -279,6 +307,7 @@ __all__ = [
     "ProfileSettings",
     "DevPrincipalSettings",
     "LimitSettings",
+    "NotesSettings",
     "RegistryPin",
     "RegistrySettings",
     "SearchSettings",

@@ -142,6 +142,8 @@ async def serve(server: NexusServer) -> None:
                 host=settings.host,
                 port=settings.port,
                 log_level=settings.log_level.lower(),
+                # Keep uvicorn on our JSON-on-stderr logging instead of its own config.
+                uvicorn_config={"log_config": None},
                 **http_options(settings),
             )
     finally:

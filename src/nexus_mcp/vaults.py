@@ -1,0 +1,74 @@
+"""Which notes backend serves a principal: its local vault folder or the hosted canister.
+
+Local (the embedded default): the principal's ``vault_id`` selects a folder from the
+configured map, else ``<data_dir>/vaults/<vault_id>``; a principal without a vault uses the
+served workspace itself. An unknown vault reads as a missing note (``Upstream 404``), so
+nothing reveals which vaults exist. Hosted: one shared ``CanisterBackend`` (one reused
+HTTP client); the canister itself scopes reads by the ``X-Vault-Id`` header.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from nexus_mcp.errors import UpstreamError
+from nexus_mcp.notes import CanisterBackend, LocalVaultBackend, NoteBackend
+from nexus_mcp.principal import Principal
+from nexus_mcp.settings import Settings
+
+_VAULT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class _MissingVault:
+    async def read_note(self, path: str, caller: Principal) -> object:
+        raise UpstreamError.status(404)
+
+
+class VaultRouter:
+    """Maps a principal to its notes backend; backends are built once and reused."""
+
+    def __init__(self, settings: Settings) -> None:
+        notes = settings.notes
+        self.settings = settings
+        self._canister: CanisterBackend | None = None
+        if notes.backend == "canister":
+            assert notes.canister_url is not None  # settings validation guarantees it
+            self._canister = CanisterBackend(
+                notes.canister_url,
+                token=notes.canister_token.get_secret_value() if notes.canister_token else "",
+                gateway_secret=notes.gateway_secret.get_secret_value() if notes.gateway_secret else None,
+                connect_timeout=notes.connect_timeout_seconds,
+                read_timeout=notes.read_timeout_seconds,
+                max_response_bytes=notes.max_response_bytes,
+            )
+        self._local: dict[Path, LocalVaultBackend] = {}
+
+    def backend_for(self, principal: Principal) -> NoteBackend:
+        if self._canister is not None:
+            return self._canister
+        folder = self._folder_for(principal.vault_id)
+        if folder is None or not folder.is_dir():
+            return _MissingVault()  # type: ignore[return-value]
+        backend = self._local.get(folder)
+        if backend is None:
+            backend = self._local[folder] = LocalVaultBackend(folder)
+        return backend
+
+    def _folder_for(self, vault_id: str | None) -> Path | None:
+        notes = self.settings.notes
+        if vault_id is None:
+            return self.settings.workspace
+        if not _VAULT_ID_RE.match(vault_id) or vault_id in (".", ".."):
+            return None
+        mapped = notes.vaults.get(vault_id)
+        if mapped is not None:
+            return mapped
+        return self.settings.data_dir / "vaults" / vault_id
+
+    async def aclose(self) -> None:
+        if self._canister is not None:
+            await self._canister.aclose()
+
+
+__all__ = ["VaultRouter"]
