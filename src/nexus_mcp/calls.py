@@ -55,6 +55,7 @@ class CallState:
     idempotency_key: str | None = None
     idempotency_outcome: str | None = None
     approval: Mapping[str, Any] | None = None
+    pending_approval: Any = None  # verified approval claims, spent when the tool starts
     policy_decision: str | None = None
     policy_rule: str | None = None
     document_hashes: tuple[Mapping[str, Any], ...] | None = None

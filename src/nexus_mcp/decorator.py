@@ -198,6 +198,7 @@ def bind_tool(
     checks: Sequence[ConnectorCheck],
     build_effect: EffectBuilder,
     on_started: Callable[[ToolContract, CallState], None],
+    before_run: Callable[[ToolContract, CallState], None] = lambda contract, state: None,
 ) -> Callable[..., Awaitable[ToolResult]]:
     """Wrap a declared tool with the connector; the result is what FastMCP registers."""
     contract = contract_of(fn)
@@ -212,6 +213,9 @@ def bind_tool(
         try:
             for check in checks:
                 check.before(contract, state, kwargs)
+            # The last gate: what must happen only once the call will really run (spending
+            # an approval nonce). Not a removable check: it is part of the binding.
+            before_run(contract, state)
             state.executed = True
             on_started(contract, state)
             value = await fn(*args, **kwargs)

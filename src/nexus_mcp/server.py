@@ -51,6 +51,7 @@ from nexus_mcp.policy.approvals import (
     ApprovalSettings,
     load_approval_keys,
     load_approval_settings,
+    spend_approval,
 )
 from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
 from nexus_mcp.policy.documents import DocumentCheck, DocumentHash
@@ -117,6 +118,12 @@ class Runtime:
             batch_total_bytes=state.batch_total_bytes or 0,
         )
         return self.enforcer.effect(state, check)
+
+    def before_run(self, contract: ToolContract, state: CallState) -> None:
+        claims = state.pending_approval
+        if claims is not None:
+            state.pending_approval = None
+            spend_approval(claims, self.nonces)
 
     def close(self) -> None:
         self.audit_log.close()
@@ -269,6 +276,7 @@ def build_server(
             checks=runtime.connector_checks,
             build_effect=runtime.build_effect,
             on_started=trail.started,
+            before_run=runtime.before_run,
         )
         mcp.tool(
             bound,
@@ -312,6 +320,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             approval_settings=runtime.approval_settings,
             nonce_store=runtime.nonces,
             stateless_http=settings.stateless_http,
+            connector_tools=frozenset(runtime.contracts),
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
         limits=LimitsMiddleware(
@@ -380,8 +389,12 @@ def load_approvals(
     ):
         # With one secret and one audience an approval token would also verify as a bearer.
         raise ConfigError("the approval secret must differ from auth.jwt_secret")
-    policy = policies.policy_for_workspace()
-    if keys is None and policy is not None and policy.require_approval:
+    needs_tokens = any(
+        p.require_approval and p.approval_mode == "token"
+        for p in (policies.workspace, *policies.vaults.values())
+        if p is not None
+    )
+    if keys is None and needs_tokens:
         raise ConfigError(
             "the write policy requires approval but no approval secret is configured: "
             "set NEXUS_MCP_APPROVAL_SECRET (32+ bytes) or approvals.secret in the config file"

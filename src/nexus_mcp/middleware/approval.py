@@ -25,7 +25,8 @@ from nexus_mcp.policy.approvals import (
     ApprovalSettings,
     approval_jti_digest,
     decide_approval_mode,
-    enforce_approval,
+    spend_approval,
+    verify_approval_token,
 )
 from nexus_mcp.policy.write_policy import (
     RULE_DISALLOWED_SUBTREE,
@@ -71,7 +72,9 @@ class ApprovalMiddleware(Middleware):
         approval_settings: ApprovalSettings,
         nonce_store: NonceStore,
         stateless_http: bool,
+        connector_tools: frozenset[str] = frozenset(),
     ) -> None:
+        self.connector_tools = connector_tools
         self.policies = policies
         self.workspace = workspace
         self.keys = keys
@@ -133,15 +136,22 @@ class ApprovalMiddleware(Middleware):
         if self.keys is None or principal is None:
             raise ApprovalRequiredError(reason="no_approval_keys")
         token = plumbing_value(state, ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN)
-        claims = await enforce_approval(
+        if not token:
+            raise ApprovalRequiredError()
+        claims = verify_approval_token(
             self.keys,
             self.approval_settings,
             token,
             subject=principal.subject,
             tool=state.tool_name,
             arguments=state.arguments,
-            nonce_store=self.nonce_store,
         )
+        if state.tool_name in self.connector_tools:
+            # Spent by the connector when the tool is about to run (DESIGN.md step 9), so
+            # a refusal by documents or limits does not burn the approval.
+            state.pending_approval = claims
+        else:
+            spend_approval(claims, self.nonce_store)
         state.approval = {
             "approver": claims.sub,
             "host_id": claims.host_id,

@@ -50,7 +50,10 @@ class AuditTrail:
         self.log.emit(self._event(TOOL_CALL_STARTED, state, outcome=None))
 
     def finished(self, state: CallState, *, outcome: str, error: NexusError | None = None) -> None:
-        kind = TOOL_CALL_FINISHED if state.executed else TOOL_CALL_BLOCKED
+        # A replay answered from the idempotency record finished (with the recorded result)
+        # without running the tool again; it was not blocked.
+        finished = state.executed or state.idempotency_outcome == "replayed"
+        kind = TOOL_CALL_FINISHED if finished else TOOL_CALL_BLOCKED
         self.log.emit(self._event(kind, state, outcome=outcome, error=error))
 
     def _event(

@@ -22,12 +22,13 @@ from mcp_types import TextContent
 
 from nexus_mcp.calls import ARG_IDEMPOTENCY_KEY, META_IDEMPOTENCY_KEY, META_TOOL_EFFECT, PLUMBING_ARGS, CallState, current_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
-from nexus_mcp.errors import NexusError
+from nexus_mcp.errors import Code, NexusError
 from nexus_mcp.middleware.envelope import invalid_input_from
 from nexus_mcp.policy.hashing import digest_arguments
 from nexus_mcp.stores.idempotency import Claim, ClaimStatus, IdempotencyScope, IdempotencyStore, to_refusal
 
 META_REPLAYED = "nexus.mcp/idempotent_replay"
+_UNKNOWN_OUTCOME_CODES = frozenset({Code.TOOL_TIMEOUT, Code.INTERNAL_ERROR})
 
 
 class ClassificationMiddleware(Middleware):
@@ -96,7 +97,7 @@ class ClassificationMiddleware(Middleware):
         # A refusal, or a failure before the tool ran, changed nothing: free the key. If the
         # tool started and then failed or timed out, it may have acted: never run it again
         # under this key (mark the outcome unknown) and never record success.
-        if isinstance(exc, NexusError) or not state.executed or _is_refusal(exc):
+        if not state.executed or _is_refusal(exc):
             self.store.abandon(claim)
             state.idempotency_outcome = "abandoned"
         else:
@@ -107,10 +108,10 @@ class ClassificationMiddleware(Middleware):
 def _is_refusal(exc: BaseException) -> bool:
     from nexus_mcp.decorator import ConnectorRefusal
 
-    error = exc.error if isinstance(exc, ConnectorRefusal) else None
+    error = exc.error if isinstance(exc, ConnectorRefusal) else exc
     # Typed refusals from the tool body (NOT_FOUND, CONFLICT, INVALID_PATH) are raised
-    # before any change is made; a timeout is not a refusal.
-    return error is not None and error.code.value not in {"TOOL_TIMEOUT", "INTERNAL_ERROR"}
+    # before any change is made; a timeout or a crash after the tool started is not one.
+    return isinstance(error, NexusError) and error.code not in _UNKNOWN_OUTCOME_CODES
 
 
 def replay_result(claim: Claim) -> ToolResult:

@@ -300,10 +300,19 @@ async def enforce_approval(
     claims = verify_approval_token(
         keys, settings, token, subject=subject, tool=tool, arguments=arguments, now=now
     )
+    spend_approval(claims, nonce_store)
+    return claims
+
+
+def spend_approval(claims: ApprovalClaims, nonce_store: NonceStore) -> None:
+    """Consume the token's nonce; a second spend is ``ApprovalReplayedError``.
+
+    The server verifies a token in the approval layer but spends it only when the tool is
+    about to run, so a call refused by a later check does not burn the approval.
+    """
     # Kept until the token could no longer verify: exp plus the leeway.
     if not nonce_store.consume(claims.jti, float(claims.exp + APPROVAL_LEEWAY_SECONDS)):
         raise ApprovalReplayedError()
-    return claims
 
 
 def approval_jti_digest(claims: ApprovalClaims) -> str:
@@ -529,6 +538,7 @@ __all__ = [
     "decide_approval_mode",
     "digest_approved_arguments",
     "enforce_approval",
+    "spend_approval",
     "load_approval_keys",
     "load_approval_settings",
     "mint_approval_token",
