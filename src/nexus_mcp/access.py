@@ -1,10 +1,17 @@
 """Which tools a principal may see: profiles and ReBAC grants behind the namespace layer.
 
-The first time a principal appears (per subject, profile claim and role) its profile is
-selected (principal's ``profile``, else the stored assignment, else its role's default)
-and granted eagerly (seed 004 phase 5): one grant per tool in the tuple store. Every
-request then reads the visible set from the ``VisibleToolsCache``. A principal naming an
-unknown profile sees nothing. Read-only callers never see write-class tools.
+The tuple store is the enforcement point (seed 004: config is policy, ReBAC enforces):
+
+- every profile's tools are tuples ``(profile:<name>, viewer, /tools/<tool>)``, granted
+  eagerly when the server starts (and re-synced only when the profile file changed);
+- a subject's own tuples count only as *direct* grants (``direct_viewer``).
+
+A principal sees the tools of the one profile selected for it (its ``profile`` claim,
+else the stored assignment, else its role's default) plus its direct grants. Because the
+profile is selected per principal and not written onto the subject, a token limited to
+``minimal`` never sees what another token of the same subject was given, and a claim
+keeps precedence over an assignment made meanwhile. A principal naming an unknown profile
+sees nothing. Read-only callers never see write-class tools.
 """
 
 from __future__ import annotations
@@ -15,15 +22,34 @@ from collections.abc import Iterable
 from cachetools import TTLCache
 
 from nexus_mcp.logs import get_logger
-from nexus_mcp.policy.grants import ensure_principal_grants
+from nexus_mcp.policy.grants import (
+    DIRECT_RELATION,
+    PROFILE_RELATION,
+    ensure_principal_grants,
+    to_tool_name,
+)
 from nexus_mcp.policy.profiles import ToolProfileConfig, select_profile
 from nexus_mcp.policy.visibility import VisibleToolsCache
 from nexus_mcp.principal import Principal
-from nexus_mcp.stores.grants import TupleStore
+from nexus_mcp.stores.grants import TOOLS_PREFIX, TupleStore
 
 log = get_logger(__name__)
 
 DEFAULT_ZONE = "default"
+PROFILE_SUBJECT_PREFIX = "profile:"
+# How long a principal's profile selection is reused before the stored assignment is read
+# again: an operator's `profiles assign` reaches live callers within this time.
+SELECTION_TTL_SECONDS = 2.0
+
+
+def profile_subject(name: str) -> str:
+    return PROFILE_SUBJECT_PREFIX + name
+
+
+def lookup_tools(store: TupleStore, subject: str, zone: str) -> frozenset[str]:
+    """A profile's tools, or a subject's direct grants (never its profile-written tuples)."""
+    relation = PROFILE_RELATION if subject.startswith(PROFILE_SUBJECT_PREFIX) else DIRECT_RELATION
+    return frozenset(to_tool_name(o) for o in store.list_objects(subject, relation, zone, TOOLS_PREFIX))
 
 
 class GrantedTools:
@@ -32,62 +58,80 @@ class GrantedTools:
     def __init__(
         self,
         store: TupleStore,
-        cache: VisibleToolsCache,
         profiles: ToolProfileConfig,
         *,
         write_tools: Iterable[str],
         zone: str = DEFAULT_ZONE,
-        session_ttl_seconds: float = 300.0,
+        cache_ttl_seconds: float = 300.0,
     ) -> None:
         self.store = store
-        self.cache = cache
+        self.cache = VisibleToolsCache(store, ttl_seconds=cache_ttl_seconds, lookup=lookup_tools)
         self.profiles = profiles
         self.write_tools = frozenset(write_tools)
         self.zone = zone
-        # (subject, profile claim, role) -> profile granted, or None when denied.
-        self._sessions: TTLCache[tuple[str, str | None, str], str | None] = TTLCache(
-            maxsize=10_000, ttl=session_ttl_seconds
+        self._selections: TTLCache[tuple[str, str | None, str], str | None] = TTLCache(
+            maxsize=10_000, ttl=min(SELECTION_TTL_SECONDS, cache_ttl_seconds)
         )
         self._lock = threading.Lock()
+        self._errors = 0
 
-    def start_session(self, principal: Principal) -> str | None:
-        """Select and grant the principal's profile once; returns its name (None: denied)."""
+    def grant_profiles(self) -> None:
+        """Write every profile's tool tuples (only where they differ): eager, at start-up."""
+        for name in sorted(self.profiles.profiles):
+            ensure_principal_grants(self.store, self.profiles, profile_subject(name), name, self.zone)
+        self.cache.invalidate()
+
+    def select(self, principal: Principal) -> str | None:
+        """The profile this principal gets (None: no tools at all)."""
+        if principal.subject.startswith(PROFILE_SUBJECT_PREFIX):
+            return None  # a subject may never pose as a profile's own grant holder
         key = (principal.subject, principal.profile, principal.effective_role)
         with self._lock:
-            if key in self._sessions:
-                return self._sessions[key]
+            if key in self._selections:
+                return self._selections[key]
         selection = select_profile(
             self.profiles,
             principal_profile=principal.profile,
             stored_assignment=self.store.get_assignment(principal.subject, self.zone),
             role=principal.effective_role,
         )
-        if selection.is_denied or selection.name is None:
+        name = None if selection.is_denied else selection.name
+        if name is None:
             log.warning("profile_denied", subject=principal.log_subject, source=str(selection.source))
-            name = None
-        else:
-            name = selection.name
-            if ensure_principal_grants(self.store, self.profiles, principal.subject, name, self.zone):
-                self.cache.invalidate(principal.subject)
         with self._lock:
-            self._sessions[key] = name
+            self._selections[key] = name
         return name
 
     def visible_tools(self, principal: Principal) -> frozenset[str]:
-        if self.start_session(principal) is None:
+        try:
+            name = self.select(principal)
+        except Exception:
+            # Reading the assignment failed: count it (the cache counts its own failures).
+            with self._lock:
+                self._errors += 1
+            raise
+        if name is None:
             return frozenset()
-        visible = self.cache.get(principal.subject, self.zone)
+        visible = self.cache.get(profile_subject(name), self.zone) | self.cache.get(
+            principal.subject, self.zone
+        )
         return visible - self.write_tools if principal.read_only else visible
 
     def forget(self, subject: str | None = None) -> None:
         """After a grant change through this server: the next request sees it."""
         with self._lock:
             if subject is None:
-                self._sessions.clear()
+                self._selections.clear()
             else:
-                for key in [k for k in self._sessions if k[0] == subject]:
-                    del self._sessions[key]
+                for key in [k for k in self._selections if k[0] == subject]:
+                    del self._selections[key]
         self.cache.invalidate(subject)
+
+    def metrics(self) -> dict[str, int]:
+        counters = self.cache.metrics()
+        with self._lock:
+            counters["errors"] = counters.get("errors", 0) + self._errors
+        return counters
 
     def record_filtered(self, count: int) -> None:
         self.cache.record_filtered(count)
@@ -96,7 +140,7 @@ class GrantedTools:
         self.cache.record_rejected()
 
     def record_error(self) -> None:
-        return None  # the cache counts its own lookup errors
+        return None  # counted where the failure happened (visible_tools or the cache)
 
 
-__all__ = ["DEFAULT_ZONE", "GrantedTools"]
+__all__ = ["DEFAULT_ZONE", "PROFILE_SUBJECT_PREFIX", "GrantedTools", "lookup_tools", "profile_subject"]

@@ -71,7 +71,8 @@ def session_key(
     """
     if protocol != MODERN_PROTOCOL and session_id:
         return f"session:{session_id}"
-    subject = principal.subject if principal is not None else "anonymous"
+    # log_subject: the key lands in audit records, so a secret-looking subject is hashed.
+    subject = principal.log_subject if principal is not None else "anonymous"
     return f"principal:{subject}"
 
 

@@ -62,7 +62,6 @@ from nexus_mcp.policy.registry import (
     default_registry_dir,
     load_registry_dir,
 )
-from nexus_mcp.policy.visibility import VisibleToolsCache
 from nexus_mcp.policy.write_policy import WritePolicyConfig, load_write_policy_config
 from nexus_mcp.settings import Settings, config_sections
 from nexus_mcp.stores.grants import SqliteTupleStore
@@ -227,15 +226,15 @@ def build_server(
         idempotency=SqliteIdempotencyStore(
             settings.data_dir / "idempotency.sqlite3",
             ttl_seconds=settings.registry.idempotency_ttl_seconds,
-            lease_seconds=max(300.0, 2 * _longest_timeout(settings)),
+            lease_seconds=idempotency_lease(settings),
         ),
         grants=grants,
         access=GrantedTools(
             grants,
-            VisibleToolsCache(grants, ttl_seconds=settings.profiles.cache_ttl_seconds),
             profiles,
             write_tools=write_tools,
             zone=settings.profiles.zone,
+            cache_ttl_seconds=settings.profiles.cache_ttl_seconds,
         ),
         write_policies=write_policies,
         vaults=vaults,
@@ -248,6 +247,7 @@ def build_server(
         verifier=build_verifier(settings) if settings.transport == "http" else None,
     )
     late["access"] = runtime.access
+    runtime.access.grant_profiles()
     for fn in functions:
         contract = contract_of(fn)
         catalog.add(
@@ -321,6 +321,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             nonce_store=runtime.nonces,
             stateless_http=settings.stateless_http,
             connector_tools=frozenset(runtime.contracts),
+            enforcer=runtime.enforcer,
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
         limits=LimitsMiddleware(
@@ -331,8 +332,21 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
     )
 
 
-def _longest_timeout(settings: Settings) -> float:
-    return max([settings.budgets.tool_timeout_seconds, *settings.budgets.tool_timeouts.values()])
+def idempotency_lease(settings: Settings) -> float:
+    """How long a pending idempotency claim is trusted: twice the longest tool timeout.
+
+    After it, the claim's outcome is unknown (the process may have died mid-call). A record
+    must outlive its lease, so a TTL shorter than the lease is refused by name.
+    """
+    longest = max([settings.budgets.tool_timeout_seconds, *settings.budgets.tool_timeouts.values()])
+    lease = 2 * longest
+    if settings.registry.idempotency_ttl_seconds < lease:
+        raise ConfigError(
+            f"invalid setting 'registry.idempotency_ttl_seconds' "
+            f"(NEXUS_MCP_REGISTRY__IDEMPOTENCY_TTL_SECONDS): must be at least {lease:g} "
+            "seconds, twice the longest tool timeout"
+        )
+    return lease
 
 
 def load_registry(settings: Settings) -> RegistrySet:
