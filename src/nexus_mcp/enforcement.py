@@ -138,7 +138,10 @@ class RegistryConnectorCheck:
         state.connector_classification = classification
         state.tool_class = classification.tool_class
         state.heuristic_class = classification.heuristic
-        record_check(state, self.enforcer.check_write(state, classification, arguments))
+        # Pointers resolve in what the caller sent (seed 000: "request args"): FastMCP has
+        # filled in defaults, which must not make a missing document appear.
+        sent = {k: v for k, v in arguments.items() if k in state.arguments}
+        record_check(state, self.enforcer.check_write(state, classification, sent))
 
     def after(self, contract: ToolContract, state: CallState, structured: dict[str, Any]) -> None:
         classification = state.connector_classification

@@ -17,8 +17,8 @@ from typing import Any
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState, current_call
-from nexus_mcp.enforcement import plumbing_value
-from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
+from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
+from nexus_mcp.errors import ApprovalRequiredError, DocEncodingInvalidError, WritePolicyDeniedError
 from nexus_mcp.identity import MODERN_PROTOCOL
 from nexus_mcp.policy.approvals import (
     ApprovalKeys,
@@ -49,16 +49,25 @@ def target_paths(operation: str, arguments: dict[str, Any]) -> list[str]:
     return [normalize_relative(arguments[k]) for k in keys if isinstance(arguments.get(k), str)]
 
 
+def utf8_size(value: str, pointer: str) -> int:
+    """Exact UTF-8 size; text that has no UTF-8 form (a lone surrogate) is refused."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise DocEncodingInvalidError(encoding="utf8", pointer=pointer) from None
+
+
 def measure_write(operation: str, arguments: dict[str, Any]) -> tuple[int | None, int | None]:
     """``(size_bytes, changed_lines)`` of a write before it runs, for the policy limits."""
     if operation == "write":
         content = arguments.get("content")
-        return (len(content.encode("utf-8")) if isinstance(content, str) else None), None
+        return (utf8_size(content, "/content") if isinstance(content, str) else None), None
     if operation == "edit":
         old, new = arguments.get("old_text"), arguments.get("new_text")
         times = arguments.get("expected_occurrences", 1)
         if isinstance(old, str) and isinstance(new, str) and isinstance(times, int):
-            return len(new.encode("utf-8")) * times, count_changed_lines(old, new) * times
+            utf8_size(old, "/old_text")
+            return utf8_size(new, "/new_text") * times, count_changed_lines(old, new) * times
     return None, None
 
 
@@ -73,8 +82,10 @@ class ApprovalMiddleware(Middleware):
         nonce_store: NonceStore,
         stateless_http: bool,
         connector_tools: frozenset[str] = frozenset(),
+        enforcer: RegistryEnforcer | None = None,
     ) -> None:
         self.connector_tools = connector_tools
+        self.enforcer = enforcer
         self.policies = policies
         self.workspace = workspace
         self.keys = keys
@@ -84,7 +95,14 @@ class ApprovalMiddleware(Middleware):
 
     async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
         state = current_call()
-        if state is None or state.tool_class != "write":
+        if state is None:  # pragma: no cover - the envelope always opens one
+            return await call_next(context)
+        if state.classification is None and self.enforcer is not None:
+            # The classification layer is not in this chain: classify here, same registry,
+            # so the write policy can never be skipped by removing a layer.
+            state.classification = self.enforcer.classify(state)
+            state.tool_class = state.classification.tool_class
+        if state.tool_class != "write":
             return await call_next(context)
         policy = self.policies.policy_for_workspace()
         try:

@@ -41,7 +41,10 @@ class DocumentsMiddleware(Middleware):
         meta = dict(result.meta or {})
         effect = meta.get(META_TOOL_EFFECT)
         hashes = [h.to_dict() for h in check.hashes]
-        if effect is None:
+        connector_checked = state.connector_classification is not None
+        if effect is None or not connector_checked:
+            # No connector check ran (a tool outside @nexus_tool, or the check removed):
+            # the effect is the gateway's own.
             meta[META_TOOL_EFFECT] = self.enforcer.effect(state, check)
             state.effect = meta[META_TOOL_EFFECT]
             result.meta = meta

@@ -20,9 +20,11 @@ def sha256_hex(data: bytes) -> str:
 
 def to_canonical_json(value: Any) -> bytes:
     """Canonical JSON bytes: sorted keys, ``(",", ":")`` separators, UTF-8."""
+    # surrogatepass: a lone surrogate (valid in a JSON string, invalid in UTF-8) still gets
+    # a deterministic preimage, so digests of hostile arguments never fail.
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    ).encode("utf-8", errors="surrogatepass")
 
 
 def to_preimage(value: Any) -> bytes:
