@@ -141,7 +141,10 @@ class CanisterBackend:
         if status in PASSED_THROUGH_STATUSES:
             raise UpstreamError.status(status)
         if not 200 <= status < 300:  # redirects included: they are never followed
-            raise _failure("unexpected_status")
+            error = _failure("unexpected_status")
+            # The client still sees only "Runtime failure"; logs get the status class.
+            error.facts["status"] = status
+            raise error
         encoding = response.headers.get("content-encoding", "").strip().lower()
         if encoding not in _IDENTITY_ENCODINGS:
             raise _failure("encoded_response")
