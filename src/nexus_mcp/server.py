@@ -268,6 +268,7 @@ def build_server(
         auth=runtime.verifier,
         mask_error_details=True,
         strict_input_validation=True,
+        dereference_schemas=False,  # chain.build_middleware places it, after filtering
     )
     for fn in functions:
         contract = contract_of(fn)
