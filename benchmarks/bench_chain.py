@@ -35,7 +35,9 @@ def build_bare(root: Path) -> FastMCP[Any]:
     async def nexus_read_file(path: str) -> ReadFileResult:
         target = workspace.resolve(path, must_exist=True)
         data = await asyncio.to_thread(lambda: workspace.read_bytes(target, limit=10 * 1024 * 1024))
-        return ReadFileResult(path=target.relative, content=data.decode(), size_bytes=len(data), binary=False)
+        return ReadFileResult(
+            path=target.relative, content=data.decode(), size_bytes=len(data), binary=False
+        )
 
     return bare
 
@@ -48,9 +50,12 @@ async def measure(calls: int, mode: str) -> dict[str, float]:
         nexus = build_server(Settings(mode="dev", workspace=root, data_dir=Path(tmp) / "data"))
         bare = build_bare(root)
         samples: dict[str, list[float]] = {"bare": [], "nexus": []}
-        async with Client(bare, mode=mode) as bare_client, Client(nexus.mcp, mode=mode) as nexus_client:
+        async with (
+            Client(bare, mode=mode) as bare_client,
+            Client(nexus.mcp, mode=mode) as nexus_client,
+        ):
             clients = {"bare": bare_client, "nexus": nexus_client}
-            for name, client in clients.items():  # warm-up
+            for client in clients.values():  # warm-up
                 for _ in range(100):
                     await client.call_tool("nexus_read_file", {"path": "small.txt"})
             for _ in range(calls):
@@ -73,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     print("tools/call nexus_read_file (small file), in-memory client, interleaved; medians")
     for mode in modes:
         r = asyncio.run(measure(args.calls, mode))
-        print(f"  mode={mode:6}  bare FastMCP {r['bare_us']:8.0f} us   nexus chain {r['nexus_us']:8.0f} us   ratio {r['ratio']:.3f}x  (target <= 1.10x)")
+        print(
+            f"  mode={mode:6}  bare FastMCP {r['bare_us']:8.0f} us   nexus chain {r['nexus_us']:8.0f} us   ratio {r['ratio']:.3f}x  (target <= 1.10x)"
+        )
     return 0
 
 

@@ -50,7 +50,9 @@ def make_tool(index: int) -> Callable[..., Awaitable[Out]]:
     return nexus_tool(risk="read", toolset="bench")(tool)
 
 
-async def median_us(call: Callable[[], Awaitable[Any]], before: Callable[[], None] | None = None) -> float:
+async def median_us(
+    call: Callable[[], Awaitable[Any]], before: Callable[[], None] | None = None
+) -> float:
     samples = []
     for _ in range(ROUNDS):
         if before is not None:
@@ -67,7 +69,9 @@ async def run() -> None:
         root = Path(tmp)
         (root / "ws").mkdir()
         profiles = root / "profiles.yaml"
-        granted = [f"bench_tool_{i:04d}" for i in range(0, TOOLS, TOOLS // PROFILE_TOOLS)][:PROFILE_TOOLS]
+        granted = [f"bench_tool_{i:04d}" for i in range(0, TOOLS, TOOLS // PROFILE_TOOLS)][
+            :PROFILE_TOOLS
+        ]
         profiles.write_text(
             yaml.safe_dump({"default_profile": "bench", "roles": {"viewer": "bench", "editor": "bench",
                             "evaluator": "bench", "admin": "bench"},
@@ -105,12 +109,22 @@ async def run() -> None:
         step_cached_us = await median_us(filter_step)
         step_cold_us = await median_us(filter_step, before=access.forget)
         server.close()
-    print(f"server-side tools/list, {TOOLS} registered tools, {PROFILE_TOOLS}-tool profile (medians of {ROUNDS})")
+    print(
+        f"server-side tools/list, {TOOLS} registered tools, {PROFILE_TOOLS}-tool profile (medians of {ROUNDS})"
+    )
     print(f"  bare FastMCP (lists all {TOOLS})        {bare_us:9.0f} us")
-    print(f"  nexus whole list, cached visible set    {cached_us:9.0f} us   ratio to bare {cached_us / bare_us:.2f}x")
-    print(f"  nexus whole list, cold (SQLite read)    {cold_us:9.0f} us   ratio to bare {cold_us / bare_us:.2f}x")
-    print(f"  namespace filter step, cached           {step_cached_us:9.1f} us   (target < {CACHED_TARGET_US:.0f} us)")
-    print(f"  namespace filter step, cold             {step_cold_us:9.1f} us   (target < {COLD_TARGET_US:.0f} us)")
+    print(
+        f"  nexus whole list, cached visible set    {cached_us:9.0f} us   ratio to bare {cached_us / bare_us:.2f}x"
+    )
+    print(
+        f"  nexus whole list, cold (SQLite read)    {cold_us:9.0f} us   ratio to bare {cold_us / bare_us:.2f}x"
+    )
+    print(
+        f"  namespace filter step, cached           {step_cached_us:9.1f} us   (target < {CACHED_TARGET_US:.0f} us)"
+    )
+    print(
+        f"  namespace filter step, cold             {step_cold_us:9.1f} us   (target < {COLD_TARGET_US:.0f} us)"
+    )
 
 
 if __name__ == "__main__":

@@ -11,13 +11,14 @@ else the stored assignment, else its role's default) plus its direct grants. Bec
 profile is selected per principal and not written onto the subject, a token limited to
 ``minimal`` never sees what another token of the same subject was given, and a claim
 keeps precedence over an assignment made meanwhile. A principal naming an unknown profile
-sees nothing. Read-only callers never see write-class tools.
+sees nothing. Read-only callers never see write-class tools, and a tool whose contract
+requires scopes is visible only to principals holding all of them.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from cachetools import TTLCache
 
@@ -49,7 +50,9 @@ def profile_subject(name: str) -> str:
 def lookup_tools(store: TupleStore, subject: str, zone: str) -> frozenset[str]:
     """A profile's tools, or a subject's direct grants (never its profile-written tuples)."""
     relation = PROFILE_RELATION if subject.startswith(PROFILE_SUBJECT_PREFIX) else DIRECT_RELATION
-    return frozenset(to_tool_name(o) for o in store.list_objects(subject, relation, zone, TOOLS_PREFIX))
+    return frozenset(
+        to_tool_name(o) for o in store.list_objects(subject, relation, zone, TOOLS_PREFIX)
+    )
 
 
 class GrantedTools:
@@ -61,6 +64,7 @@ class GrantedTools:
         profiles: ToolProfileConfig,
         *,
         write_tools: Iterable[str],
+        required_scopes: Mapping[str, frozenset[str]] | None = None,
         zone: str = DEFAULT_ZONE,
         cache_ttl_seconds: float = 300.0,
     ) -> None:
@@ -68,6 +72,8 @@ class GrantedTools:
         self.cache = VisibleToolsCache(store, ttl_seconds=cache_ttl_seconds, lookup=lookup_tools)
         self.profiles = profiles
         self.write_tools = frozenset(write_tools)
+        # Tools whose contract requires scopes (seed 002): hidden from callers without them.
+        self.required_scopes = {k: v for k, v in (required_scopes or {}).items() if v}
         self.zone = zone
         self._selections: TTLCache[tuple[str, str | None, str], str | None] = TTLCache(
             maxsize=10_000, ttl=min(SELECTION_TTL_SECONDS, cache_ttl_seconds)
@@ -78,7 +84,9 @@ class GrantedTools:
     def grant_profiles(self) -> None:
         """Write every profile's tool tuples (only where they differ): eager, at start-up."""
         for name in sorted(self.profiles.profiles):
-            ensure_principal_grants(self.store, self.profiles, profile_subject(name), name, self.zone)
+            ensure_principal_grants(
+                self.store, self.profiles, profile_subject(name), name, self.zone
+            )
         self.cache.invalidate()
 
     def select(self, principal: Principal) -> str | None:
@@ -97,7 +105,9 @@ class GrantedTools:
         )
         name = None if selection.is_denied else selection.name
         if name is None:
-            log.warning("profile_denied", subject=principal.log_subject, source=str(selection.source))
+            log.warning(
+                "profile_denied", subject=principal.log_subject, source=str(selection.source)
+            )
         with self._lock:
             self._selections[key] = name
         return name
@@ -115,7 +125,10 @@ class GrantedTools:
         visible = self.cache.get(profile_subject(name), self.zone) | self.cache.get(
             principal.subject, self.zone
         )
-        return visible - self.write_tools if principal.read_only else visible
+        if principal.read_only:
+            visible -= self.write_tools
+        missing_scopes = [t for t, s in self.required_scopes.items() if not s <= principal.scopes]
+        return visible.difference(missing_scopes) if missing_scopes else visible
 
     def forget(self, subject: str | None = None) -> None:
         """After a grant change through this server: the next request sees it."""
@@ -143,4 +156,10 @@ class GrantedTools:
         return None  # counted where the failure happened (visible_tools or the cache)
 
 
-__all__ = ["DEFAULT_ZONE", "PROFILE_SUBJECT_PREFIX", "GrantedTools", "lookup_tools", "profile_subject"]
+__all__ = [
+    "DEFAULT_ZONE",
+    "PROFILE_SUBJECT_PREFIX",
+    "GrantedTools",
+    "lookup_tools",
+    "profile_subject",
+]

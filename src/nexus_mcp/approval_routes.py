@@ -66,8 +66,12 @@ def add_approval_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
         if principal is None:
             return _refuse(401, "authentication required", "APPROVAL_INVALID")
         if principal.effective_role not in runtime.settings.approver_roles:
-            log.warning("approval_mint_refused", subject=principal.log_subject, reason="not_approver")
-            return _refuse(403, "an approver role is required to mint approvals", "APPROVAL_INVALID")
+            log.warning(
+                "approval_mint_refused", subject=principal.log_subject, reason="not_approver"
+            )
+            return _refuse(
+                403, "an approver role is required to mint approvals", "APPROVAL_INVALID"
+            )
         body = await request.body()
         if len(body) > MAX_MINT_BODY_BYTES:
             return _refuse(413, "request body too large", "INVALID_INPUT")
@@ -75,7 +79,11 @@ def add_approval_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
             mint_request = MintRequest.model_validate_json(body)
         except ValidationError as exc:
             fields = sorted({str(e["loc"][0]) for e in exc.errors() if e.get("loc")})
-            named = f" for field '{fields[0]}'" if len(fields) == 1 and fields[0] in MintRequest.model_fields else ""
+            named = (
+                f" for field '{fields[0]}'"
+                if len(fields) == 1 and fields[0] in MintRequest.model_fields
+                else ""
+            )
             return _refuse(400, f"invalid input{named}", "INVALID_INPUT")
         contract = runtime.contracts.get(mint_request.tool)
         if contract is None or contract.tool_class != "write":

@@ -21,7 +21,7 @@ from nexus_mcp.principal import Principal
 
 META_PREFIX = "nexus.mcp/"
 META_IDEMPOTENCY_KEY = "nexus.mcp/idempotency_key"
-META_APPROVAL_TOKEN = "nexus.mcp/approval_token"
+META_APPROVAL_TOKEN = "nexus.mcp/approval_token"  # noqa: S105 - a key name, not a secret
 META_EXPECTED_HASHES = "nexus.mcp/expected_document_hashes"
 META_TOOL_CLASS = "nexus.mcp/tool_class"
 META_CORRELATION_ID = "nexus.mcp/correlation_id"
@@ -29,7 +29,7 @@ META_TOOL_EFFECT = "nexus.mcp/tool_effect"
 
 # Tool arguments that are call plumbing, not the action itself.
 ARG_IDEMPOTENCY_KEY = "idempotency_key"
-ARG_APPROVAL_TOKEN = "approval_token"
+ARG_APPROVAL_TOKEN = "approval_token"  # noqa: S105 - an argument name, not a secret
 PLUMBING_ARGS = frozenset({ARG_IDEMPOTENCY_KEY, ARG_APPROVAL_TOKEN})
 
 

@@ -18,19 +18,19 @@ signature, which FastMCP reads to build the input schema (FASTMCP4_GUIDE 3.2).
 from __future__ import annotations
 
 import functools
-import logging
-import typing
 import inspect
 import json
+import logging
+import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
+from fastmcp import Context
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.exceptions import ToolError
 from fastmcp.tools import ToolResult
 from mcp_types import TextContent
-from fastmcp import Context
 from pydantic import BaseModel, ConfigDict, create_model
 
 from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
@@ -111,7 +111,7 @@ def nexus_tool(
     """Declare a tool's contract. The function must be ``async`` and return a model or dict."""
 
     def decorate(fn: F) -> F:
-        if not inspect.iscoroutinefunction(fn):
+        if not inspect.iscoroutinefunction(typing.cast(Any, fn)):
             raise TypeError(f"@nexus_tool needs an async function: {fn.__qualname__}")
         doc = inspect.getdoc(fn) or ""
         contract = ToolContract(

@@ -84,7 +84,11 @@ class RegistryEnforcer:
             destructive_hint=hints.get("destructiveHint"),
         )
         if classification.warnings:
-            log.warning("tool_classification_warning", tool=state.tool_name, warnings=list(classification.warnings))
+            log.warning(
+                "tool_classification_warning",
+                tool=state.tool_name,
+                warnings=list(classification.warnings),
+            )
         return classification
 
     @staticmethod
@@ -108,7 +112,9 @@ class RegistryEnforcer:
         expected = parse_expected_hashes(expected_raw) if expected_raw is not None else None
         return check_write_documents(self.write_spec(classification), arguments, expected)
 
-    def check_read(self, classification: Classification, structured: Mapping[str, Any]) -> DocumentCheck:
+    def check_read(
+        self, classification: Classification, structured: Mapping[str, Any]
+    ) -> DocumentCheck:
         return check_read_documents(self.read_spec(classification), structured)
 
     def effect(self, state: CallState, check: DocumentCheck | None) -> dict[str, Any]:

@@ -279,7 +279,8 @@ UPSTREAM_RUNTIME_FAILURE = "Runtime failure"
 
 
 class UpstreamError(NexusError):
-    """Knowtation's hosted envelope: ``Invalid path``, ``Upstream <status>``, ``Runtime failure``."""
+    """Knowtation's hosted envelope: ``Invalid path``, ``Upstream <status>``,
+    ``Runtime failure``."""
 
     code = Code.UPSTREAM_ERROR
     default_message = UPSTREAM_RUNTIME_FAILURE

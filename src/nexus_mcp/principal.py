@@ -106,7 +106,7 @@ def principal_from_fields(fields: Mapping[str, Any], *, source: str) -> Principa
 def principal_from_claims(
     claims: Mapping[str, Any], *, subject: str | None = None
 ) -> Principal | None:
-    """Map verified JWT claims to a principal (``sub``, ``role``, ``profile``, ``vault_id``, ...)."""
+    """Map verified JWT claims to a principal (``sub``, ``role``, ``profile``, ...)."""
     scopes: Any = claims.get("scopes")
     if scopes is None:
         scopes = claims.get("scope", claims.get("scp"))

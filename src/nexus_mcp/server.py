@@ -22,8 +22,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from nexus_mcp import __version__
+from nexus_mcp.access import GrantedTools
+from nexus_mcp.approval_routes import add_approval_routes
 from nexus_mcp.audit import AuditLog, AuditSink, JsonlAuditSink
 from nexus_mcp.calls import CallState
+from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.chain import ChainLayers, build_middleware
 from nexus_mcp.decorator import (
     ConnectorCheck,
@@ -32,18 +35,16 @@ from nexus_mcp.decorator import (
     build_arguments_model,
     contract_of,
 )
+from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.identity import IdentityResolver
 from nexus_mcp.logs import ensure_logging, get_logger
-from nexus_mcp.middleware.audit import AuditMiddleware, AuditTrail
-from nexus_mcp.middleware.envelope import EnvelopeMiddleware
-from nexus_mcp.middleware.identity import IdentityMiddleware
-from nexus_mcp.access import GrantedTools
-from nexus_mcp.approval_routes import add_approval_routes
-from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer
 from nexus_mcp.middleware.approval import ApprovalMiddleware
+from nexus_mcp.middleware.audit import AuditMiddleware, AuditTrail
 from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.middleware.documents import DocumentsMiddleware
+from nexus_mcp.middleware.envelope import EnvelopeMiddleware
+from nexus_mcp.middleware.identity import IdentityMiddleware
 from nexus_mcp.middleware.limits import LimitsMiddleware
 from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
 from nexus_mcp.policy.approvals import (
@@ -67,7 +68,6 @@ from nexus_mcp.settings import Settings, config_sections
 from nexus_mcp.stores.grants import SqliteTupleStore
 from nexus_mcp.stores.idempotency import SqliteIdempotencyStore
 from nexus_mcp.stores.nonces import MemoryNonceStore
-from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.tools.discovery import build_discovery_tools
 from nexus_mcp.tools.files import build_files_tools
 from nexus_mcp.tools.notes import build_notes_tools
@@ -214,7 +214,9 @@ def build_server(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
     grants = SqliteTupleStore(settings.profiles.grants_db or settings.data_dir / "grants.sqlite3")
-    profiles = load_profiles(settings.profiles.file or default_profiles_path(), known_tools=contracts)
+    profiles = load_profiles(
+        settings.profiles.file or default_profiles_path(), known_tools=contracts
+    )
     write_tools = [name for name, c in contracts.items() if c.tool_class == "write"]
     runtime = Runtime(
         settings=settings,
@@ -233,6 +235,7 @@ def build_server(
             grants,
             profiles,
             write_tools=write_tools,
+            required_scopes={n: c.required_scopes for n, c in contracts.items()},
             zone=settings.profiles.zone,
             cache_ttl_seconds=settings.profiles.cache_ttl_seconds,
         ),
@@ -328,7 +331,9 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
         limits=LimitsMiddleware(
             SessionBudget(budgets.max_calls_per_session),
             SlidingWindowRateLimiter(budgets.rate_limit_calls, budgets.rate_limit_window_seconds),
-            ToolTimeouts(default_seconds=budgets.tool_timeout_seconds, overrides=dict(budgets.tool_timeouts)),
+            ToolTimeouts(
+                default_seconds=budgets.tool_timeout_seconds, overrides=dict(budgets.tool_timeouts)
+            ),
         ),
     )
 
@@ -398,9 +403,13 @@ def load_approvals(
     )
     keys = load_approval_keys(environ, sections) if has_secret else None
     jwt_secret = settings.auth.jwt_secret
-    if keys is not None and jwt_secret is not None and any(
-        hmac.compare_digest(keys.secret_for(kid) or b"", jwt_secret.get_secret_value().encode())
-        for kid in keys.kids
+    if (
+        keys is not None
+        and jwt_secret is not None
+        and any(
+            hmac.compare_digest(keys.secret_for(kid) or b"", jwt_secret.get_secret_value().encode())
+            for kid in keys.kids
+        )
     ):
         # With one secret and one audience an approval token would also verify as a bearer.
         raise ConfigError("the approval secret must differ from auth.jwt_secret")

@@ -94,7 +94,9 @@ class RegistryPin(_Section):
 
 
 class RegistrySettings(_Section):
-    directory: Path | None = Field(default=None, description="registry files (*.json); default: shipped")
+    directory: Path | None = Field(
+        default=None, description="registry files (*.json); default: shipped"
+    )
     server_id: str = "nexus"
     pins: dict[str, RegistryPin] = Field(default_factory=dict)
     idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
@@ -126,7 +128,9 @@ class NotesSettings(_Section):
     backend: Literal["local", "canister"] = "local"
     vaults: dict[str, Path] = Field(default_factory=dict, description="vault_id -> folder")
     canister_url: str | None = Field(default=None, description="https://... of the canister")
-    canister_token: SecretStr | None = Field(default=None, description="bearer token for the canister")
+    canister_token: SecretStr | None = Field(
+        default=None, description="bearer token for the canister"
+    )
     gateway_secret: SecretStr | None = Field(default=None, description="X-Gateway-Auth value")
     connect_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     read_timeout_seconds: float = Field(default=10.0, gt=0, le=120)
@@ -217,18 +221,18 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, _YamlSource(settings_cls))
 
 
-_yaml_data: ContextVar[dict[str, Any]] = ContextVar("nexus_yaml_settings", default={})
+_yaml_data: ContextVar[dict[str, Any] | None] = ContextVar("nexus_yaml_settings", default=None)
 
 
 class _YamlSource(PydanticBaseSettingsSource):
     """Lowest-priority source: the mapping read from ``--config`` by ``load_settings``."""
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        data = _yaml_data.get()
+        data = _yaml_data.get() or {}
         return data.get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(_yaml_data.get())
+        return dict(_yaml_data.get() or {})
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -304,10 +308,10 @@ __all__ = [
     "EXTERNAL_SECTIONS",
     "AuthSettings",
     "BudgetSettings",
-    "ProfileSettings",
     "DevPrincipalSettings",
     "LimitSettings",
     "NotesSettings",
+    "ProfileSettings",
     "RegistryPin",
     "RegistrySettings",
     "SearchSettings",

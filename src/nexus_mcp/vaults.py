@@ -37,7 +37,9 @@ class VaultRouter:
             self._canister = CanisterBackend(
                 notes.canister_url,
                 token=notes.canister_token.get_secret_value() if notes.canister_token else "",
-                gateway_secret=notes.gateway_secret.get_secret_value() if notes.gateway_secret else None,
+                gateway_secret=notes.gateway_secret.get_secret_value()
+                if notes.gateway_secret
+                else None,
                 connect_timeout=notes.connect_timeout_seconds,
                 read_timeout=notes.read_timeout_seconds,
                 max_response_bytes=notes.max_response_bytes,

@@ -254,9 +254,8 @@ class Workspace:
             raise InvalidPathError(reason="root")
         if src.is_dir() and is_within(src, dst):
             raise ConflictError(reason="into_itself")
-        if dst.exists():
-            if not overwrite or dst.is_dir() or src.is_dir():
-                raise ConflictError(reason="exists")
+        if dst.exists() and (not overwrite or dst.is_dir() or src.is_dir()):
+            raise ConflictError(reason="exists")
         if not dst.parent.is_dir():
             raise NotFoundError(reason="parent_missing")
         with _committing():
@@ -282,8 +281,8 @@ __all__ = [
     "MAX_PATH_LENGTH",
     "CommitGuard",
     "ResolvedPath",
-    "WriteCancelledError",
     "Workspace",
+    "WriteCancelledError",
     "guarded",
     "is_within",
     "normalize_relative",

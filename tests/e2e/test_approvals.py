@@ -1037,7 +1037,9 @@ async def test_a_call_refused_after_approval_does_not_burn_the_token(
     token = mint(server, "nexus_write_file", args)
     wrong = {"nexus.mcp/expected_document_hashes": [{"pointer": "/content", "hash": "0" * 64}]}
     async with Client(server.mcp) as client:
-        refused = await call(client, "nexus_write_file", {**args, "approval_token": token}, meta=wrong)
+        refused = await call(
+            client, "nexus_write_file", {**args, "approval_token": token}, meta=wrong
+        )
         assert code_of(refused) == "DOC_HASH_MISMATCH"
         assert not (workspace / "scratch/approved.txt").exists()
         accepted = await call(client, "nexus_write_file", {**args, "approval_token": token})

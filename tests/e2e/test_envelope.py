@@ -52,9 +52,33 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
     ("nexus_grep", {"pattern": "(" + CANARY, "regex": True}, "INVALID_INPUT"),
     ("nexus_write_file", {"path": "a.txt"}, "INVALID_INPUT"),
     ("nexus_write_file", {"path": "a.txt", "content": 12, "idempotency_key": "k"}, "INVALID_INPUT"),
-    ("nexus_edit_file", {"path": "todo.txt", "old_text": "", "new_text": "x", "idempotency_key": "k"}, "INVALID_INPUT"),
-    ("nexus_edit_file", {"path": "todo.txt", "old_text": "a", "new_text": "b", "expected_occurrences": "5", "idempotency_key": "k"}, "INVALID_INPUT"),
-    ("nexus_edit_file", {"path": "todo.txt", "old_text": "a", "new_text": "b", "expected_occurrences": 0, "idempotency_key": "k"}, "INVALID_INPUT"),
+    (
+        "nexus_edit_file",
+        {"path": "todo.txt", "old_text": "", "new_text": "x", "idempotency_key": "k"},
+        "INVALID_INPUT",
+    ),
+    (
+        "nexus_edit_file",
+        {
+            "path": "todo.txt",
+            "old_text": "a",
+            "new_text": "b",
+            "expected_occurrences": "5",
+            "idempotency_key": "k",
+        },
+        "INVALID_INPUT",
+    ),
+    (
+        "nexus_edit_file",
+        {
+            "path": "todo.txt",
+            "old_text": "a",
+            "new_text": "b",
+            "expected_occurrences": 0,
+            "idempotency_key": "k",
+        },
+        "INVALID_INPUT",
+    ),
     ("nexus_mkdir", {"path": "x", "parents": 1, "idempotency_key": "k"}, "INVALID_INPUT"),
     ("nexus_rename_file", {"source": "todo.txt", "idempotency_key": "k"}, "INVALID_INPUT"),
 ]
@@ -105,7 +129,10 @@ WRITE_CALLS = [
 
 
 @pytest.mark.parametrize("path", HOSTILE_PATHS)
-@pytest.mark.parametrize(("tool", "extra"), [("nexus_read_file", {}), ("nexus_file_info", {}), ("nexus_list_files", {}), *WRITE_CALLS])
+@pytest.mark.parametrize(
+    ("tool", "extra"),
+    [("nexus_read_file", {}), ("nexus_file_info", {}), ("nexus_list_files", {}), *WRITE_CALLS],
+)
 async def test_hostile_paths_are_refused_without_echo_or_effect(
     make_server: ServerFactory, workspace: Path, tool: str, extra: dict[str, Any], path: str
 ) -> None:
@@ -174,7 +201,9 @@ async def test_unexpected_exceptions_become_masked_internal_errors(
 
 async def test_too_many_arguments_text_is_never_echoed(make_server: ServerFactory) -> None:
     async with Client(make_server().mcp) as client:
-        result = wire(await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt", "extra": CANARY}))
+        result = wire(
+            await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt", "extra": CANARY})
+        )
     assert envelope(result) == {"error": "unexpected argument", "code": "INVALID_INPUT"}
 
 
@@ -185,7 +214,12 @@ async def test_oversized_arguments_are_refused_in_the_app(
     before = snapshot(workspace)
     server = make_server(limits={"max_request_bytes": 4096})
     async with Client(server.mcp) as client:
-        result = wire(await client.call_tool_mcp("nexus_write_file", {"path": "big.txt", "content": "x" * 5000, "idempotency_key": "k"}))
+        result = wire(
+            await client.call_tool_mcp(
+                "nexus_write_file",
+                {"path": "big.txt", "content": "x" * 5000, "idempotency_key": "k"},
+            )
+        )
     assert envelope(result) == {"error": "request is too large", "code": "INVALID_INPUT"}
     assert snapshot(workspace) == before
 
@@ -195,5 +229,7 @@ async def test_client_id_in_meta_never_sets_identity(
 ) -> None:
     server = make_server(mode="prod", subject="alice", role="viewer")
     async with Client(server.mcp) as client:
-        await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt"}, meta={"client_id": "admin", "subject": "admin"})
+        await client.call_tool_mcp(
+            "nexus_read_file", {"path": "todo.txt"}, meta={"client_id": "admin", "subject": "admin"}
+        )
     assert {e["subject"] for e in audit.records()} == {"alice"}

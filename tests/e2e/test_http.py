@@ -24,7 +24,13 @@ AUDIENCE = "nexus-test"
 
 def token(**overrides: Any) -> str:
     now = int(time.time())
-    claims: dict[str, Any] = {"sub": "carol", "aud": AUDIENCE, "iat": now, "exp": now + 300, "role": "editor"}
+    claims: dict[str, Any] = {
+        "sub": "carol",
+        "aud": AUDIENCE,
+        "iat": now,
+        "exp": now + 300,
+        "role": "editor",
+    }
     claims.update(overrides)
     secret = claims.pop("_secret", SECRET)
     return jwt.encode({k: v for k, v in claims.items() if v is not None}, secret, algorithm="HS256")

@@ -17,12 +17,16 @@ from typing import Any
 
 import pytest
 from fastmcp import Client, FastMCP
+from pydantic import BaseModel
 from structlog.testing import capture_logs
 
 from nexus_mcp import __version__
 from nexus_mcp.audit import TOOL_CALL_BLOCKED, TOOL_CALL_STARTED, MemoryAuditSink
+from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.policy.grants import grant_tool, revoke_tool
 from nexus_mcp.principal import ROLES
+from nexus_mcp.server import build_server
+from nexus_mcp.settings import Settings
 
 from .access_helpers import (
     MISSING_TOOL,
@@ -546,3 +550,33 @@ async def test_a_secret_looking_subject_is_hashed_in_logs_and_cli_output(
     assert HASHED_SUBJECT in out.out
     everything = json_text(logs) + out.out + out.err + caplog.text
     assert CANARY not in everything
+
+
+class Done(BaseModel):
+    ok: bool
+
+
+@nexus_tool(risk="read", toolset="test", required_scopes=("reports:read",))
+async def scoped_report() -> Done:
+    """A tool only callers holding reports:read may use."""
+    return Done(ok=True)
+
+
+async def test_a_tool_requiring_scopes_is_visible_only_with_them(
+    tmp_path: Path, workspace: Path
+) -> None:
+    seen: dict[str, bool] = {}
+    for scopes in ("", "reports:read other"):
+        server = build_server(
+            Settings(mode="dev", workspace=workspace, data_dir=tmp_path / f"d{len(seen)}",
+                     subject="sam", role="admin", scopes=scopes),
+            audit_sinks=[],
+            extra_tools=[scoped_report],
+        )  # fmt: skip
+        grant_tool(server.runtime.grants, "sam", "scoped_report", "default")
+        async with Client(server.mcp) as client:
+            names = {t.name for t in await client.list_tools()}
+            result = await client.call_tool_mcp("scoped_report", {})
+        seen[scopes] = "scoped_report" in names and not result.is_error
+        server.close()
+    assert seen == {"": False, "reports:read other": True}

@@ -9,7 +9,14 @@ from nexus_mcp.audit import AuditEvent, JsonlAuditSink, check_audit_record, read
 
 
 def event(kind: str = "tool_call_finished", **extra: object) -> AuditEvent:
-    return AuditEvent(event=kind, tool_call_id="t", correlation_id="c", tool="nexus_read_file", outcome="OK", **extra)  # type: ignore[arg-type]
+    return AuditEvent(
+        event=kind,
+        tool_call_id="t",
+        correlation_id="c",
+        tool="nexus_read_file",
+        outcome="OK",
+        **extra,
+    )  # type: ignore[arg-type]
 
 
 def test_jsonl_sink_appends_and_flushes_each_event(tmp_path: Path) -> None:

@@ -48,7 +48,12 @@ def test_matcher_refuses_bad_regex_and_long_patterns() -> None:
 
 @pytest.mark.parametrize(
     ("sample", "binary"),
-    [(b"plain text\n", False), (b"\x00\x01", True), (b"\xff\xfe\xfa" * 10, True), ("héllo".encode()[:2], False)],
+    [
+        (b"plain text\n", False),
+        (b"\x00\x01", True),
+        (b"\xff\xfe\xfa" * 10, True),
+        ("héllo".encode()[:2], False),
+    ],
 )
 def test_binary_detection(sample: bytes, binary: bool) -> None:
     assert is_binary(sample) is binary

@@ -25,7 +25,9 @@ def test_defaults_are_safe() -> None:
     assert settings.subject is None
 
 
-def test_flags_beat_environment_which_beats_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flags_beat_environment_which_beats_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("port: 1111\nhost: 0.0.0.0\nmode: dev\nlimits:\n  max_read_bytes: 2048\n")
     monkeypatch.setenv("NEXUS_MCP_PORT", "2222")
@@ -42,7 +44,11 @@ def test_launch_principal_comes_from_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("NEXUS_MCP_READ_ONLY", "true")
     monkeypatch.setenv("NEXUS_MCP_SCOPES", "notes:read,files:read")
     settings = load_settings()
-    assert (settings.subject, settings.read_only, settings.scopes) == ("alice", True, "notes:read,files:read")
+    assert (settings.subject, settings.read_only, settings.scopes) == (
+        "alice",
+        True,
+        "notes:read,files:read",
+    )
 
 
 @pytest.mark.parametrize(

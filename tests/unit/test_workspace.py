@@ -28,7 +28,14 @@ def ws(tmp_path: Path) -> Workspace:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("a.txt", "a.txt"), ("./a.txt", "a.txt"), ("sub//b", "sub/b"), ("", ""), (".", ""), (" sub/ ", "sub")],
+    [
+        ("a.txt", "a.txt"),
+        ("./a.txt", "a.txt"),
+        ("sub//b", "sub/b"),
+        ("", ""),
+        (".", ""),
+        (" sub/ ", "sub"),
+    ],
 )
 def test_normalize_accepts_relative_paths(raw: str, expected: str) -> None:
     assert normalize_relative(raw) == expected
@@ -36,7 +43,18 @@ def test_normalize_accepts_relative_paths(raw: str, expected: str) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    ["../a", "sub/../../a", "/etc/passwd", "//server/share", "C:/x", "c:x", "a\\b", "\\\\srv\\s", "a\x00b", "x" * 5000],
+    [
+        "../a",
+        "sub/../../a",
+        "/etc/passwd",
+        "//server/share",
+        "C:/x",
+        "c:x",
+        "a\\b",
+        "\\\\srv\\s",
+        "a\x00b",
+        "x" * 5000,
+    ],
 )
 def test_normalize_refuses_hostile_paths(raw: str) -> None:
     with pytest.raises(NexusError) as info:
@@ -73,7 +91,13 @@ def test_atomic_write_leaves_no_temporary_file_on_failure(
     with pytest.raises(OSError):
         ws.write_atomic(target, b"NEW CONTENT", overwrite=True)
     assert (ws.root / "a.txt").read_text() == "A"
-    assert sorted(p.name for p in ws.root.iterdir()) == ["a.txt", "link-file-out", "link-in", "link-out", "sub"]
+    assert sorted(p.name for p in ws.root.iterdir()) == [
+        "a.txt",
+        "link-file-out",
+        "link-in",
+        "link-out",
+        "sub",
+    ]
 
 
 def test_atomic_write_keeps_the_file_mode(ws: Workspace) -> None:

@@ -21,9 +21,24 @@ SERVE_OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("--http-path", "http_path", "HTTP endpoint path (default /mcp)", {}),
     ("--workspace", "workspace", "folder the file and notes tools serve", {"type": Path}),
     ("--mode", "mode", "prod (default) or dev", {"choices": ["dev", "prod"]}),
-    ("--data-dir", "data_dir", "state folder: audit log, SQLite stores (default ./.nexus-data)", {"type": Path}),
-    ("--audit-file", "audit_file", "JSONL audit file (default <data-dir>/audit.jsonl)", {"type": Path}),
-    ("--log-level", "log_level", "DEBUG, INFO (default), WARNING or ERROR", {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"]}),
+    (
+        "--data-dir",
+        "data_dir",
+        "state folder: audit log, SQLite stores (default ./.nexus-data)",
+        {"type": Path},
+    ),
+    (
+        "--audit-file",
+        "audit_file",
+        "JSONL audit file (default <data-dir>/audit.jsonl)",
+        {"type": Path},
+    ),
+    (
+        "--log-level",
+        "log_level",
+        "DEBUG, INFO (default), WARNING or ERROR",
+        {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"]},
+    ),
     ("--subject", "subject", "stdio principal: subject", {}),
     ("--role", "role", "stdio principal: role (viewer, editor, evaluator, admin)", {}),
     ("--profile", "profile", "stdio principal: tool profile", {}),
@@ -45,14 +60,16 @@ def add_parser(subparsers: Any) -> None:
         ),
     )
     for flag, dest, help_text, extra in SERVE_OPTIONS:
-        parser.add_argument(flag, dest=dest, default=None, help=f"{help_text} [NEXUS_MCP_{dest.upper()}]", **extra)
+        parser.add_argument(
+            flag, dest=dest, default=None, help=f"{help_text} [NEXUS_MCP_{dest.upper()}]", **extra
+        )
     parser.add_argument(
         "--read-only", dest="read_only", action="store_const", const=True, default=None,
         help="stdio principal: read-only caller [NEXUS_MCP_READ_ONLY]",
     )  # fmt: skip
     parser.add_argument(
         "--stateless-http", dest="stateless_http", action="store_const", const=True, default=None,
-        help="HTTP without sessions, for replicas behind a load balancer [NEXUS_MCP_STATELESS_HTTP]",
+        help="HTTP without sessions, for replicas behind a balancer [NEXUS_MCP_STATELESS_HTTP]",
     )  # fmt: skip
     parser.add_argument(
         "--config", type=Path, default=None,
@@ -68,7 +85,9 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in SERVE_OPTIONS}
     overrides["read_only"] = args.read_only
     overrides["stateless_http"] = args.stateless_http
-    config = args.config or (Path(os.environ["NEXUS_MCP_CONFIG"]) if os.environ.get("NEXUS_MCP_CONFIG") else None)
+    config = args.config or (
+        Path(os.environ["NEXUS_MCP_CONFIG"]) if os.environ.get("NEXUS_MCP_CONFIG") else None
+    )
     configure_logging("INFO")
     try:
         settings = load_settings(config, overrides)

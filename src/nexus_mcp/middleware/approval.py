@@ -93,7 +93,9 @@ class ApprovalMiddleware(Middleware):
         self.nonce_store = nonce_store
         self.stateless_http = stateless_http
 
-    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+    async def on_call_tool(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
         state = current_call()
         if state is None:  # pragma: no cover - the envelope always opens one
             return await call_next(context)
@@ -128,7 +130,11 @@ class ApprovalMiddleware(Middleware):
         paths = target_paths(operation, state.arguments)
         size_bytes, changed_lines = measure_write(operation, state.arguments)
         decision = check_write(
-            policy, operation=operation, paths=paths, size_bytes=size_bytes, changed_lines=changed_lines
+            policy,
+            operation=operation,
+            paths=paths,
+            size_bytes=size_bytes,
+            changed_lines=changed_lines,
         )
         if operation in ("rmdir", "rename"):
             self._check_subtrees(policy, paths)
@@ -146,7 +152,9 @@ class ApprovalMiddleware(Middleware):
                 for name in [*dirnames, *filenames]:
                     seen += 1
                     relative = os.path.relpath(os.path.join(dirpath, name), self.workspace.root)
-                    if seen > MAX_SUBTREE_ENTRIES or is_path_disallowed(policy, relative.replace(os.sep, "/")):
+                    if seen > MAX_SUBTREE_ENTRIES or is_path_disallowed(
+                        policy, relative.replace(os.sep, "/")
+                    ):
                         raise WritePolicyDeniedError(rule=RULE_DISALLOWED_SUBTREE)
 
     async def _check_token(self, state: CallState) -> None:
@@ -195,13 +203,22 @@ class ApprovalMiddleware(Middleware):
         operation = TOOL_OPERATIONS.get(state.tool_name, "write")
         paths = ", ".join(target_paths(operation, state.arguments))
         answer = await asyncio.wait_for(
-            ctx.elicit(f"Approve {operation} of {paths} by {state.tool_name}?", response_type=["approve", "deny"]),
+            ctx.elicit(
+                f"Approve {operation} of {paths} by {state.tool_name}?",
+                response_type=["approve", "deny"],
+            ),
             timeout=120,
         )
-        if getattr(answer, "action", None) != "accept" or getattr(answer, "data", None) != "approve":
+        if (
+            getattr(answer, "action", None) != "accept"
+            or getattr(answer, "data", None) != "approve"
+        ):
             raise ApprovalRequiredError(reason="declined")
         principal = state.principal
-        state.approval = {"approver": principal.subject if principal else None, "host_id": "elicitation"}
+        state.approval = {
+            "approver": principal.subject if principal else None,
+            "host_id": "elicitation",
+        }
 
 
 __all__ = ["ApprovalMiddleware", "measure_write", "target_paths"]

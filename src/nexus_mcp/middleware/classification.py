@@ -16,16 +16,29 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
-from pydantic import BaseModel, ValidationError
 from fastmcp.tools import ToolResult
 from mcp_types import TextContent
+from pydantic import BaseModel, ValidationError
 
-from nexus_mcp.calls import ARG_IDEMPOTENCY_KEY, META_IDEMPOTENCY_KEY, META_TOOL_EFFECT, PLUMBING_ARGS, CallState, current_call
+from nexus_mcp.calls import (
+    ARG_IDEMPOTENCY_KEY,
+    META_IDEMPOTENCY_KEY,
+    META_TOOL_EFFECT,
+    PLUMBING_ARGS,
+    CallState,
+    current_call,
+)
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import Code, NexusError
 from nexus_mcp.middleware.envelope import invalid_input_from
 from nexus_mcp.policy.hashing import digest_arguments
-from nexus_mcp.stores.idempotency import Claim, ClaimStatus, IdempotencyScope, IdempotencyStore, to_refusal
+from nexus_mcp.stores.idempotency import (
+    Claim,
+    ClaimStatus,
+    IdempotencyScope,
+    IdempotencyStore,
+    to_refusal,
+)
 
 META_REPLAYED = "nexus.mcp/idempotent_replay"
 _UNKNOWN_OUTCOME_CODES = frozenset({Code.TOOL_TIMEOUT, Code.INTERNAL_ERROR})
@@ -45,7 +58,9 @@ class ClassificationMiddleware(Middleware):
         self.wait_seconds = wait_seconds
         self.argument_models = argument_models
 
-    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+    async def on_call_tool(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
         state = current_call()
         if state is None:  # pragma: no cover - the envelope always opens one
             return await call_next(context)
@@ -90,7 +105,9 @@ class ClassificationMiddleware(Middleware):
             await asyncio.to_thread(self._release, claim, state, exc)
             raise
         record = {"structured": result.structured_content, "meta": result.meta or {}}
-        await asyncio.to_thread(self.store.complete, claim, json.dumps(record, separators=(",", ":")))
+        await asyncio.to_thread(
+            self.store.complete, claim, json.dumps(record, separators=(",", ":"))
+        )
         return result
 
     def _release(self, claim: Claim, state: CallState, exc: BaseException) -> None:
@@ -121,7 +138,9 @@ def replay_result(claim: Claim) -> ToolResult:
     meta[META_REPLAYED] = True
     meta.setdefault(META_TOOL_EFFECT, {})
     text = json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
-    return ToolResult(content=[TextContent(type="text", text=text)], structured_content=structured, meta=meta)
+    return ToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=structured, meta=meta
+    )
 
 
 __all__ = ["META_REPLAYED", "ClassificationMiddleware", "replay_result"]

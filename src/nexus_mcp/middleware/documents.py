@@ -23,7 +23,9 @@ class DocumentsMiddleware(Middleware):
     def __init__(self, enforcer: RegistryEnforcer) -> None:
         self.enforcer = enforcer
 
-    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+    async def on_call_tool(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
         state = current_call()
         if state is None:  # pragma: no cover - the envelope always opens one
             return await call_next(context)

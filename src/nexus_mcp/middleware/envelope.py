@@ -14,8 +14,8 @@ import json
 import re
 from typing import Any
 
-from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.exceptions import FastMCPError, ToolError
+from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.exceptions import ValidationError as FastMCPValidationError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools import ToolResult
@@ -131,7 +131,7 @@ class EnvelopeMiddleware(Middleware):
                 return await call_next(context)
             except FastMCPNotFoundError:
                 raise
-            except Exception as exc:  # the one place that catches everything (DESIGN.md)
+            except Exception as exc:  # noqa: BLE001 - the one place that catches all (DESIGN.md)
                 error = to_wire_error(exc, correlation_id=state.correlation_id)
                 if isinstance(error, InternalError):
                     log.error(
@@ -155,4 +155,10 @@ class EnvelopeMiddleware(Middleware):
             raise MCPError(code=INTERNAL_JSONRPC_CODE, message="Internal server error") from exc
 
 
-__all__ = ["EnvelopeMiddleware", "estimate_size", "invalid_input_from", "to_envelope", "to_wire_error"]
+__all__ = [
+    "EnvelopeMiddleware",
+    "estimate_size",
+    "invalid_input_from",
+    "to_envelope",
+    "to_wire_error",
+]

@@ -17,12 +17,16 @@ from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, To
 
 
 class LimitsMiddleware(Middleware):
-    def __init__(self, budget: SessionBudget, rate: SlidingWindowRateLimiter, timeouts: ToolTimeouts) -> None:
+    def __init__(
+        self, budget: SessionBudget, rate: SlidingWindowRateLimiter, timeouts: ToolTimeouts
+    ) -> None:
         self.budget = budget
         self.rate = rate
         self.timeouts = timeouts
 
-    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+    async def on_call_tool(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
         state = current_call()
         if state is None or state.principal is None:  # pragma: no cover - identity ran first
             return await call_next(context)

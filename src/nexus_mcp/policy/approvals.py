@@ -538,9 +538,9 @@ __all__ = [
     "decide_approval_mode",
     "digest_approved_arguments",
     "enforce_approval",
-    "spend_approval",
     "load_approval_keys",
     "load_approval_settings",
     "mint_approval_token",
+    "spend_approval",
     "verify_approval_token",
 ]

@@ -106,7 +106,9 @@ def build_discovery_tools(
 
     @nexus_tool(risk="read", toolset=TOOLSET, loggable_args=("top_k",))
     async def nexus_discovery_search_tools(
-        query: Annotated[str, Field(min_length=1, max_length=512, description="What you need to do.")],
+        query: Annotated[
+            str, Field(min_length=1, max_length=512, description="What you need to do.")
+        ],
         top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5,
     ) -> SearchToolsResult:
         """Search the tools available to you by name and description, best match first."""
@@ -117,7 +119,12 @@ def build_discovery_tools(
             if entry.name not in allowed:
                 continue
             results.append(
-                ToolMatch(name=entry.name, server_id=entry.server_id, description=entry.description, score=round(score, 4))
+                ToolMatch(
+                    name=entry.name,
+                    server_id=entry.server_id,
+                    description=entry.description,
+                    score=round(score, 4),
+                )
             )
             if len(results) >= top_k:
                 break
@@ -152,7 +159,10 @@ def build_discovery_tools(
 
     @nexus_tool(risk="read", toolset=TOOLSET)
     async def nexus_discovery_load_tools(
-        names: Annotated[list[Annotated[str, Field(max_length=128)]], Field(min_length=1, max_length=MAX_LOAD_NAMES)],
+        names: Annotated[
+            list[Annotated[str, Field(max_length=128)]],
+            Field(min_length=1, max_length=MAX_LOAD_NAMES),
+        ],
     ) -> LoadToolsResult:
         """Load tools into this session and get their schemas; unavailable names are counted."""
         allowed = visible()

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import stat
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 

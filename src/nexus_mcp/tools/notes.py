@@ -24,7 +24,9 @@ from nexus_mcp.principal import Principal
 TOOLSET = "notes"
 log = get_logger(__name__)
 
-NotePathArg = Annotated[str, Field(description="Vault-relative note path, e.g. 'inbox/example.md'.")]
+NotePathArg = Annotated[
+    str, Field(description="Vault-relative note path, e.g. 'inbox/example.md'.")
+]
 BackendFor = Callable[[Principal], NoteBackend]
 
 
@@ -42,7 +44,10 @@ async def _view(backend_for: BackendFor, tool: str, kind: ViewKind, path: str) -
         error = exc
         raise
     finally:
-        log.info("notes_tool", **to_log_record(tool, elapsed_s=time.perf_counter() - started, view=view, error=error))
+        log.info(
+            "notes_tool",
+            **to_log_record(tool, elapsed_s=time.perf_counter() - started, view=view, error=error),
+        )
 
 
 def build_notes_tools(backend_for: BackendFor) -> list[Callable[..., Awaitable[Any]]]:

@@ -163,7 +163,7 @@ def test_concurrent_processes_with_one_key_claim_it_once(tmp_path: Path) -> None
     )
     env = {"PYTHONPATH": str(REPO / "src")}
     processes = [
-        subprocess.Popen(  # noqa: S603 - fixed argv: this interpreter and a literal script
+        subprocess.Popen(
             [sys.executable, "-c", script, str(path)],
             stdout=subprocess.PIPE,
             env=env,
