@@ -61,16 +61,22 @@ class AuditEvent:
 
     def to_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {"v": AUDIT_SCHEMA_VERSION}
-        for name in self.__dataclass_fields__:
+        for name in _FIELD_NAMES:
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, tuple):
+            kind = type(value)
+            if kind is tuple:
                 value = [dict(item) for item in value]
-            elif isinstance(value, Mapping):
+            elif kind not in _PLAIN and isinstance(value, Mapping):
                 value = dict(value)
             record[name] = value
         return record
+
+
+# Audit records are written twice per call on the hot path; resolve field names once.
+_FIELD_NAMES = tuple(AuditEvent.__dataclass_fields__)
+_PLAIN = frozenset({str, int, float, bool})
 
 
 class AuditSink(Protocol):

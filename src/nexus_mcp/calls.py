@@ -46,6 +46,7 @@ class CallState:
     correlation_id: str = field(default_factory=new_id)
     started_at: float = field(default_factory=time.perf_counter)
     principal: Principal | None = None
+    args_digest: str | None = None
     risk: str | None = None
     tool_class: str | None = None
     heuristic_class: bool = False

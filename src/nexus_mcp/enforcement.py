@@ -91,6 +91,24 @@ class RegistryEnforcer:
             )
         return classification
 
+    def classify_into(self, state: CallState) -> Classification:
+        """Classify the call and record the gateway's result on the state."""
+        classification = self.classify(state)
+        state.classification = classification
+        state.tool_class = classification.tool_class
+        state.heuristic_class = classification.heuristic
+        return classification
+
+    def ensure_classified(self, state: CallState) -> Classification:
+        """The gateway's classification, computed here when its layer is not in the chain.
+
+        Later layers (approval, documents) call this so that removing the classification
+        layer can never switch their checks off.
+        """
+        if isinstance(state.classification, Classification):
+            return state.classification
+        return self.classify_into(state)
+
     @staticmethod
     def write_spec(classification: Classification) -> DocumentSpec | None:
         entry = classification.entry

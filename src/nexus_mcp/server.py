@@ -107,9 +107,13 @@ class Runtime:
     argument_models: dict[str, type[BaseModel]] = field(default_factory=dict)
     connector_checks: list[ConnectorCheck] = field(default_factory=list)
     verifier: TokenVerifier | None = None
+    _registry_summary: dict[str, Any] | None = None
 
     def registry_info(self) -> Mapping[str, Any] | None:
-        return self.registry.summary()
+        # The registry is loaded once and never changes while the server runs.
+        if self._registry_summary is None:
+            self._registry_summary = self.registry.summary()
+        return self._registry_summary
 
     def build_effect(self, contract: ToolContract, state: CallState) -> Mapping[str, Any]:
         check = DocumentCheck(

@@ -99,11 +99,8 @@ class ApprovalMiddleware(Middleware):
         state = current_call()
         if state is None:  # pragma: no cover - the envelope always opens one
             return await call_next(context)
-        if state.classification is None and self.enforcer is not None:
-            # The classification layer is not in this chain: classify here, same registry,
-            # so the write policy can never be skipped by removing a layer.
-            state.classification = self.enforcer.classify(state)
-            state.tool_class = state.classification.tool_class
+        if self.enforcer is not None:
+            self.enforcer.ensure_classified(state)  # the write policy never depends on layer 5
         if state.tool_class != "write":
             return await call_next(context)
         policy = self.policies.policy_for_workspace()

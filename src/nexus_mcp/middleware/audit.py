@@ -75,7 +75,7 @@ class AuditTrail:
             outcome=outcome,
             reason=state.block_reason,
             duration_ms=None if kind == TOOL_CALL_STARTED else state.elapsed_ms,
-            args_digest=digest_arguments(state.arguments, exclude=PLUMBING_ARGS),
+            args_digest=self._args_digest(state),
             args=logged or None,
             session=state.session_key,
             transport=state.transport or "memory",
@@ -94,6 +94,13 @@ class AuditTrail:
             idempotency=state.idempotency_outcome,
             facts=_safe_facts(error),
         )
+
+    @staticmethod
+    def _args_digest(state: CallState) -> str:
+        # Computed once per call: the started and finished events carry the same digest.
+        if state.args_digest is None:
+            state.args_digest = digest_arguments(state.arguments, exclude=PLUMBING_ARGS)
+        return state.args_digest
 
     @staticmethod
     def _loggable_args(

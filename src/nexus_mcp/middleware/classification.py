@@ -71,10 +71,7 @@ class ClassificationMiddleware(Middleware):
                 model.model_validate(state.arguments)
             except ValidationError as exc:
                 raise invalid_input_from(exc) from None
-        classification = self.enforcer.classify(state)
-        state.classification = classification
-        state.tool_class = classification.tool_class
-        state.heuristic_class = classification.heuristic
+        classification = self.enforcer.classify_into(state)
         state.gateway_checks.add("classification")
         if classification.tool_class != "write":
             return await call_next(context)

@@ -16,7 +16,6 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from nexus_mcp.calls import META_TOOL_EFFECT, current_call
 from nexus_mcp.enforcement import RegistryEnforcer, record_check
 from nexus_mcp.errors import InternalError
-from nexus_mcp.policy.classification import Classification
 
 
 class DocumentsMiddleware(Middleware):
@@ -29,10 +28,7 @@ class DocumentsMiddleware(Middleware):
         state = current_call()
         if state is None:  # pragma: no cover - the envelope always opens one
             return await call_next(context)
-        classification = state.classification
-        if not isinstance(classification, Classification):
-            # The classification layer is not in this chain: classify here, same registry.
-            classification = self.enforcer.classify(state)
+        classification = self.enforcer.ensure_classified(state)
         record_check(state, self.enforcer.check_write(state, classification, state.arguments))
         state.gateway_checks.add("documents")
         result = await call_next(context)

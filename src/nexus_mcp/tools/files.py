@@ -148,6 +148,11 @@ def _entry_type(mode: int) -> EntryType:
     return "other"
 
 
+async def _read(work: Callable[[], T]) -> T:
+    """Blocking read-only file work in a thread (nothing to commit, so no guard)."""
+    return await asyncio.to_thread(work)
+
+
 async def _io(work: Callable[[], T]) -> T:
     """Run blocking file work in a thread; on cancellation, forbid its commit and wait for it.
 
@@ -180,7 +185,7 @@ def build_files_tools(
     async def nexus_read_file(path: PathArg) -> ReadFileResult:
         """Read a UTF-8 text file from the workspace. Files over the read limit are refused."""
         target = workspace.resolve(path, must_exist=True)
-        data = await _io(lambda: workspace.read_bytes(target, limit=limits.max_read_bytes))
+        data = await _read(lambda: workspace.read_bytes(target, limit=limits.max_read_bytes))
         binary = is_binary(data[: caps.binary_sniff_bytes]) or not _is_utf8(data)
         content = "" if binary else data.decode("utf-8")
         return ReadFileResult(
@@ -214,7 +219,7 @@ def build_files_tools(
                 path=target.relative or ".", entries=entries, truncated=truncated
             )
 
-        return await _io(scan)
+        return await _read(scan)
 
     @nexus_tool(risk="read", toolset=TOOLSET, loggable_args=("path",))
     async def nexus_file_info(path: PathArg) -> FileInfoResult:
@@ -238,7 +243,7 @@ def build_files_tools(
                 sha256=digest,
             )
 
-        return await _io(describe)
+        return await _read(describe)
 
     @nexus_tool(risk="read", toolset=TOOLSET, loggable_args=("pattern", "path"))
     async def nexus_glob(
@@ -267,7 +272,7 @@ def build_files_tools(
                 caps_hit=budget.cut_by,
             )
 
-        return await _io(scan)
+        return await _read(scan)
 
     @nexus_tool(
         risk="read", toolset=TOOLSET, loggable_args=("path", "glob", "regex", "case_sensitive")
@@ -317,7 +322,7 @@ def build_files_tools(
                 caps_hit=budget.cut_by,
             )
 
-        return await _io(scan)
+        return await _read(scan)
 
     @nexus_tool(risk="write", toolset=TOOLSET, loggable_args=("path", "overwrite"), idempotent=True)
     async def nexus_write_file(
