@@ -29,7 +29,7 @@ def main() -> int:
         # Operational logs go to stderr; the tables go to stdout.
         done = subprocess.run(
             [sys.executable, str(HERE / name)], stderr=subprocess.DEVNULL, check=False
-        )  # noqa: S603
+        )
         print(f"({time.monotonic() - started:.0f} s)", flush=True)
         if done.returncode != 0:
             failed.append(name)
