@@ -141,8 +141,8 @@ async def serve(server: NexusServer) -> None:
                 transport="http",
                 host=settings.host,
                 port=settings.port,
-                log_level=settings.log_level.lower(),
-                # Keep uvicorn on our JSON-on-stderr logging instead of its own config.
+                # No log_level here: FastMCP would re-install its rich handler for the run.
+                # Levels come from logs.configure_logging; uvicorn keeps our JSON logging.
                 uvicorn_config={"log_config": None},
                 **http_options(settings),
             )
