@@ -14,7 +14,6 @@ import io
 import json
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ import httpx2
 import jwt
 import pytest
 import structlog
-import uvicorn
 from fastmcp import Client
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -37,6 +35,7 @@ from starlette.routing import Route
 
 from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.server import NexusServer
+from tests.support.loopback import serve_in_thread
 
 from .conftest import ServerFactory, snapshot, wire
 from .servers import free_port, http_server, server_env
@@ -213,7 +212,6 @@ def log_lines(buffer: io.StringIO) -> list[dict[str, Any]]:
 # -- the loopback canister ---------------------------------------------------------------
 
 Behaviour = Callable[[Request], Any]
-STARTUP_DEADLINE_S = 10.0
 
 
 @dataclass
@@ -271,26 +269,9 @@ def _canister_app(canister: Canister) -> Starlette:
 @pytest.fixture(scope="module")
 def canister_server() -> Iterator[Canister]:
     canister = Canister()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        _canister_app(canister), log_level="warning", access_log=False, lifespan="off", ws="none"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STARTUP_DEADLINE_S
-    while not server.started:  # bounded wait for the listener
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("loopback canister did not start")
-        time.sleep(0.01)
-    canister.base_url = f"http://127.0.0.1:{port}"
-    yield canister
-    server.should_exit = True
-    thread.join(timeout=STARTUP_DEADLINE_S)
-    sock.close()
+    with serve_in_thread(_canister_app(canister)) as base_url:
+        canister.base_url = base_url
+        yield canister
 
 
 @pytest.fixture

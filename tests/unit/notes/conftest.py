@@ -8,22 +8,20 @@ checked on the wire.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.support.loopback import serve_in_thread
+
 Behaviour = Callable[[Request], Any]
-STARTUP_DEADLINE_S = 10.0
 
 
 @dataclass
@@ -73,27 +71,9 @@ def _build_app(canister: LoopbackCanister) -> Starlette:
 @pytest.fixture(scope="session")
 def loopback_canister_server() -> Iterator[LoopbackCanister]:
     canister = LoopbackCanister()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        _build_app(canister), log_level="warning", access_log=False, lifespan="off", ws="none"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STARTUP_DEADLINE_S
-    while not server.started:  # bounded wait for the listener, not a fixed sleep
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("loopback canister did not start")
-        time.sleep(0.01)
-    canister.base_url = f"http://127.0.0.1:{port}"
-    yield canister
-    canister.release.set()
-    server.should_exit = True
-    thread.join(timeout=STARTUP_DEADLINE_S)
-    sock.close()
+    with serve_in_thread(_build_app(canister), on_stop=canister.release.set) as base_url:
+        canister.base_url = base_url
+        yield canister
 
 
 @pytest.fixture

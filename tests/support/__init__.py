@@ -1,0 +1,1 @@
+"""Test support shared by unit and end-to-end tests (not collected as tests)."""

@@ -1,0 +1,45 @@
+"""Serve an ASGI app for real on 127.0.0.1 in a background thread (uvicorn), for tests.
+
+Outside boundaries (a hosted canister) are served by a small app here rather than by
+patching our code; the listener is real, so headers, encoding and request counts are
+checked on the wire.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from starlette.types import ASGIApp
+
+STARTUP_DEADLINE_S = 10.0
+
+
+@contextmanager
+def serve_in_thread(app: ASGIApp, *, on_stop: Callable[[], None] | None = None) -> Iterator[str]:
+    """Yield the base URL of ``app`` served on a free loopback port; stop it afterwards."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", ws="none")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP_DEADLINE_S
+    try:
+        while not server.started:  # bounded wait for the listener, not a fixed sleep
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("loopback server did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if on_stop is not None:
+            on_stop()
+        server.should_exit = True
+        thread.join(timeout=STARTUP_DEADLINE_S)
+        sock.close()
