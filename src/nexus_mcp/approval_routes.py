@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from nexus_mcp.identity import IdentityResolver
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.approvals import mint_approval_token
 from nexus_mcp.principal import Principal, principal_from_claims
@@ -53,8 +52,9 @@ async def authenticate(request: Request, runtime: Runtime) -> Principal | None:
         if access is None:
             return None
         return principal_from_claims(access.claims, subject=access.subject)
-    resolver = IdentityResolver(runtime.settings)
-    return resolver.resolve(transport="streamable-http", token_claims=None, token_subject=None)
+    return runtime.identity.resolve(
+        transport="streamable-http", token_claims=None, token_subject=None
+    )
 
 
 def add_approval_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:

@@ -64,7 +64,6 @@ class CallState:
     effect: Mapping[str, Any] | None = None
     block_reason: str | None = None
     executed: bool = False
-    gateway_checks: set[str] = field(default_factory=set)
 
     @property
     def elapsed_ms(self) -> float:

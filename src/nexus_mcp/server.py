@@ -107,7 +107,11 @@ class Runtime:
     argument_models: dict[str, type[BaseModel]] = field(default_factory=dict)
     connector_checks: list[ConnectorCheck] = field(default_factory=list)
     verifier: TokenVerifier | None = None
+    identity: IdentityResolver = field(init=False)  # one resolver for MCP and plain routes
     _registry_summary: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.identity = IdentityResolver(self.settings)
 
     def registry_info(self) -> Mapping[str, Any] | None:
         # The registry is loaded once and never changes while the server runs.
@@ -313,7 +317,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
     return ChainLayers(
         envelope=EnvelopeMiddleware(settings.limits.max_request_bytes),
         audit=AuditMiddleware(trail),
-        identity=IdentityMiddleware(IdentityResolver(settings)),
+        identity=IdentityMiddleware(runtime.identity),
         namespace=ToolNamespaceMiddleware(runtime.access),
         classification=ClassificationMiddleware(
             runtime.enforcer,

@@ -72,7 +72,6 @@ class ClassificationMiddleware(Middleware):
             except ValidationError as exc:
                 raise invalid_input_from(exc) from None
         classification = self.enforcer.classify_into(state)
-        state.gateway_checks.add("classification")
         if classification.tool_class != "write":
             return await call_next(context)
         return await self._run_once(state, context, call_next)

@@ -30,7 +30,6 @@ class DocumentsMiddleware(Middleware):
             return await call_next(context)
         classification = self.enforcer.ensure_classified(state)
         record_check(state, self.enforcer.check_write(state, classification, state.arguments))
-        state.gateway_checks.add("documents")
         result = await call_next(context)
         if self.enforcer.read_spec(classification) is None or result.structured_content is None:
             return result
