@@ -334,6 +334,8 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             stateless_http=settings.stateless_http,
             connector_tools=frozenset(runtime.contracts),
             enforcer=runtime.enforcer,
+            elicit_profiles=frozenset(settings.approvals_elicit_profiles),
+            profile_of=runtime.access.select,
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
         limits=LimitsMiddleware(

@@ -193,6 +193,7 @@ class Settings(BaseSettings):
     profiles: ProfileSettings = ProfileSettings()
     notes: NotesSettings = NotesSettings()
     approver_roles: tuple[str, ...] = ("admin",)
+    approvals_elicit_profiles: tuple[str, ...] = ()
 
     @field_validator("http_path")
     @classmethod

@@ -1051,3 +1051,21 @@ def test_elicitation_policies_need_no_approval_secret(build: Builder) -> None:
     policy = {**POLICY["workspace"], "approval_mode": "elicit"}
     server = build({"workspace": policy}, env={})
     assert server.runtime.approval_keys is None
+
+
+async def test_an_operator_can_choose_elicitation_for_one_profile(
+    build: Builder, workspace: Path, audit: MemoryAuditSink
+) -> None:
+    """approvals_elicit_profiles: callers of those profiles confirm instead of using tokens."""
+    server = build(approvals_elicit_profiles=("coding",))  # alice is an editor -> coding
+    handler, asked = elicitation(ElicitResult(action="accept", content={"value": "approve"}))
+    async with Client(server.mcp, mode="legacy", elicitation_handler=handler) as client:
+        result = await call(client, "nexus_write_file", write_args("k-prof"))
+    assert result["isError"] is False, result
+    assert len(asked) == 1
+    assert last_event(audit)["host_id"] == "elicitation"
+    other = build(approvals_elicit_profiles=("coding",), profile="full")  # a different profile
+    async with Client(other.mcp, mode="legacy", elicitation_handler=handler) as client:
+        result = await call(client, "nexus_write_file", write_args("k-prof-2"))
+    assert code_of(result) == "APPROVAL_REQUIRED"  # tokens still apply to everyone else
+    assert len(asked) == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -37,6 +37,7 @@ from nexus_mcp.policy.write_policy import (
     count_changed_lines,
     is_path_disallowed,
 )
+from nexus_mcp.principal import Principal
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.workspace import Workspace, normalize_relative
 
@@ -83,9 +84,13 @@ class ApprovalMiddleware(Middleware):
         stateless_http: bool,
         connector_tools: frozenset[str] = frozenset(),
         enforcer: RegistryEnforcer | None = None,
+        elicit_profiles: frozenset[str] = frozenset(),
+        profile_of: Callable[[Principal], str | None] | None = None,
     ) -> None:
         self.connector_tools = connector_tools
         self.enforcer = enforcer
+        self.elicit_profiles = elicit_profiles
+        self.profile_of = profile_of
         self.policies = policies
         self.workspace = workspace
         self.keys = keys
@@ -111,7 +116,10 @@ class ApprovalMiddleware(Middleware):
             raise
         state.policy_decision, state.policy_rule = "allowed", decision.rule
         if decision.requires_approval:
-            mode = decide_approval_mode(decision, can_elicit=self._can_elicit(context))
+            mode = decide_approval_mode(
+                self._approval_mode(decision.approval_mode, state),
+                can_elicit=self._can_elicit(context),
+            )
             if mode == "token":
                 await self._check_token(state)
             elif mode == "elicit":
@@ -180,6 +188,18 @@ class ApprovalMiddleware(Middleware):
             "host_id": claims.host_id,
             "jti_digest": approval_jti_digest(claims),
         }
+
+    def _approval_mode(self, policy_mode: str, state: CallState) -> str:
+        """The policy's mode, or elicitation for callers of a profile the operator chose."""
+        principal = state.principal
+        if (
+            self.elicit_profiles
+            and principal is not None
+            and self.profile_of is not None
+            and self.profile_of(principal) in self.elicit_profiles
+        ):
+            return "elicit"
+        return policy_mode
 
     def _can_elicit(self, context: MiddlewareContext[Any]) -> bool:
         ctx = context.fastmcp_context
