@@ -136,3 +136,35 @@ def test_prod_http_without_token_verification_refuses_to_start(tmp_path: Path) -
     assert done.returncode == 2
     assert b"NEXUS_MCP_AUTH__JWT_SECRET" in done.stderr
     assert b"Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_stateless_http_serves_every_call_without_a_session(
+    tmp_path: Path, mode: str
+) -> None:
+    """--stateless-http: replicas behind a load balancer keep no per-connection session."""
+    from fastmcp import Client
+
+    from nexus_mcp.server import build_server
+    from nexus_mcp.settings import Settings
+    from nexus_mcp.transport import http_options
+    from tests.support.loopback import serve_in_thread
+
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "hello.txt").write_text("stateless")
+    settings = Settings(
+        mode="prod", transport="http", stateless_http=True, workspace=tmp_path / "ws",
+        data_dir=tmp_path / "data", auth={"jwt_secret": SECRET, "audience": AUDIENCE},
+    )  # fmt: skip
+    server = build_server(settings, audit_sinks=[])
+    app = server.mcp.http_app(**http_options(settings))
+    try:
+        with serve_in_thread(app, lifespan="on") as base_url:
+            async with Client(f"{base_url}/mcp", auth=token(), mode=mode) as client:
+                first = await client.call_tool("nexus_read_file", {"path": "hello.txt"})
+                second = await client.call_tool("nexus_read_file", {"path": "hello.txt"})
+    finally:
+        server.close()
+    assert first.structured_content == second.structured_content
+    assert first.structured_content is not None
+    assert first.structured_content["content"] == "stateless"

@@ -20,13 +20,17 @@ STARTUP_DEADLINE_S = 10.0
 
 
 @contextmanager
-def serve_in_thread(app: ASGIApp, *, on_stop: Callable[[], None] | None = None) -> Iterator[str]:
+def serve_in_thread(
+    app: ASGIApp, *, on_stop: Callable[[], None] | None = None, lifespan: str = "off"
+) -> Iterator[str]:
     """Yield the base URL of ``app`` served on a free loopback port; stop it afterwards."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", ws="none")
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan=lifespan, ws="none", log_config=None
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
