@@ -50,6 +50,7 @@ from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
 from nexus_mcp.policy.approvals import (
     ApprovalKeys,
     ApprovalSettings,
+    has_approval_keys,
     load_approval_keys,
     load_approval_settings,
     spend_approval,
@@ -405,13 +406,7 @@ def load_approvals(
 ) -> tuple[ApprovalKeys | None, ApprovalSettings]:
     """Approval keys and settings; a policy that requires approval without keys stops start-up."""
     approval_settings = load_approval_settings(environ, sections)
-    has_secret = bool(
-        environ.get("NEXUS_MCP_APPROVAL_SECRET")
-        or environ.get("NEXUS_MCP_APPROVAL_KEYS")
-        or sections.get("approvals", {}).get("secret")
-        or sections.get("approvals", {}).get("keys")
-    )
-    keys = load_approval_keys(environ, sections) if has_secret else None
+    keys = load_approval_keys(environ, sections) if has_approval_keys(environ, sections) else None
     jwt_secret = settings.auth.jwt_secret
     if (
         keys is not None

@@ -337,6 +337,14 @@ def decide_approval_mode(
     return "deny"
 
 
+def has_approval_keys(env: Mapping[str, str], config: Mapping[str, Any] | None) -> bool:
+    """Whether any approval secret is configured, in the places ``load_approval_keys`` reads."""
+    section = _approvals_section(config)
+    return bool(
+        env.get(ENV_SECRET) or env.get(ENV_KEYS) or section.get("secret") or section.get("keys")
+    )
+
+
 def load_approval_keys(env: Mapping[str, str], config: Mapping[str, Any] | None) -> ApprovalKeys:
     """Secrets from the environment, else from the ``approvals`` section of the YAML config.
 
@@ -538,6 +546,7 @@ __all__ = [
     "decide_approval_mode",
     "digest_approved_arguments",
     "enforce_approval",
+    "has_approval_keys",
     "load_approval_keys",
     "load_approval_settings",
     "mint_approval_token",
