@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nexus_mcp.ids import new_id
+from nexus_mcp.policy.documents import DocumentCheck
 from nexus_mcp.principal import Principal
 
 META_PREFIX = "nexus.mcp/"
@@ -59,8 +60,7 @@ class CallState:
     pending_approval: Any = None  # verified approval claims, spent when the tool starts
     policy_decision: str | None = None
     policy_rule: str | None = None
-    document_hashes: tuple[Mapping[str, Any], ...] | None = None
-    batch_total_bytes: int | None = None
+    document_check: DocumentCheck | None = None  # the latest pre- or post-exec check
     effect: Mapping[str, Any] | None = None
     block_reason: str | None = None
     executed: bool = False

@@ -145,11 +145,6 @@ class RegistryEnforcer:
         )
 
 
-def record_check(state: CallState, check: DocumentCheck) -> None:
-    state.document_hashes = tuple(h.to_dict() for h in check.hashes)
-    state.batch_total_bytes = check.batch_total_bytes
-
-
 class RegistryConnectorCheck:
     """The connector's re-check (seed 000 PRIMARY enforcement), right before the tool runs."""
 
@@ -165,14 +160,14 @@ class RegistryConnectorCheck:
         # Pointers resolve in what the caller sent (seed 000: "request args"): FastMCP has
         # filled in defaults, which must not make a missing document appear.
         sent = {k: v for k, v in arguments.items() if k in state.arguments}
-        record_check(state, self.enforcer.check_write(state, classification, sent))
+        state.document_check = self.enforcer.check_write(state, classification, sent)
 
     def after(self, contract: ToolContract, state: CallState, structured: dict[str, Any]) -> None:
         classification = state.connector_classification
         if not isinstance(classification, Classification):  # pragma: no cover - before() ran
             classification = self.enforcer.classify(state)
         if self.enforcer.read_spec(classification) is not None:
-            record_check(state, self.enforcer.check_read(classification, structured))
+            state.document_check = self.enforcer.check_read(classification, structured)
 
 
-__all__ = ["RegistryConnectorCheck", "RegistryEnforcer", "plumbing_value", "record_check"]
+__all__ = ["RegistryConnectorCheck", "RegistryEnforcer", "plumbing_value"]

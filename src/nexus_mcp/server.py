@@ -56,7 +56,6 @@ from nexus_mcp.policy.approvals import (
     spend_approval,
 )
 from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
-from nexus_mcp.policy.documents import DocumentCheck, DocumentHash
 from nexus_mcp.policy.profiles import default_profiles_path, load_profiles
 from nexus_mcp.policy.registry import (
     RegistrySet,
@@ -121,11 +120,7 @@ class Runtime:
         return self._registry_summary
 
     def build_effect(self, contract: ToolContract, state: CallState) -> Mapping[str, Any]:
-        check = DocumentCheck(
-            hashes=tuple(DocumentHash(**h) for h in state.document_hashes or ()),
-            batch_total_bytes=state.batch_total_bytes or 0,
-        )
-        return self.enforcer.effect(state, check)
+        return self.enforcer.effect(state, state.document_check)
 
     def before_run(self, contract: ToolContract, state: CallState) -> None:
         claims = state.pending_approval

@@ -81,8 +81,14 @@ class AuditTrail:
             transport=state.transport or "memory",
             registry=self.registry_info(),
             effect_id=effect.get("effect_id"),
-            document_hashes=state.document_hashes,
-            batch_total_bytes=state.batch_total_bytes,
+            document_hashes=(
+                tuple(h.to_dict() for h in state.document_check.hashes)
+                if state.document_check is not None
+                else None
+            ),
+            batch_total_bytes=(
+                state.document_check.batch_total_bytes if state.document_check is not None else None
+            ),
             side_effects=(contract.risk != "read")
             if contract is not None and state.executed
             else None,

@@ -14,7 +14,7 @@ from typing import Any
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import META_TOOL_EFFECT, current_call
-from nexus_mcp.enforcement import RegistryEnforcer, record_check
+from nexus_mcp.enforcement import RegistryEnforcer
 from nexus_mcp.errors import InternalError
 
 
@@ -29,12 +29,12 @@ class DocumentsMiddleware(Middleware):
         if state is None:  # pragma: no cover - the envelope always opens one
             return await call_next(context)
         classification = self.enforcer.ensure_classified(state)
-        record_check(state, self.enforcer.check_write(state, classification, state.arguments))
+        state.document_check = self.enforcer.check_write(state, classification, state.arguments)
         result = await call_next(context)
         if self.enforcer.read_spec(classification) is None or result.structured_content is None:
             return result
         check = self.enforcer.check_read(classification, result.structured_content)
-        record_check(state, check)
+        state.document_check = check
         meta = dict(result.meta or {})
         effect = meta.get(META_TOOL_EFFECT)
         hashes = [h.to_dict() for h in check.hashes]
