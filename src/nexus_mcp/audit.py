@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
+
+import pydantic_core
 
 TOOL_CALL_STARTED = "tool_call_started"
 TOOL_CALL_FINISHED = "tool_call_finished"
@@ -24,8 +27,29 @@ AUDIT_SCHEMA_VERSION = 1
 
 OUTCOME_OK = "OK"
 
+_second_prefix: tuple[int, str] = (-1, "")
 
-@dataclass(frozen=True)
+
+def utc_timestamp() -> str:
+    """Now as ISO 8601 UTC with microseconds, e.g. ``2026-11-22T04:37:04.506844+00:00``.
+
+    Same text as ``datetime.now(UTC).isoformat(timespec="microseconds")`` at a quarter
+    of the cost: the date-and-seconds prefix is formatted once per second.
+    """
+    global _second_prefix
+    now_us = time.time_ns() // 1000
+    seconds, micros = divmod(now_us, 1_000_000)
+    cached_second, prefix = _second_prefix
+    if cached_second != seconds:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        _second_prefix = (seconds, prefix)
+    return f"{prefix}.{micros:06d}+00:00"
+
+
+# Not frozen: a frozen dataclass sets each of these 30 fields through object.__setattr__,
+# 5x the cost of this plain slotted one, twice per call (benchmarks/bench_chain.py).
+# Events are still never changed after they are built.
+@dataclass(slots=True)
 class AuditEvent:
     """One audit record. Optional fields are omitted from the JSON when unset."""
 
@@ -57,7 +81,7 @@ class AuditEvent:
     policy_rule: str | None = None
     idempotency: str | None = None
     facts: Mapping[str, Any] | None = None
-    ts: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="microseconds"))
+    ts: str = field(default_factory=utc_timestamp)
 
     def to_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {"v": AUDIT_SCHEMA_VERSION}
@@ -117,30 +141,52 @@ class MemoryAuditSink:
             self._events.clear()
 
 
+def encode_record(record: Mapping[str, Any]) -> bytes:
+    """One JSONL line (with its newline) for an audit record.
+
+    pydantic-core's encoder is 3-4x faster than ``json.dumps`` and this runs twice per
+    call. Text that has no UTF-8 form (a lone surrogate in a logged argument) falls back
+    to ``json.dumps``, whose ASCII escapes keep it.
+    """
+    try:
+        line = pydantic_core.to_json(record, fallback=str, inf_nan_mode="null")
+    except pydantic_core.PydanticSerializationError:
+        line = json.dumps(record, separators=(",", ":"), default=str).encode("ascii")
+    return line + b"\n"
+
+
 class JsonlAuditSink:
-    """Appends one JSON object per line; each event is flushed before ``emit`` returns."""
+    """Appends one JSON object per line; each event is written out before ``emit`` returns.
+
+    The file is opened ``O_APPEND`` and unbuffered: every event is one ``write`` of one
+    whole line, placed at the end by the OS, so it is in the kernel (flushed) when
+    ``emit`` returns, lines are never interleaved mid-line and earlier lines are never
+    rewritten. ``fsync=True`` also forces each line to disk.
+    """
 
     def __init__(self, path: Path, *, fsync: bool = False) -> None:
         self.path = path
         self._fsync = fsync
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Append mode: the OS places every write at the end, so lines from this process are
-        # never interleaved mid-line and earlier lines are never rewritten.
-        self._file = path.open("a", encoding="utf-8")
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._lock = threading.Lock()
 
     def emit(self, event: AuditEvent) -> None:
-        line = json.dumps(event.to_record(), sort_keys=True, separators=(",", ":"), default=str)
+        line = encode_record(event.to_record())
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            if self._fd is None:
+                raise ValueError("the audit file is closed")
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view) :]
             if self._fsync:
-                os.fsync(self._file.fileno())
+                os.fsync(self._fd)
 
     def close(self) -> None:
         with self._lock:
-            if not self._file.closed:
-                self._file.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class AuditLog:
@@ -207,5 +253,7 @@ __all__ = [
     "JsonlAuditSink",
     "MemoryAuditSink",
     "check_audit_record",
+    "encode_record",
     "read_audit_file",
+    "utc_timestamp",
 ]
