@@ -34,7 +34,7 @@ ARG_APPROVAL_TOKEN = "approval_token"  # noqa: S105 - an argument name, not a se
 PLUMBING_ARGS = frozenset({ARG_IDEMPOTENCY_KEY, ARG_APPROVAL_TOKEN})
 
 
-@dataclass
+@dataclass(slots=True)
 class CallState:
     """What the chain knows about the current call. Mutable; one per tools/call."""
 

@@ -11,6 +11,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 ROLES = ("viewer", "editor", "evaluator", "admin")
@@ -47,7 +48,7 @@ class Principal:
         """The effective canister user: ``canister_user_id`` falling back to ``user_id``."""
         return self.canister_user_id or self.user_id
 
-    @property
+    @cached_property  # read several times per call; a frozen dataclass still allows this
     def log_subject(self) -> str:
         """The subject as it may appear in logs and audit: hashed when it looks secret."""
         return to_log_subject(self.subject)

@@ -29,6 +29,7 @@ from nexus_mcp.audit import (
     TOOL_CALL_STARTED,
     MemoryAuditSink,
 )
+from nexus_mcp.chain import PolicyChain
 from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.middleware.classification import ClassificationMiddleware
@@ -1012,9 +1013,10 @@ async def test_the_correct_pin_starts_and_readyz_reports_the_registry(
 async def test_gateway_and_connector_hold_one_registry_object(build: Builder) -> None:
     server = build()
     runtime = server.runtime
+    (chain,) = server.mcp.middleware
     gateway = [
         m
-        for m in server.mcp.middleware
+        for m in chain.layers  # type: ignore[attr-defined]
         if isinstance(m, ClassificationMiddleware | DocumentsMiddleware)
     ]
     assert len(gateway) == 2
@@ -1094,13 +1096,13 @@ async def test_a_registry_file_that_is_not_strict_json_stops_start_up(
 
 def keep_connector_only(server: NexusServer) -> None:
     """Take the gateway's classification and documents layers out of the chain."""
+    (chain,) = server.mcp.middleware
+    assert isinstance(chain, PolicyChain)
     kept = [
-        m
-        for m in server.mcp.middleware
-        if not isinstance(m, ClassificationMiddleware | DocumentsMiddleware)
+        m for m in chain.layers if not isinstance(m, ClassificationMiddleware | DocumentsMiddleware)
     ]
-    assert len(server.mcp.middleware) - len(kept) == 2
-    server.mcp.middleware[:] = kept
+    assert len(chain.layers) - len(kept) == 2
+    chain.replace_layers(kept)
 
 
 def keep_gateway_only(server: NexusServer) -> None:
