@@ -30,6 +30,7 @@ from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.chain import ChainLayers, build_middleware
 from nexus_mcp.decorator import (
     ConnectorCheck,
+    NexusTool,
     ToolContract,
     bind_tool,
     build_arguments_model,
@@ -286,14 +287,7 @@ def build_server(
             on_started=trail.started,
             before_run=runtime.before_run,
         )
-        mcp.tool(
-            bound,
-            name=contract.name,
-            description=contract.description,
-            annotations=contract.annotations(),
-            meta=contract.meta(),
-            tags={contract.toolset},
-        )
+        mcp.add_tool(NexusTool.bind(bound, contract))
     _add_health_routes(mcp, runtime)
     add_approval_routes(mcp, runtime)
     log.info(
