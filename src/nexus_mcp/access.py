@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from cachetools import TTLCache
 
@@ -41,6 +42,8 @@ PROFILE_SUBJECT_PREFIX = "profile:"
 # How long a principal's profile selection is reused before the stored assignment is read
 # again: an operator's `profiles assign` reaches live callers within this time.
 SELECTION_TTL_SECONDS = 2.0
+COMBINED_MEMO_SIZE = 10_000
+_UNSELECTED = object()
 
 
 def profile_subject(name: str) -> str:
@@ -78,6 +81,7 @@ class GrantedTools:
         self._selections: TTLCache[tuple[str, str | None, str], str | None] = TTLCache(
             maxsize=10_000, ttl=min(SELECTION_TTL_SECONDS, cache_ttl_seconds)
         )
+        self._combined: dict[tuple[Any, ...], tuple[frozenset[str], ...]] = {}
         self._lock = threading.Lock()
         self._errors = 0
 
@@ -95,8 +99,9 @@ class GrantedTools:
             return None  # a subject may never pose as a profile's own grant holder
         key = (principal.subject, principal.profile, principal.effective_role)
         with self._lock:
-            if key in self._selections:
-                return self._selections[key]
+            cached = self._selections.get(key, _UNSELECTED)
+        if cached is not _UNSELECTED:
+            return cached  # type: ignore[return-value]
         selection = select_profile(
             self.profiles,
             principal_profile=principal.profile,
@@ -122,13 +127,24 @@ class GrantedTools:
             raise
         if name is None:
             return frozenset()
-        visible = self.cache.get(profile_subject(name), self.zone) | self.cache.get(
-            principal.subject, self.zone
-        )
+        profile_tools = self.cache.get(profile_subject(name), self.zone)
+        own_tools = self.cache.get(principal.subject, self.zone)
+        # The cache hands back the same set objects until a grant changes, so the combined
+        # set is reused for as long as both parts are the very same objects.
+        key = (name, principal.subject, principal.read_only, principal.scopes)
+        combined = self._combined.get(key)
+        if combined is not None and combined[0] is profile_tools and combined[1] is own_tools:
+            return combined[2]
+        visible = profile_tools | own_tools
         if principal.read_only:
             visible -= self.write_tools
         missing_scopes = [t for t, s in self.required_scopes.items() if not s <= principal.scopes]
-        return visible.difference(missing_scopes) if missing_scopes else visible
+        if missing_scopes:
+            visible = visible.difference(missing_scopes)
+        if len(self._combined) >= COMBINED_MEMO_SIZE:
+            self._combined.clear()
+        self._combined[key] = (profile_tools, own_tools, visible)
+        return visible
 
     def forget(self, subject: str | None = None) -> None:
         """After a grant change through this server: the next request sees it."""

@@ -9,6 +9,7 @@ per event, and an in-memory sink that tests use as their double (structlog.testi
 from __future__ import annotations
 
 import json
+import operator
 import os
 import threading
 import time
@@ -84,23 +85,24 @@ class AuditEvent:
     ts: str = field(default_factory=utc_timestamp)
 
     def to_record(self) -> dict[str, Any]:
+        values = _ALL_FIELDS(self)  # one C call for all 30 fields
         record: dict[str, Any] = {"v": AUDIT_SCHEMA_VERSION}
-        for name in _FIELD_NAMES:
-            value = getattr(self, name)
-            if value is None:
+        record.update({k: v for k, v in zip(_FIELD_NAMES, values, strict=True) if v is not None})
+        for name in _NESTED_FIELDS:
+            value: Any = record.get(name)
+            if value is None or type(value) is dict:
                 continue
-            kind = type(value)
-            if kind is tuple:
-                value = [dict(item) for item in value]
-            elif kind not in _PLAIN and isinstance(value, Mapping):
-                value = dict(value)
-            record[name] = value
+            if type(value) is tuple:
+                record[name] = [dict(item) for item in value]
+            else:
+                record[name] = dict(value)
         return record
 
 
 # Audit records are written twice per call on the hot path; resolve field names once.
 _FIELD_NAMES = tuple(AuditEvent.__dataclass_fields__)
-_PLAIN = frozenset({str, int, float, bool})
+_ALL_FIELDS = operator.attrgetter(*_FIELD_NAMES)
+_NESTED_FIELDS = ("args", "registry", "document_hashes", "facts")
 
 
 class AuditSink(Protocol):

@@ -44,7 +44,9 @@ class CallState:
     transport: str | None
     session_key: str | None = None
     tool_call_id: str = field(default_factory=new_id)
-    correlation_id: str = field(default_factory=new_id)
+    # The client's correlation id (``_meta["nexus.mcp/correlation_id"]``) when it sent one;
+    # otherwise the call correlates only with itself and uses its own tool_call_id.
+    correlation_id: str = ""
     started_at: float = field(default_factory=time.perf_counter)
     principal: Principal | None = None
     args_digest: str | None = None
@@ -64,6 +66,10 @@ class CallState:
     effect: Mapping[str, Any] | None = None
     block_reason: str | None = None
     executed: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.correlation_id:
+            self.correlation_id = self.tool_call_id
 
     @property
     def elapsed_ms(self) -> float:

@@ -64,11 +64,20 @@ class RegistryEnforcer:
         self.server_id = server_id
         self.mode = mode
         self.contracts = contracts
+        # Each contract's MCP hints, derived once (contracts never change once declared).
+        self._hints: dict[str, Mapping[str, Any]] = {}
+
+    def _hints_for(self, tool_name: str) -> Mapping[str, Any]:
+        hints = self._hints.get(tool_name)
+        if hints is None:
+            contract = self.contracts.get(tool_name)
+            hints = contract.annotations() if contract is not None else {}
+            self._hints[tool_name] = hints
+        return hints
 
     def classify(self, state: CallState) -> Classification:
         principal = state.principal
-        contract = self.contracts.get(state.tool_name)
-        hints = contract.annotations() if contract is not None else {}
+        hints = self._hints_for(state.tool_name)
         declared = state.meta.get(META_TOOL_CLASS)
         if declared is not None and not isinstance(declared, str):
             raise InvalidInputError(field=META_TOOL_CLASS)

@@ -31,6 +31,7 @@ from nexus_mcp.policy.hashing import digest_arguments
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"
 MAX_LOGGED_VALUE_CHARS = 256
 _INPUT_CODES = frozenset({Code.INVALID_INPUT, Code.INVALID_PATH})
+_NO_APPROVAL: Mapping[str, Any] = {}
 
 
 class AuditTrail:
@@ -61,8 +62,10 @@ class AuditTrail:
     ) -> AuditEvent:
         contract = self.contracts.get(state.tool_name)
         principal = state.principal
-        logged = self._loggable_args(contract, state, error)
-        effect = state.effect or {}
+        check = state.document_check
+        approval = state.approval or _NO_APPROVAL
+        effect = state.effect
+        started = kind == TOOL_CALL_STARTED
         return AuditEvent(
             event=kind,
             tool_call_id=state.tool_call_id,
@@ -74,31 +77,25 @@ class AuditTrail:
             tool_class=state.tool_class,
             outcome=outcome,
             reason=state.block_reason,
-            duration_ms=None if kind == TOOL_CALL_STARTED else state.elapsed_ms,
+            duration_ms=None if started else state.elapsed_ms,
             args_digest=self._args_digest(state),
-            args=logged or None,
+            args=self._loggable_args(contract, state, error),
             session=state.session_key,
             transport=state.transport or "memory",
             registry=self.registry_info(),
-            effect_id=effect.get("effect_id"),
-            document_hashes=(
-                tuple(h.to_dict() for h in state.document_check.hashes)
-                if state.document_check is not None
-                else None
-            ),
-            batch_total_bytes=(
-                state.document_check.batch_total_bytes if state.document_check is not None else None
-            ),
+            effect_id=effect.get("effect_id") if effect is not None else None,
+            document_hashes=check.hash_dicts() if check is not None else None,
+            batch_total_bytes=check.batch_total_bytes if check is not None else None,
             side_effects=(contract.risk != "read")
             if contract is not None and state.executed
             else None,
-            approver=(state.approval or {}).get("approver"),
-            host_id=(state.approval or {}).get("host_id"),
-            approval_jti_digest=(state.approval or {}).get("jti_digest"),
+            approver=approval.get("approver"),
+            host_id=approval.get("host_id"),
+            approval_jti_digest=approval.get("jti_digest"),
             policy_decision=state.policy_decision,
             policy_rule=state.policy_rule,
             idempotency=state.idempotency_outcome,
-            facts=_safe_facts(error),
+            facts=_safe_facts(error) if error is not None else None,
         )
 
     @staticmethod
@@ -111,11 +108,13 @@ class AuditTrail:
     @staticmethod
     def _loggable_args(
         contract: ToolContract | None, state: CallState, error: NexusError | None
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         # A refused input may be hostile; keep only its digest.
         if contract is None or (error is not None and error.code in _INPUT_CODES):
-            return {}
+            return None
         allowed = contract.data_handling.loggable_args
+        if not allowed:
+            return None
         out: dict[str, Any] = {}
         for name in sorted(allowed & state.arguments.keys()):
             value = state.arguments[name]
@@ -124,7 +123,7 @@ class AuditTrail:
             elif not isinstance(value, bool | int | float) and value is not None:
                 continue
             out[name] = value
-        return out
+        return out or None
 
 
 def _safe_facts(error: NexusError | None) -> dict[str, Any] | None:

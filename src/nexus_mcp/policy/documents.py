@@ -77,6 +77,9 @@ class DocumentCheck:
     hashes: tuple[DocumentHash, ...]
     batch_total_bytes: int
 
+    def hash_dicts(self) -> tuple[dict[str, Any], ...]:
+        return tuple(h.to_dict() for h in self.hashes)
+
 
 EMPTY_CHECK = DocumentCheck(hashes=(), batch_total_bytes=0)
 

@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from nexus_mcp.errors import Code, ConfigError, NexusError
-from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
+from nexus_mcp.policy.budgets import (
+    IdleExpiringMap,
+    SessionBudget,
+    SlidingWindowRateLimiter,
+    ToolTimeouts,
+)
 
 
 class FakeClock:
@@ -220,3 +225,25 @@ def test_tool_timeouts_copy_their_overrides() -> None:
 def test_a_bad_timeout_is_a_config_error(default: Any, overrides: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         ToolTimeouts(default_seconds=default, overrides=overrides)
+
+
+def test_idle_expiring_map_forgets_keys_idle_for_the_ttl_and_renews_on_set() -> None:
+    m: IdleExpiringMap[str, int] = IdleExpiringMap(maxsize=10, ttl=10.0)
+    m.set("a", 1, now=0.0)
+    m.set("b", 2, now=5.0)
+    assert m.get("a", now=9.9) == 1
+    m.set("a", 3, now=9.9)  # renewed: now idle from 9.9
+    assert m.get("b", now=15.0) is None  # set at 5.0, expired at exactly 15.0
+    assert m.get("a", now=19.8) == 3
+    assert m.get("a", now=19.9) is None
+    assert len(m) == 0
+
+
+def test_idle_expiring_map_drops_the_least_recently_set_key_when_full() -> None:
+    m: IdleExpiringMap[str, int] = IdleExpiringMap(maxsize=3, ttl=100.0)
+    for i, key in enumerate("abc"):
+        m.set(key, i, now=float(i))
+    m.set("a", 9, now=3.0)  # a is now the most recent
+    m.set("d", 4, now=4.0)  # full: b goes
+    assert [m.get(k, now=5.0) for k in "abcd"] == [9, None, 2, 4]
+    assert len(m) == 3
