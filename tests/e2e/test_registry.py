@@ -29,6 +29,7 @@ from nexus_mcp.audit import (
     TOOL_CALL_STARTED,
     MemoryAuditSink,
 )
+from nexus_mcp.calls import CallState
 from nexus_mcp.chain import PolicyChain
 from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import ConfigError
@@ -38,6 +39,7 @@ from nexus_mcp.policy.classification import (
     WARNING_DECLARATION_DIFFERS,
     WARNING_HINTS_CONFLICT,
     WARNING_UNCLASSIFIED,
+    Classification,
 )
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.server import NexusServer, build_server
@@ -1268,3 +1270,27 @@ async def test_each_enforcement_point_alone_serves_a_read_with_its_hashes(
     assert effect_of(result)["document_hashes"] == [
         {"pointer": "/content", "hash": sha(todo), "size_bytes": len(todo)}
     ]
+
+
+class MisclassifyingCheck:
+    """A connector check that goes wrong after the real one: a different registry entry."""
+
+    def before(self, contract: Any, state: CallState, arguments: dict[str, Any]) -> None:
+        real = state.connector_classification
+        assert isinstance(real, Classification)
+        state.connector_classification = Classification(real.tool_class, None, heuristic=True)
+
+    def after(self, contract: Any, state: CallState, structured: dict[str, Any]) -> None:
+        return None
+
+
+async def test_a_connector_that_disagrees_with_the_gateway_on_a_read_is_an_internal_error(
+    build: Builder, audit: MemoryAuditSink
+) -> None:
+    server = build()
+    server.runtime.connector_checks.append(MisclassifyingCheck())
+    result = await call(server, "nexus_read_file", {"path": "todo.txt"})
+    assert code_of(result) == "INTERNAL_ERROR"
+    assert "todo" not in json.dumps(result)  # no content leaves on a split brain
+    (finished,) = events(audit, TOOL_CALL_FINISHED)
+    assert finished["outcome"] == "INTERNAL_ERROR"

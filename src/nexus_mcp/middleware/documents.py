@@ -2,9 +2,15 @@
 
 Before a write document op: extract content at the registry's write pointers, decode,
 enforce item and batch limits, hash, compare expected hashes; refuse before the tool runs.
-After a read document op: the same on the structured result, and the hashes must agree
-with the tool effect the connector attached (or the gateway attaches its own when the
-connector did not run, e.g. a tool registered without ``@nexus_tool``).
+
+After a read document op, the result's documents must be checked and their hashes
+attached to the tool effect. Seed 000 makes that the connector's duty (it is the PRIMARY
+enforcement point and "MUST populate tool_effect.document_hashes"), and every
+``@nexus_tool`` does it. So this layer checks the result itself only when the
+connector's check did not run (a tool registered without ``@nexus_tool``, or the check
+taken out), and attaches its own effect; otherwise it hashes nothing twice, but refuses
+unless the connector classified the call from the same registry entry as the gateway and
+attached an effect (a split brain is an internal error, never a guess).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from nexus_mcp.calls import META_TOOL_EFFECT, current_call
 from nexus_mcp.enforcement import RegistryEnforcer
 from nexus_mcp.errors import InternalError
+from nexus_mcp.policy.classification import Classification
 
 
 class DocumentsMiddleware(Middleware):
@@ -33,21 +40,24 @@ class DocumentsMiddleware(Middleware):
         result = await call_next(context)
         if self.enforcer.read_spec(classification) is None or result.structured_content is None:
             return result
-        check = self.enforcer.check_read(classification, result.structured_content)
-        state.document_check = check
         meta = dict(result.meta or {})
         effect = meta.get(META_TOOL_EFFECT)
-        hashes = [h.to_dict() for h in check.hashes]
-        connector_checked = state.connector_classification is not None
-        if effect is None or not connector_checked:
-            # No connector check ran (a tool outside @nexus_tool, or the check removed):
-            # the effect is the gateway's own.
-            meta[META_TOOL_EFFECT] = self.enforcer.effect(state, check)
-            state.effect = meta[META_TOOL_EFFECT]
-            result.meta = meta
-        elif effect.get("document_hashes") != hashes:
-            # Connector and gateway disagree about the same bytes: refuse, never guess.
-            raise InternalError(ref="document_split_brain")
+        connector = state.connector_classification
+        if isinstance(connector, Classification):
+            # The connector checked this result (seed 000's primary point): agree or refuse.
+            if (
+                effect is None
+                or connector.entry is not classification.entry
+                or connector.tool_class != classification.tool_class
+            ):
+                raise InternalError(ref="document_split_brain")
+            return result
+        # No connector check ran: the gateway checks the result and the effect is its own.
+        check = self.enforcer.check_read(classification, result.structured_content)
+        state.document_check = check
+        meta[META_TOOL_EFFECT] = self.enforcer.effect(state, check)
+        state.effect = meta[META_TOOL_EFFECT]
+        result.meta = meta
         return result
 
 
