@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import logging
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,6 +36,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
 from nexus_mcp.errors import NexusError
+from nexus_mcp.json_text import compact_json
 
 Risk = Literal["read", "write", "admin"]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -194,6 +194,11 @@ def to_structured(value: Any) -> dict[str, Any]:
     raise TypeError("a nexus tool must return a pydantic model or a dict")
 
 
+def to_text(structured: dict[str, Any]) -> str:
+    """The text content for clients that ignore structured output: compact JSON."""
+    return compact_json(structured).decode("utf-8")
+
+
 def bind_tool(
     fn: Callable[..., Awaitable[Any]],
     *,
@@ -228,9 +233,8 @@ def bind_tool(
         except NexusError as exc:
             raise ConnectorRefusal(exc) from exc
         state.effect = effect
-        text = json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
         return ToolResult(
-            content=[TextContent(type="text", text=text)],
+            content=[TextContent(type="text", text=to_text(structured))],
             structured_content=structured,
             meta={META_TOOL_EFFECT: dict(effect)},
         )
