@@ -66,6 +66,8 @@ class CallState:
     effect: Mapping[str, Any] | None = None
     block_reason: str | None = None
     executed: bool = False
+    # (the arguments object the gateway validated, the validated keyword arguments)
+    validated_arguments: tuple[Mapping[str, Any], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if not self.correlation_id:

@@ -281,12 +281,18 @@ class NexusTool(FunctionTool):
         model = self._arguments_model
         if model is None:  # pragma: no cover - bind() always sets it
             return await super().run(arguments)
-        try:
-            validated = model.model_validate(arguments)
-        except PydanticValidationError as exc:
-            # The envelope names the field from the cause, never the value (issue 2).
-            raise FastMCPValidationError("invalid arguments") from exc
-        result: ToolResult = await self.fn(**validated.__dict__)
+        state = current_call()
+        checked = state.validated_arguments if state is not None else None
+        if checked is not None and checked[0] is arguments:
+            # The gateway validated this very object with this very model (chain step 5).
+            kwargs = checked[1]
+        else:
+            try:
+                kwargs = model.model_validate(arguments).__dict__
+            except PydanticValidationError as exc:
+                # The envelope names the field from the cause, never the value (issue 2).
+                raise FastMCPValidationError("invalid arguments") from exc
+        result: ToolResult = await self.fn(**kwargs)
         return result
 
 

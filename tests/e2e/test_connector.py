@@ -12,7 +12,9 @@ from fastmcp.tools import FunctionTool
 from pydantic import BaseModel
 
 from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.chain import PolicyChain
 from nexus_mcp.decorator import NexusTool, nexus_tool
+from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
@@ -74,3 +76,23 @@ async def test_a_pydantic_error_inside_a_tool_body_is_an_internal_error_not_bad_
         server.close()
     assert result["structuredContent"]["code"] == "INTERNAL_ERROR"
     assert "SECRET-BODY-VALUE" not in json.dumps(result) + json.dumps(audit.records())
+
+
+async def test_without_the_gateway_the_tool_still_validates_its_own_arguments(
+    make_server: ServerFactory, workspace: Path
+) -> None:
+    server = make_server()
+    (chain,) = server.mcp.middleware
+    assert isinstance(chain, PolicyChain)
+    chain.replace_layers([m for m in chain.layers if not isinstance(m, ClassificationMiddleware)])
+    async with Client(server.mcp) as client:
+        bad = wire(await client.call_tool_mcp("nexus_read_file", {"path": ["todo.txt"]}))
+        extra = wire(
+            await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt", "x": "EXTRA-VAL"})
+        )
+        good = wire(await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt"}))
+    assert bad["structuredContent"]["code"] == "INVALID_INPUT"
+    assert "path" in bad["structuredContent"]["error"]
+    assert extra["structuredContent"]["code"] == "INVALID_INPUT"
+    assert "EXTRA-VAL" not in json.dumps(extra)
+    assert good["structuredContent"]["content"] == (workspace / "todo.txt").read_text()

@@ -67,10 +67,14 @@ class ClassificationMiddleware(Middleware):
         model = self.argument_models.get(state.tool_name)
         if model is not None:
             # Seed 000 gateway rule 1: validate the call before deriving anything from it.
+            # The very arguments object FastMCP will hand the tool is validated, so the
+            # tool's own run can use this result instead of validating it a second time.
+            arguments = context.message.arguments or {}
             try:
-                model.model_validate(state.arguments)
+                validated = model.model_validate(arguments)
             except ValidationError as exc:
                 raise invalid_input_from(exc) from None
+            state.validated_arguments = (arguments, validated.__dict__)
         classification = self.enforcer.classify_into(state)
         if classification.tool_class != "write":
             return await call_next(context)
