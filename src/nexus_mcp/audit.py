@@ -9,12 +9,10 @@ per event, and an in-memory sink that tests use as their double (structlog.testi
 from __future__ import annotations
 
 import json
-import operator
 import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,62 +45,102 @@ def utc_timestamp() -> str:
     return f"{prefix}.{micros:06d}+00:00"
 
 
-# Not frozen: a frozen dataclass sets each of these 30 fields through object.__setattr__,
-# 5x the cost of this plain slotted one, twice per call (benchmarks/bench_chain.py).
-# Events are still never changed after they are built.
-@dataclass(slots=True)
-class AuditEvent:
-    """One audit record. Optional fields are omitted from the JSON when unset."""
+# Every field an audit record may carry, in the order they are written (after "v").
+AUDIT_FIELDS = (
+    "event",
+    "tool_call_id",
+    "correlation_id",
+    "tool",
+    "subject",
+    "role",
+    "risk",
+    "tool_class",
+    "outcome",
+    "reason",
+    "duration_ms",
+    "args_digest",
+    "args",
+    "session",
+    "transport",
+    "registry",
+    "effect_id",
+    "document_hashes",
+    "batch_total_bytes",
+    "side_effects",
+    "target_ref",
+    "approver",
+    "host_id",
+    "approval_jti_digest",
+    "policy_decision",
+    "policy_rule",
+    "idempotency",
+    "facts",
+    "ts",
+)
+_FIELD_SET = frozenset(AUDIT_FIELDS)
+_REQUIRED_FIELDS = ("event", "tool_call_id", "correlation_id", "tool")
 
-    event: str
-    tool_call_id: str
-    correlation_id: str
-    tool: str
-    subject: str | None = None
-    role: str | None = None
-    risk: str | None = None
-    tool_class: str | None = None
-    outcome: str | None = None
-    reason: str | None = None
-    duration_ms: float | None = None
-    args_digest: str | None = None
-    args: Mapping[str, Any] | None = None
-    session: str | None = None
-    transport: str | None = None
-    registry: Mapping[str, Any] | None = None
-    effect_id: str | None = None
-    document_hashes: tuple[Mapping[str, Any], ...] | None = None
-    batch_total_bytes: int | None = None
-    side_effects: bool | None = None
-    target_ref: str | None = None
-    approver: str | None = None
-    host_id: str | None = None
-    approval_jti_digest: str | None = None
-    policy_decision: str | None = None
-    policy_rule: str | None = None
-    idempotency: str | None = None
-    facts: Mapping[str, Any] | None = None
-    ts: str = field(default_factory=utc_timestamp)
+
+def _plain(value: Any) -> Any:
+    """Nested values as JSON-ready dicts and lists."""
+    if isinstance(value, tuple | list):
+        return [dict(item) if isinstance(item, Mapping) else item for item in value]
+    if isinstance(value, Mapping) and type(value) is not dict:
+        return dict(value)
+    return value
+
+
+class AuditEvent:
+    """One audit record: its JSON object, with each field readable as an attribute.
+
+    The record is the event: the chain builds the dict once (two per call), sinks write
+    it as is, and unset fields are simply absent (read as ``None``). Events are never
+    changed after they are built.
+    """
+
+    __slots__ = ("_record",)
+
+    def __init__(self, **fields: Any) -> None:
+        unknown = fields.keys() - _FIELD_SET
+        missing = [name for name in _REQUIRED_FIELDS if fields.get(name) is None]
+        if unknown or missing:
+            raise TypeError(f"bad audit fields: unknown {sorted(unknown)}, missing {missing}")
+        record: dict[str, Any] = {"v": AUDIT_SCHEMA_VERSION}
+        for name in AUDIT_FIELDS:
+            value = fields.get(name)
+            if value is not None:
+                record[name] = _plain(value)
+        record.setdefault("ts", utc_timestamp())
+        self._record = record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> AuditEvent:
+        """Wrap a record the chain built itself (``v`` first, only set fields, plain JSON)."""
+        event = cls.__new__(cls)
+        event._record = record
+        return event
+
+    @property
+    def record(self) -> Mapping[str, Any]:
+        """The record itself, for sinks: read it, never change it."""
+        return self._record
 
     def to_record(self) -> dict[str, Any]:
-        values = _ALL_FIELDS(self)  # one C call for all 30 fields
-        record: dict[str, Any] = {"v": AUDIT_SCHEMA_VERSION}
-        record.update({k: v for k, v in zip(_FIELD_NAMES, values, strict=True) if v is not None})
-        for name in _NESTED_FIELDS:
-            value: Any = record.get(name)
-            if value is None or type(value) is dict:
-                continue
-            if type(value) is tuple:
-                record[name] = [dict(item) for item in value]
-            else:
-                record[name] = dict(value)
-        return record
+        return dict(self._record)
 
+    def __getattr__(self, name: str) -> Any:
+        if name in _FIELD_SET:
+            return self._record.get(name)
+        raise AttributeError(name)
 
-# Audit records are written twice per call on the hot path; resolve field names once.
-_FIELD_NAMES = tuple(AuditEvent.__dataclass_fields__)
-_ALL_FIELDS = operator.attrgetter(*_FIELD_NAMES)
-_NESTED_FIELDS = ("args", "registry", "document_hashes", "facts")
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AuditEvent) and other._record == self._record
+
+    def __hash__(self) -> int:
+        return hash((self._record.get("tool_call_id"), self._record.get("event")))
+
+    def __repr__(self) -> str:
+        return f"AuditEvent({self._record!r})"
 
 
 class AuditSink(Protocol):
@@ -165,7 +203,7 @@ class JsonlAuditSink:
         self._lock = threading.Lock()
 
     def emit(self, event: AuditEvent) -> None:
-        line = encode_record(event.to_record())
+        line = encode_record(event.record)
         with self._lock:
             if self._fd is None:
                 raise ValueError("the audit file is closed")
@@ -236,6 +274,7 @@ def check_audit_record(record: Any) -> str | None:
 
 
 __all__ = [
+    "AUDIT_FIELDS",
     "OUTCOME_OK",
     "TOOL_CALL_BLOCKED",
     "TOOL_CALL_FINISHED",

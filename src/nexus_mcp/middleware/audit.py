@@ -15,12 +15,14 @@ from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.audit import (
+    AUDIT_SCHEMA_VERSION,
     OUTCOME_OK,
     TOOL_CALL_BLOCKED,
     TOOL_CALL_FINISHED,
     TOOL_CALL_STARTED,
     AuditEvent,
     AuditLog,
+    utc_timestamp,
 )
 from nexus_mcp.calls import PLUMBING_ARGS, CallState, current_call
 from nexus_mcp.decorator import ToolContract
@@ -31,7 +33,6 @@ from nexus_mcp.policy.hashing import digest_arguments
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"
 MAX_LOGGED_VALUE_CHARS = 256
 _INPUT_CODES = frozenset({Code.INVALID_INPUT, Code.INVALID_PATH})
-_NO_APPROVAL: Mapping[str, Any] = {}
 
 
 class AuditTrail:
@@ -60,43 +61,51 @@ class AuditTrail:
     def _event(
         self, kind: str, state: CallState, *, outcome: str | None, error: NexusError | None = None
     ) -> AuditEvent:
+        # The record is built directly, with only the fields that are set: twice per call.
         contract = self.contracts.get(state.tool_name)
+        record: dict[str, Any] = {
+            "v": AUDIT_SCHEMA_VERSION,
+            "event": kind,
+            "tool_call_id": state.tool_call_id,
+            "correlation_id": state.correlation_id,
+            "tool": state.tool_name if contract is not None else "(unregistered)",
+        }
         principal = state.principal
+        if principal is not None:
+            record["subject"] = principal.log_subject
+            record["role"] = principal.effective_role
+        if contract is not None:
+            record["risk"] = contract.risk
+        _put(record, "tool_class", state.tool_class)
+        _put(record, "outcome", outcome)
+        _put(record, "reason", state.block_reason)
+        if kind != TOOL_CALL_STARTED:
+            record["duration_ms"] = state.elapsed_ms
+        record["args_digest"] = self._args_digest(state)
+        _put(record, "args", self._loggable_args(contract, state, error))
+        _put(record, "session", state.session_key)
+        record["transport"] = state.transport or "memory"
+        _put(record, "registry", self.registry_info())
+        if state.effect is not None:
+            _put(record, "effect_id", state.effect.get("effect_id"))
         check = state.document_check
-        approval = state.approval or _NO_APPROVAL
-        effect = state.effect
-        started = kind == TOOL_CALL_STARTED
-        return AuditEvent(
-            event=kind,
-            tool_call_id=state.tool_call_id,
-            correlation_id=state.correlation_id,
-            tool=state.tool_name if contract is not None else "(unregistered)",
-            subject=principal.log_subject if principal is not None else None,
-            role=principal.effective_role if principal is not None else None,
-            risk=contract.risk if contract is not None else None,
-            tool_class=state.tool_class,
-            outcome=outcome,
-            reason=state.block_reason,
-            duration_ms=None if started else state.elapsed_ms,
-            args_digest=self._args_digest(state),
-            args=self._loggable_args(contract, state, error),
-            session=state.session_key,
-            transport=state.transport or "memory",
-            registry=self.registry_info(),
-            effect_id=effect.get("effect_id") if effect is not None else None,
-            document_hashes=check.hash_dicts() if check is not None else None,
-            batch_total_bytes=check.batch_total_bytes if check is not None else None,
-            side_effects=(contract.risk != "read")
-            if contract is not None and state.executed
-            else None,
-            approver=approval.get("approver"),
-            host_id=approval.get("host_id"),
-            approval_jti_digest=approval.get("jti_digest"),
-            policy_decision=state.policy_decision,
-            policy_rule=state.policy_rule,
-            idempotency=state.idempotency_outcome,
-            facts=_safe_facts(error) if error is not None else None,
-        )
+        if check is not None:
+            record["document_hashes"] = list(check.hash_dicts())
+            record["batch_total_bytes"] = check.batch_total_bytes
+        if contract is not None and state.executed:
+            record["side_effects"] = contract.risk != "read"
+        approval = state.approval
+        if approval:
+            _put(record, "approver", approval.get("approver"))
+            _put(record, "host_id", approval.get("host_id"))
+            _put(record, "approval_jti_digest", approval.get("jti_digest"))
+        _put(record, "policy_decision", state.policy_decision)
+        _put(record, "policy_rule", state.policy_rule)
+        _put(record, "idempotency", state.idempotency_outcome)
+        if error is not None:
+            _put(record, "facts", _safe_facts(error))
+        record["ts"] = utc_timestamp()
+        return AuditEvent.from_record(record)
 
     @staticmethod
     def _args_digest(state: CallState) -> str:
@@ -124,6 +133,11 @@ class AuditTrail:
                 continue
             out[name] = value
         return out or None
+
+
+def _put(record: dict[str, Any], name: str, value: Any) -> None:
+    if value is not None:
+        record[name] = value
 
 
 def _safe_facts(error: NexusError | None) -> dict[str, Any] | None:
