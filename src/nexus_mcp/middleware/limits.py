@@ -6,12 +6,12 @@ The timeout cancels the running call; file tools forbid their own commit once ca
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import current_call
+from nexus_mcp.deadlines import DeadlineWatch
 from nexus_mcp.errors import ToolTimeoutError
 from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
 
@@ -23,6 +23,7 @@ class LimitsMiddleware(Middleware):
         self.budget = budget
         self.rate = rate
         self.timeouts = timeouts
+        self.deadlines = DeadlineWatch()  # asyncio.timeout's semantics, one timer per loop
 
     async def on_call_tool(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
@@ -33,12 +34,12 @@ class LimitsMiddleware(Middleware):
         self.rate.check(state.principal.subject)
         self.budget.charge(state.session_key or f"principal:{state.principal.subject}")
         seconds = self.timeouts.timeout_for(state.tool_name)
-        deadline = asyncio.timeout(seconds)
+        within = self.deadlines.within(seconds)
         try:
-            async with deadline:
+            async with within:
                 return await call_next(context)
         except TimeoutError:
-            if deadline.expired():
+            if within.expired:
                 raise ToolTimeoutError(timeout_seconds=seconds) from None
             raise
 
