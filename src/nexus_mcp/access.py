@@ -18,6 +18,7 @@ requires scopes is visible only to principals holding all of them.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -43,6 +44,8 @@ PROFILE_SUBJECT_PREFIX = "profile:"
 # again: an operator's `profiles assign` reaches live callers within this time.
 SELECTION_TTL_SECONDS = 2.0
 COMBINED_MEMO_SIZE = 10_000
+# How long one principal's visible set is reused without asking the cache again.
+RECENT_ANSWER_SECONDS = 0.1
 _UNSELECTED = object()
 
 
@@ -82,6 +85,7 @@ class GrantedTools:
             maxsize=10_000, ttl=min(SELECTION_TTL_SECONDS, cache_ttl_seconds)
         )
         self._combined: dict[tuple[Any, ...], tuple[frozenset[str], ...]] = {}
+        self._recent: dict[tuple[Any, ...], tuple[float, int, frozenset[str]]] = {}
         self._lock = threading.Lock()
         self._errors = 0
 
@@ -118,6 +122,33 @@ class GrantedTools:
         return name
 
     def visible_tools(self, principal: Principal) -> frozenset[str]:
+        """The tools this principal may see and call.
+
+        Every call asks this. The answer is reused for ``RECENT_ANSWER_SECONDS`` unless the
+        cache was invalidated in between (a grant change through this server), so a change made
+        elsewhere reaches live callers at most that much later than the cache alone would
+        let it (``SELECTION_TTL_SECONDS``, the cache's revision refresh).
+        """
+        key = (
+            principal.subject,
+            principal.profile,
+            principal.effective_role,
+            principal.read_only,
+            principal.scopes,
+        )
+        now = time.monotonic()
+        recent = self._recent.get(key)
+        generation = self.cache.generation
+        if recent is not None and recent[0] > now and recent[1] == generation:
+            self.cache.record_hit()
+            return recent[2]
+        visible = self._visible_tools(principal)
+        if len(self._recent) >= COMBINED_MEMO_SIZE:
+            self._recent.clear()
+        self._recent[key] = (now + RECENT_ANSWER_SECONDS, generation, visible)
+        return visible
+
+    def _visible_tools(self, principal: Principal) -> frozenset[str]:
         try:
             name = self.select(principal)
         except Exception:

@@ -111,6 +111,16 @@ class VisibleToolsCache:
                 self._entries[key] = tools
         return tools
 
+    @property
+    def generation(self) -> int:
+        """Bumped by every ``invalidate``: answers read before it are stale."""
+        return self._generation
+
+    def record_hit(self) -> None:
+        """Count a hit answered from a caller's own memo of this cache's answer."""
+        with self._lock:
+            self._counters["hits"] += 1
+
     def invalidate(self, subject: str | None = None) -> None:
         """Forget one subject's entries (all zones) or everything; call after a grant change."""
         with self._lock:
