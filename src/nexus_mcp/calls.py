@@ -10,7 +10,7 @@ variables follow the call into async tools and into worker threads started with
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -84,8 +84,9 @@ _current: ContextVar[CallState | None] = ContextVar("nexus_call_state", default=
 _principal: ContextVar[Principal | None] = ContextVar("nexus_principal", default=None)
 
 
-def current_call() -> CallState | None:
-    return _current.get()
+# The call state of the running call, or None: the context variable's own getter (a C
+# function, no Python frame), because every layer asks for it.
+current_call: Callable[[], CallState | None] = _current.get
 
 
 class _Bound(Generic[T]):
@@ -110,8 +111,7 @@ def open_call(state: CallState) -> AbstractContextManager[CallState]:
     return _Bound(_current, state)
 
 
-def current_principal() -> Principal | None:
-    return _principal.get()
+current_principal: Callable[[], Principal | None] = _principal.get
 
 
 def bind_principal(principal: Principal | None) -> AbstractContextManager[Principal | None]:

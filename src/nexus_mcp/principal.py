@@ -38,7 +38,7 @@ class Principal:
     read_only: bool = False
     source: str = "env"  # env | token | dev-default
 
-    @property
+    @cached_property
     def effective_role(self) -> str:
         """The role policy uses: an unknown role never gets more than viewer."""
         return self.role if self.role in ROLES else ROLE_FALLBACK

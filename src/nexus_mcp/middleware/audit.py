@@ -33,6 +33,11 @@ from nexus_mcp.policy.hashing import digest_arguments
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"
 MAX_LOGGED_VALUE_CHARS = 256
 _INPUT_CODES = frozenset({Code.INVALID_INPUT, Code.INVALID_PATH})
+_APPROVAL_FIELDS = (
+    ("approver", "approver"),
+    ("host_id", "host_id"),
+    ("jti_digest", "approval_jti_digest"),
+)
 
 
 class AuditTrail:
@@ -76,18 +81,27 @@ class AuditTrail:
             record["role"] = principal.effective_role
         if contract is not None:
             record["risk"] = contract.risk
-        _put(record, "tool_class", state.tool_class)
-        _put(record, "outcome", outcome)
-        _put(record, "reason", state.block_reason)
+        if state.tool_class is not None:
+            record["tool_class"] = state.tool_class
+        if outcome is not None:
+            record["outcome"] = outcome
+        if state.block_reason is not None:
+            record["reason"] = state.block_reason
         if kind != TOOL_CALL_STARTED:
             record["duration_ms"] = state.elapsed_ms
         record["args_digest"] = self._args_digest(state)
-        _put(record, "args", self._loggable_args(contract, state, error))
-        _put(record, "session", state.session_key)
+        logged = self._loggable_args(contract, state, error)
+        if logged is not None:
+            record["args"] = logged
+        if state.session_key is not None:
+            record["session"] = state.session_key
         record["transport"] = state.transport or "memory"
-        _put(record, "registry", self.registry_info())
-        if state.effect is not None:
-            _put(record, "effect_id", state.effect.get("effect_id"))
+        registry = self.registry_info()
+        if registry is not None:
+            record["registry"] = registry
+        effect_id = state.effect.get("effect_id") if state.effect is not None else None
+        if effect_id is not None:
+            record["effect_id"] = effect_id
         check = state.document_check
         if check is not None:
             record["document_hashes"] = list(check.hash_dicts())
@@ -96,14 +110,18 @@ class AuditTrail:
             record["side_effects"] = contract.risk != "read"
         approval = state.approval
         if approval:
-            _put(record, "approver", approval.get("approver"))
-            _put(record, "host_id", approval.get("host_id"))
-            _put(record, "approval_jti_digest", approval.get("jti_digest"))
-        _put(record, "policy_decision", state.policy_decision)
-        _put(record, "policy_rule", state.policy_rule)
-        _put(record, "idempotency", state.idempotency_outcome)
-        if error is not None:
-            _put(record, "facts", _safe_facts(error))
+            for key, name in _APPROVAL_FIELDS:
+                if approval.get(key) is not None:
+                    record[name] = approval[key]
+        if state.policy_decision is not None:
+            record["policy_decision"] = state.policy_decision
+        if state.policy_rule is not None:
+            record["policy_rule"] = state.policy_rule
+        if state.idempotency_outcome is not None:
+            record["idempotency"] = state.idempotency_outcome
+        facts = _safe_facts(error)
+        if facts is not None:
+            record["facts"] = facts
         record["ts"] = utc_timestamp()
         return AuditEvent.from_record(record)
 
@@ -133,11 +151,6 @@ class AuditTrail:
                 continue
             out[name] = value
         return out or None
-
-
-def _put(record: dict[str, Any], name: str, value: Any) -> None:
-    if value is not None:
-        record[name] = value
 
 
 def _safe_facts(error: NexusError | None) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ from fastmcp.server.dependencies import get_access_token
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import bind_principal, current_call
-from nexus_mcp.identity import IdentityResolver, session_key
+from nexus_mcp.identity import HTTP_TRANSPORTS, IdentityResolver, session_key
 
 
 class IdentityMiddleware(Middleware):
@@ -22,7 +22,9 @@ class IdentityMiddleware(Middleware):
     ) -> Any:
         ctx = context.fastmcp_context
         transport = ctx.transport if ctx is not None else None
-        token = get_access_token()
+        # Only HTTP carries bearer tokens; elsewhere FastMCP's lookup would only fail (and
+        # raise and catch internally) on every request.
+        token = get_access_token() if transport in HTTP_TRANSPORTS else None
         principal = self.resolver.resolve(
             transport=transport,
             token_claims=token.claims if token is not None else None,
