@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,13 +99,27 @@ class ScanBudget:
         return False
 
 
-def walk_files(root: Path, start: Path, budget: ScanBudget) -> Iterator[tuple[str, Path]]:
-    """Yield ``(relative_posix_path, absolute_path)`` of regular files under ``start``."""
+def walk_files(
+    root: Path,
+    start: Path,
+    budget: ScanBudget,
+    *,
+    hidden: Callable[[Path], bool] | None = None,
+) -> Iterator[tuple[str, Path]]:
+    """Yield ``(relative_posix_path, absolute_path)`` of regular files under ``start``.
+
+    ``hidden`` names paths never to yield nor descend into (the server's own state).
+    """
     for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
+        base = Path(dirpath)
+        if hidden is not None:
+            dirnames[:] = [d for d in dirnames if not hidden(base / d)]
         dirnames.sort()
         for name in sorted(filenames):
-            absolute = Path(dirpath) / name
+            absolute = base / name
             if absolute.is_symlink() or not absolute.is_file():
+                continue
+            if hidden is not None and hidden(absolute):
                 continue
             if budget.files_scanned >= budget.caps.max_files_scanned:
                 budget.cut(CAP_FILES_SCANNED)

@@ -66,6 +66,7 @@ from nexus_mcp.policy.registry import (
 )
 from nexus_mcp.policy.write_policy import WritePolicyConfig, load_write_policy_config
 from nexus_mcp.settings import Settings, config_sections
+from nexus_mcp.state import grants_path, idempotency_path, server_state_paths
 from nexus_mcp.stores.grants import SqliteTupleStore
 from nexus_mcp.stores.idempotency import SqliteIdempotencyStore
 from nexus_mcp.stores.nonces import MemoryNonceStore
@@ -170,7 +171,7 @@ def resolve_workspace(settings: Settings) -> Workspace:
         raise ConfigError("no workspace: set --workspace or NEXUS_MCP_WORKSPACE")
     if not root.is_dir():
         raise ConfigError(f"workspace is not a folder: {root}")
-    return Workspace(root)
+    return Workspace(root, hidden=server_state_paths(settings, root))
 
 
 def build_server(
@@ -218,7 +219,7 @@ def build_server(
     approval_keys, approval_settings = load_approvals(sections, environ, settings, write_policies)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
-    grants = SqliteTupleStore(settings.profiles.grants_db or settings.data_dir / "grants.sqlite3")
+    grants = SqliteTupleStore(grants_path(settings))
     profiles = load_profiles(
         settings.profiles.file or default_profiles_path(), known_tools=contracts
     )
@@ -231,7 +232,7 @@ def build_server(
         registry=registry,
         enforcer=enforcer,
         idempotency=SqliteIdempotencyStore(
-            settings.data_dir / "idempotency.sqlite3",
+            idempotency_path(settings),
             ttl_seconds=settings.registry.idempotency_ttl_seconds,
             lease_seconds=idempotency_lease(settings),
         ),

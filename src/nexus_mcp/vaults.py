@@ -16,6 +16,7 @@ from nexus_mcp.errors import UpstreamError
 from nexus_mcp.notes import CanisterBackend, LocalVaultBackend, NoteBackend
 from nexus_mcp.principal import Principal
 from nexus_mcp.settings import Settings
+from nexus_mcp.state import server_state_paths
 
 _VAULT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -54,7 +55,8 @@ class VaultRouter:
             return _MissingVault()  # type: ignore[return-value]
         backend = self._local.get(folder)
         if backend is None:
-            backend = self._local[folder] = LocalVaultBackend(folder)
+            hidden = server_state_paths(self.settings, folder)
+            backend = self._local[folder] = LocalVaultBackend(folder, hidden=hidden)
         return backend
 
     def _folder_for(self, vault_id: str | None) -> Path | None:

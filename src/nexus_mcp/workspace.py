@@ -16,7 +16,7 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -127,10 +127,27 @@ def is_within(root: Path, candidate: Path) -> bool:
 class Workspace:
     """File operations confined to one root folder."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, hidden: Iterable[Path] = ()) -> None:
         self.root = root.resolve(strict=True)
         if not self.root.is_dir():
             raise NotADirectoryError(str(root))
+        # The server's own state (audit log, grants, idempotency records) when it sits
+        # inside the workspace, e.g. `serve --workspace .` with the default data dir:
+        # never reachable through the file tools, or a caller could read the audit trail,
+        # delete it, or rewrite its own grants.
+        self.hidden = tuple(
+            path for path in (h.resolve() for h in hidden) if is_within(self.root, path)
+        )
+
+    def is_hidden(self, real: Path) -> bool:
+        """True for server state (or anything inside a hidden folder)."""
+        if not self.hidden:
+            return False
+        return any(is_within(hidden, real) for hidden in self.hidden)
+
+    def holds_hidden(self, real: Path) -> bool:
+        """True when removing or moving ``real`` would take server state with it."""
+        return any(is_within(real, hidden) for hidden in self.hidden)
 
     # -- resolution ---------------------------------------------------------------------
 
@@ -143,6 +160,8 @@ class Workspace:
         real = lexical.resolve(strict=False)
         if not is_within(self.root, real):
             raise InvalidPathError(reason="escapes_root")
+        if self.hidden and self.is_hidden(real):
+            raise InvalidPathError(reason="server_state")
         if must_exist and not real.exists():
             raise NotFoundError()
         return ResolvedPath(relative=relative, absolute=real)
@@ -235,6 +254,8 @@ class Workspace:
             raise NotFoundError()
         if not path.is_dir() or path.is_symlink():
             raise ConflictError(reason="not_a_directory")
+        if self.holds_hidden(path):
+            raise InvalidPathError(reason="server_state")
         entries = sum(1 for _ in path.rglob("*"))
         if entries and not recursive:
             raise ConflictError(reason="not_empty")
@@ -252,6 +273,8 @@ class Workspace:
             raise NotFoundError()
         if src == self.root or dst == self.root:
             raise InvalidPathError(reason="root")
+        if self.holds_hidden(src):
+            raise InvalidPathError(reason="server_state")
         if src.is_dir() and is_within(src, dst):
             raise ConflictError(reason="into_itself")
         if dst.exists() and (not overwrite or dst.is_dir() or src.is_dir()):

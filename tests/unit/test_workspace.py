@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nexus_mcp.errors import Code, NexusError
+from nexus_mcp.errors import Code, InvalidPathError, NexusError
 from nexus_mcp.workspace import Workspace, is_within, normalize_relative
 
 
@@ -119,3 +119,18 @@ def test_reads_over_the_limit_are_refused(ws: Workspace) -> None:
         ws.read_bytes(ws.resolve("big"), limit=10)
     assert info.value.code == Code.DOC_SIZE_EXCEEDED
     assert ws.read_bytes(ws.resolve("big"), limit=11) == b"x" * 11
+
+
+def test_hidden_server_state_is_refused_by_real_path_and_separator_aware(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "state").mkdir(parents=True)
+    (root / "state-evil").mkdir()
+    (root / "link").symlink_to(root / "state")
+    outside = tmp_path / "elsewhere"
+    ws = Workspace(root, hidden=[root / "state", outside])
+    assert ws.hidden == ((root / "state").resolve(),)  # state outside the root is not ours
+    for raw in ("state", "state/audit.jsonl", "link/audit.jsonl", "./state/../state/x"):
+        with pytest.raises(InvalidPathError):
+            ws.resolve(raw)
+    assert ws.resolve("state-evil/x").relative == "state-evil/x"
+    assert ws.holds_hidden(ws.root) and not ws.holds_hidden(root / "state-evil")

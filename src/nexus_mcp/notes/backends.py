@@ -12,6 +12,7 @@ import asyncio
 import errno
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -49,9 +50,22 @@ class LocalVaultBackend:
     symlink out of the vault or a sibling folder such as ``root-evil`` is refused.
     """
 
-    def __init__(self, root: Path, *, max_file_bytes: int = DEFAULT_MAX_NOTE_FILE_BYTES) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_file_bytes: int = DEFAULT_MAX_NOTE_FILE_BYTES,
+        hidden: Iterable[Path] = (),
+    ) -> None:
         self._root = Path(root)
         self._max_file_bytes = max_file_bytes
+        # Server state inside this folder (its audit log, grants): never a note.
+        root_real = os.path.realpath(self._root)
+        self._hidden = tuple(
+            real
+            for real in (os.path.realpath(path) for path in hidden)
+            if is_path_inside(root_real, real)
+        )
 
     async def read_note(self, path: str, caller: Principal) -> NoteSource:
         safe_path = check_normalized_path(path)
@@ -69,6 +83,8 @@ class LocalVaultBackend:
             raise UpstreamError.status(NOT_FOUND_STATUS)
         real = os.path.realpath(candidate)
         if not is_path_inside(root_real, real):
+            raise UpstreamError.invalid_path()
+        if any(is_path_inside(hidden, real) for hidden in self._hidden):
             raise UpstreamError.invalid_path()
         try:
             fd = os.open(real, _OPEN_FLAGS)

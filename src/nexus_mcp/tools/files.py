@@ -202,7 +202,9 @@ def build_files_tools(
         def scan() -> ListFilesResult:
             entries: list[FileEntry] = []
             truncated = False
-            for child in _iter_children(target.absolute, recursive=recursive):
+            for child in _iter_children(
+                target.absolute, recursive=recursive, hidden=workspace.is_hidden
+            ):
                 if len(entries) >= limits.max_list_entries:
                     truncated = True
                     break
@@ -258,7 +260,9 @@ def build_files_tools(
             budget = ScanBudget(caps)
             base = target.absolute
             matches: list[str] = []
-            for relative, absolute in walk_files(workspace.root, base, budget):
+            for relative, absolute in walk_files(
+                workspace.root, base, budget, hidden=workspace.is_hidden
+            ):
                 below = absolute.relative_to(base).as_posix()
                 if matcher.match(below):
                     if len(matches) >= caps.max_results:
@@ -292,7 +296,9 @@ def build_files_tools(
         def scan() -> GrepResult:
             budget = ScanBudget(caps)
             files: list[GrepFile] = []
-            for relative, absolute in walk_files(workspace.root, target.absolute, budget):
+            for relative, absolute in walk_files(
+                workspace.root, target.absolute, budget, hidden=workspace.is_hidden
+            ):
                 if not has_allowed_extension(relative, caps):
                     continue
                 if file_filter is not None and not file_filter.match(
@@ -447,16 +453,20 @@ def build_files_tools(
     ]
 
 
-def _iter_children(folder: Path, *, recursive: bool) -> Iterator[Path]:
-    """Entries of a folder in sorted order; recursion never follows symlinked folders."""
+def _iter_children(
+    folder: Path, *, recursive: bool, hidden: Callable[[Path], bool]
+) -> Iterator[Path]:
+    """Entries of a folder in sorted order, never ``hidden`` ones; recursion never follows
+    symlinked folders nor enters hidden ones."""
     if not recursive:
-        yield from sorted(folder.iterdir())
+        yield from sorted(child for child in folder.iterdir() if not hidden(child))
         return
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        dirnames.sort()
         base = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not hidden(base / d))
         for name in sorted([*dirnames, *filenames]):
-            yield base / name
+            if not hidden(base / name):
+                yield base / name
 
 
 def _is_utf8(data: bytes) -> bool:
