@@ -43,9 +43,10 @@ PROFILE_SUBJECT_PREFIX = "profile:"
 # How long a principal's profile selection is reused before the stored assignment is read
 # again: an operator's `profiles assign` reaches live callers within this time.
 SELECTION_TTL_SECONDS = 2.0
-COMBINED_MEMO_SIZE = 10_000
-# How long one principal's visible set is reused without asking the cache again.
+# How long one principal's visible set is reused without asking the cache again, and for
+# how many principals at most.
 RECENT_ANSWER_SECONDS = 0.1
+RECENT_ANSWERS_KEPT = 10_000
 _UNSELECTED = object()
 
 
@@ -84,7 +85,6 @@ class GrantedTools:
         self._selections: TTLCache[tuple[str, str | None, str], str | None] = TTLCache(
             maxsize=10_000, ttl=min(SELECTION_TTL_SECONDS, cache_ttl_seconds)
         )
-        self._combined: dict[tuple[Any, ...], tuple[frozenset[str], ...]] = {}
         self._recent: dict[tuple[Any, ...], tuple[float, int, frozenset[str]]] = {}
         self._lock = threading.Lock()
         self._errors = 0
@@ -143,7 +143,7 @@ class GrantedTools:
             self.cache.record_hit()
             return recent[2]
         visible = self._visible_tools(principal)
-        if len(self._recent) >= COMBINED_MEMO_SIZE:
+        if len(self._recent) >= RECENT_ANSWERS_KEPT:
             self._recent.clear()
         self._recent[key] = (now + RECENT_ANSWER_SECONDS, generation, visible)
         return visible
@@ -158,24 +158,13 @@ class GrantedTools:
             raise
         if name is None:
             return frozenset()
-        profile_tools = self.cache.get(profile_subject(name), self.zone)
-        own_tools = self.cache.get(principal.subject, self.zone)
-        # The cache hands back the same set objects until a grant changes, so the combined
-        # set is reused for as long as both parts are the very same objects.
-        key = (name, principal.subject, principal.read_only, principal.scopes)
-        combined = self._combined.get(key)
-        if combined is not None and combined[0] is profile_tools and combined[1] is own_tools:
-            return combined[2]
-        visible = profile_tools | own_tools
+        visible = self.cache.get(profile_subject(name), self.zone) | self.cache.get(
+            principal.subject, self.zone
+        )
         if principal.read_only:
             visible -= self.write_tools
         missing_scopes = [t for t, s in self.required_scopes.items() if not s <= principal.scopes]
-        if missing_scopes:
-            visible = visible.difference(missing_scopes)
-        if len(self._combined) >= COMBINED_MEMO_SIZE:
-            self._combined.clear()
-        self._combined[key] = (profile_tools, own_tools, visible)
-        return visible
+        return visible.difference(missing_scopes) if missing_scopes else visible
 
     def forget(self, subject: str | None = None) -> None:
         """After a grant change through this server: the next request sees it."""

@@ -288,7 +288,7 @@ def build_server(
             on_started=trail.started,
             before_run=runtime.before_run,
         )
-        mcp.add_tool(NexusTool.bind(bound, contract))
+        mcp.add_tool(NexusTool.bind(bound, contract, runtime.argument_models[contract.name]))
     _add_health_routes(mcp, runtime)
     add_approval_routes(mcp, runtime)
     log.info(

@@ -41,4 +41,4 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
     return paths
 
 
-__all__ = ["grants_path", "idempotency_path", "server_state_paths"]
+__all__ = ["GRANTS_DB", "IDEMPOTENCY_DB", "grants_path", "idempotency_path", "server_state_paths"]

@@ -32,11 +32,11 @@ from nexus_mcp.policy.profiles import (
     select_profile,
 )
 from nexus_mcp.principal import ROLE_FALLBACK, to_log_subject
+from nexus_mcp.state import GRANTS_DB
 from nexus_mcp.stores.grants import DEFAULT_ZONE, TOOLS_PREFIX, SqliteTupleStore
 
 DATA_DIR_ENV = "NEXUS_MCP_DATA_DIR"
 DEFAULT_DATA_DIR = Path(".nexus-data")
-GRANTS_FILENAME = "grants.sqlite3"
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -48,7 +48,7 @@ Action = Callable[[argparse.Namespace], int]
 def default_grants_path() -> Path:
     """``$NEXUS_MCP_DATA_DIR/grants.sqlite3``, else ``./.nexus-data/grants.sqlite3``."""
     data_dir = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
-    return Path(data_dir) / GRANTS_FILENAME
+    return Path(data_dir) / GRANTS_DB
 
 
 def add_parser(

@@ -40,13 +40,11 @@ class DocumentsMiddleware(Middleware):
         result = await call_next(context)
         if self.enforcer.read_spec(classification) is None or result.structured_content is None:
             return result
-        meta = dict(result.meta or {})
-        effect = meta.get(META_TOOL_EFFECT)
         connector = state.connector_classification
         if isinstance(connector, Classification):
             # The connector checked this result (seed 000's primary point): agree or refuse.
             if (
-                effect is None
+                (result.meta or {}).get(META_TOOL_EFFECT) is None
                 or connector.entry is not classification.entry
                 or connector.tool_class != classification.tool_class
             ):
@@ -55,6 +53,7 @@ class DocumentsMiddleware(Middleware):
         # No connector check ran: the gateway checks the result and the effect is its own.
         check = self.enforcer.check_read(classification, result.structured_content)
         state.document_check = check
+        meta = dict(result.meta or {})
         meta[META_TOOL_EFFECT] = self.enforcer.effect(state, check)
         state.effect = meta[META_TOOL_EFFECT]
         result.meta = meta
