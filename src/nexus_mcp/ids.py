@@ -14,7 +14,6 @@ import os
 import re
 import threading
 import time
-import uuid
 
 _UUID7_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
@@ -46,11 +45,6 @@ def uuid7_int() -> int:
     return timestamp | (seq << 64) | (random & _RAND_B_MASK) | _VERSION_AND_VARIANT
 
 
-def uuid7() -> uuid.UUID:
-    """A new UUIDv7."""
-    return uuid.UUID(int=uuid7_int())
-
-
 def new_id() -> str:
     """A new UUIDv7 as its canonical lowercase string."""
     h = f"{uuid7_int():032x}"
@@ -62,4 +56,4 @@ def is_uuid7(value: str) -> bool:
     return bool(_UUID7_RE.match(value))
 
 
-__all__ = ["is_uuid7", "new_id", "uuid7", "uuid7_int"]
+__all__ = ["is_uuid7", "new_id", "uuid7_int"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from nexus_mcp.ids import is_uuid7, new_id, uuid7
+from nexus_mcp.ids import is_uuid7, new_id
 
 
 def test_new_id_is_the_canonical_string_of_a_version_7_rfc_uuid() -> None:
@@ -30,8 +30,3 @@ def test_ids_sort_in_creation_order_even_within_one_millisecond() -> None:
     ids = [new_id() for _ in range(5000)]
     assert ids == sorted(ids)
     assert len(set(ids)) == len(ids)
-
-
-def test_uuid7_objects_and_strings_share_one_sequence() -> None:
-    first, second, third = uuid7(), new_id(), uuid7()
-    assert str(first) < second < str(third)

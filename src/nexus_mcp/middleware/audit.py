@@ -104,7 +104,7 @@ class AuditTrail:
             record["effect_id"] = effect_id
         check = state.document_check
         if check is not None:
-            record["document_hashes"] = list(check.hash_dicts())
+            record["document_hashes"] = check.hash_dicts()
             record["batch_total_bytes"] = check.batch_total_bytes
         if contract is not None and state.executed:
             record["side_effects"] = contract.risk != "read"

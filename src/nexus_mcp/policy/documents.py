@@ -77,8 +77,9 @@ class DocumentCheck:
     hashes: tuple[DocumentHash, ...]
     batch_total_bytes: int
 
-    def hash_dicts(self) -> tuple[dict[str, Any], ...]:
-        return tuple(h.to_dict() for h in self.hashes)
+    def hash_dicts(self) -> list[dict[str, Any]]:
+        """The hashes as written in tool effects and audit records."""
+        return [h.to_dict() for h in self.hashes]
 
 
 EMPTY_CHECK = DocumentCheck(hashes=(), batch_total_bytes=0)
@@ -198,7 +199,7 @@ def build_tool_effect(
         "server_id": server_id,
         "tool_name": tool_name,
         "tool_class": tool_class,
-        "document_hashes": [item.to_dict() for item in check.hashes],
+        "document_hashes": check.hash_dicts(),
         "batch_total_bytes": check.batch_total_bytes,
         "content_hash_alg": CONTENT_HASH_ALG,
     }
