@@ -87,12 +87,21 @@ def ensure_logging() -> None:
     if structlog.is_configured():
         return
     structlog.configure(
-        processors=[*_SHARED_PROCESSORS[:1], structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True), _drop_exception_text,
-                    structlog.processors.JSONRenderer(sort_keys=True)],
+        processors=json_processors(),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
-    )  # fmt: skip
+    )
+
+
+def json_processors() -> list[Any]:
+    """The JSON pipeline for structlog on its own (no stdlib logger behind it)."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _drop_exception_text,
+        structlog.processors.JSONRenderer(sort_keys=True),
+    ]
 
 
 def get_logger(name: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -9,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.logs import json_processors
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
@@ -73,3 +76,20 @@ def wire(result: Any) -> dict[str, Any]:
     """A CallToolResult as the JSON a client receives."""
     dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
     return dumped
+
+
+@pytest.fixture
+def log_output() -> Iterator[io.StringIO]:
+    """Everything logged through structlog during the test, rendered by the server's own
+    JSON pipeline, whatever an earlier test left configured."""
+    saved = structlog.get_config()
+    buffer = io.StringIO()
+    structlog.configure(
+        processors=json_processors(),
+        logger_factory=structlog.PrintLoggerFactory(buffer),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        yield buffer
+    finally:
+        structlog.configure(**saved)

@@ -19,7 +19,6 @@ from typing import Any
 
 import jwt
 import pytest
-import structlog
 import yaml
 from fastmcp import Client
 from fastmcp.client.elicitation import ElicitResult
@@ -68,18 +67,6 @@ Builder = Callable[..., NexusServer]
 def _logging_configured() -> None:
     """Configure logging as the server would, before capture_logs or capsys replace anything."""
     ensure_logging()
-
-
-@pytest.fixture
-def log_output() -> Iterator[io.StringIO]:
-    """The rendered structlog output of the test, whatever stream logging was bound to."""
-    saved = structlog.get_config()
-    buffer = io.StringIO()
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(buffer))
-    try:
-        yield buffer
-    finally:
-        structlog.configure(**saved)
 
 
 @pytest.fixture

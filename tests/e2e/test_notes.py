@@ -23,7 +23,6 @@ from typing import Any
 import httpx2
 import jwt
 import pytest
-import structlog
 from fastmcp import Client
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -182,27 +181,6 @@ KEPT_STATE = ("audit.jsonl", "grants.sqlite3", "idempotency.sqlite3")
 def data_snapshot(data_dir: Path) -> dict[str, bytes]:
     """The data dir without the stores the server always keeps (audit, grants, idempotency)."""
     return {k: v for k, v in snapshot(data_dir).items() if not k.startswith(KEPT_STATE)}
-
-
-@pytest.fixture
-def log_output() -> Iterator[io.StringIO]:
-    """Everything the server logs through structlog during the test, rendered as JSON lines."""
-    saved = structlog.get_config()
-    buffer = io.StringIO()
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.JSONRenderer(sort_keys=True),
-        ],
-        logger_factory=structlog.PrintLoggerFactory(buffer),
-        cache_logger_on_first_use=False,
-    )
-    try:
-        yield buffer
-    finally:
-        structlog.configure(**saved)
 
 
 def log_lines(buffer: io.StringIO) -> list[dict[str, Any]]:
