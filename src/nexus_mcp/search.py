@@ -3,7 +3,8 @@
 Every cap that cuts the work is reported (``truncated`` plus the cap's name), never hidden:
 max files scanned, matches per file, result files, file size, an extension allowlist,
 binary detection by sniffing, and a wall-clock bound. Walking never follows symlinks, so
-a link cannot lead the scan outside the workspace.
+a link cannot lead the scan outside the workspace: the walk is ``Workspace.walk_files``
+(folders opened on their parent's descriptor) and files are opened ``O_NOFOLLOW``.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from nexus_mcp.errors import InvalidInputError
 from nexus_mcp.settings import SearchSettings
+from nexus_mcp.workspace import TreeFile, Workspace
 
 CAP_FILES_SCANNED = "max_files_scanned"
 CAP_RESULTS = "max_results"
@@ -99,35 +100,16 @@ class ScanBudget:
         return False
 
 
-def walk_files(
-    root: Path,
-    start: Path,
-    budget: ScanBudget,
-    *,
-    hidden: Callable[[Path], bool] | None = None,
-) -> Iterator[tuple[str, Path]]:
-    """Yield ``(relative_posix_path, absolute_path)`` of regular files under ``start``.
-
-    ``hidden`` names paths never to yield nor descend into (the server's own state).
-    """
-    for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
-        base = Path(dirpath)
-        if hidden is not None:
-            dirnames[:] = [d for d in dirnames if not hidden(base / d)]
-        dirnames.sort()
-        for name in sorted(filenames):
-            absolute = base / name
-            if absolute.is_symlink() or not absolute.is_file():
-                continue
-            if hidden is not None and hidden(absolute):
-                continue
-            if budget.files_scanned >= budget.caps.max_files_scanned:
-                budget.cut(CAP_FILES_SCANNED)
-                return
-            if budget.out_of_time():
-                return
-            budget.files_scanned += 1
-            yield absolute.relative_to(root).as_posix(), absolute
+def bounded(files: Iterable[TreeFile], budget: ScanBudget) -> Iterator[TreeFile]:
+    """The files of a walk, cut by the files-scanned and time caps (and saying so)."""
+    for found in files:
+        if budget.files_scanned >= budget.caps.max_files_scanned:
+            budget.cut(CAP_FILES_SCANNED)
+            return
+        if budget.out_of_time():
+            return
+        budget.files_scanned += 1
+        yield found
 
 
 @dataclass(frozen=True)
@@ -144,29 +126,34 @@ class FileMatches:
 
 
 def grep_file(
-    absolute: Path, matcher: re.Pattern[str], caps: SearchSettings
+    found: TreeFile, matcher: re.Pattern[str], caps: SearchSettings
 ) -> tuple[list[LineMatch], bool] | None:
-    """Matches in one file, or None when the file is skipped (binary or too large)."""
+    """Matches in one file, or None when the file is skipped (binary, too large, or no
+    longer a regular file when opened: it is opened on its folder's descriptor without
+    following a link)."""
+    fd = Workspace.open_file(found)
+    if fd is None:
+        return None
     try:
-        size = absolute.stat().st_size
-        if size > caps.max_file_bytes:
+        if os.fstat(fd).st_size > caps.max_file_bytes:
             return None
-        with absolute.open("rb") as handle:
-            data = handle.read(caps.max_file_bytes)
+        data = os.read(fd, caps.max_file_bytes)
     except OSError:
         return None
+    finally:
+        os.close(fd)
     if is_binary(data[: caps.binary_sniff_bytes]):
         return None
     text = data.decode("utf-8", errors="replace")
-    found: list[LineMatch] = []
+    found_lines: list[LineMatch] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if len(line) > MAX_SEARCHED_LINE_CHARS:
             continue
         if matcher.search(line):
-            if len(found) >= caps.max_matches_per_file:
-                return found, True
-            found.append(LineMatch(number, line[:MAX_LINE_CHARS]))
-    return found, False
+            if len(found_lines) >= caps.max_matches_per_file:
+                return found_lines, True
+            found_lines.append(LineMatch(number, line[:MAX_LINE_CHARS]))
+    return found_lines, False
 
 
 def compile_matcher(
@@ -194,10 +181,10 @@ __all__ = [
     "FileMatches",
     "LineMatch",
     "ScanBudget",
+    "bounded",
     "compile_glob",
     "compile_matcher",
     "grep_file",
     "has_allowed_extension",
     "is_binary",
-    "walk_files",
 ]

@@ -64,7 +64,7 @@ from nexus_mcp.policy.registry import (
     default_registry_dir,
     load_registry_dir,
 )
-from nexus_mcp.policy.write_policy import WritePolicyConfig, load_write_policy_config
+from nexus_mcp.policy.write_policy import PathGate, WritePolicyConfig, load_write_policy_config
 from nexus_mcp.settings import Settings, config_sections
 from nexus_mcp.state import grants_path, idempotency_path, server_state_paths
 from nexus_mcp.stores.grants import SqliteTupleStore
@@ -165,13 +165,15 @@ def build_verifier(settings: Settings) -> TokenVerifier | None:
     )
 
 
-def resolve_workspace(settings: Settings) -> Workspace:
+def resolve_workspace(settings: Settings, policies: WritePolicyConfig) -> Workspace:
     root = settings.workspace
     if root is None:
         raise ConfigError("no workspace: set --workspace or NEXUS_MCP_WORKSPACE")
     if not root.is_dir():
         raise ConfigError(f"workspace is not a folder: {root}")
-    return Workspace(root, hidden=server_state_paths(settings, root))
+    # The gate is the same policy the chain applies, asked again when a write acts.
+    gate = PathGate(policies.policy_for_workspace())
+    return Workspace(root, hidden=server_state_paths(settings, root), gate=gate)
 
 
 def build_server(
@@ -191,7 +193,8 @@ def build_server(
         )
     environ = dict(os.environ if env is None else env)
     sections = config_sections(config_file)
-    workspace = resolve_workspace(settings)
+    write_policies = load_write_policies(sections, settings)
+    workspace = resolve_workspace(settings, write_policies)
     catalog = ToolCatalog()
     vaults = VaultRouter(settings)
     # The discovery tools ask the namespace, which is built from the tool list below; the
@@ -215,7 +218,6 @@ def build_server(
     enforcer = RegistryEnforcer(
         registry, server_id=settings.registry.server_id, mode=settings.mode, contracts=contracts
     )
-    write_policies = load_write_policies(sections, settings)
     approval_keys, approval_settings = load_approvals(sections, environ, settings, write_policies)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]

@@ -1,30 +1,84 @@
-"""The embedded workspace: contained path resolution and atomic file operations.
+"""The embedded workspace: confined path resolution and atomic file operations.
 
-Containment is decided on real paths with a separator-aware check: the reference
-filesystem MCP server had CVEs for both symlink escapes and ``root-evil/`` prefix
-confusion (a plain ``startswith`` on strings). Every write goes to a temporary file in the
-target folder, is fsynced, then renamed over the target, so a failure never leaves a
-half-written file.
+The guarantee, for every file tool:
+
+1. **Decided on what is touched.** Every path is resolved to its real path below the
+   root, all symbolic links followed (``confinement.ConfinedRoot``), and the hidden-state
+   check and the write policy (``WriteGate``) are decided on that real path. Where the
+   operation acts on a link itself (delete, rmdir, rename) or writes through one (write,
+   edit, mkdir), both the link and what it leads to are checked, so a link cannot
+   carry a write into ``.git/``, out of ``allowed_paths`` or onto the server's state.
+   A folder that is removed or moved is checked entry by entry.
+2. **Decided when it is touched.** The checks run in the worker that performs the
+   operation, on the directory descriptors that the operation then uses (``dir_fd``,
+   every folder opened ``O_NOFOLLOW``, files opened ``O_NOFOLLOW``), right before it acts;
+   the chain's earlier check (step 6) only refuses sooner. A link swapped in by another
+   process between the check and the use can therefore not redirect the operation: the
+   walk fails, starts again on the new tree (and is judged again), or ends in ``CONFLICT``.
+   Nothing outside the root is read, created (temporary files included), changed or
+   removed through a link.
+3. **Atomic.** A write goes to a temporary file in the target's own folder (through the
+   same descriptor), is fsynced, then renamed over the target: a failure or a timeout
+   never leaves a half-written file or a temporary file behind.
+
+Residual risk (stated, not hidden): a process that can *move* a folder of the workspace
+to somewhere outside it, between the moment a call opened that folder and the moment
+it commits, can make that one call act in the moved folder. Right before it commits,
+the call checks that the folder is still at its real path (``ConfinedRoot.attached``),
+which shrinks that window to a few system calls; closing it needs the kernel (Linux's
+``openat2`` with ``RESOLVE_BENEATH`` on every step, which Python does not expose).
+
+Containment of the *names* is separator-aware: the reference filesystem MCP server had
+CVEs for both symlink escapes and ``root-evil/`` prefix confusion (a plain
+``startswith`` on strings).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import secrets
 import shutil
 import stat
-import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Protocol, TypeVar
 
-from nexus_mcp.errors import ConflictError, DocSizeExceededError, InvalidPathError, NotFoundError
+from nexus_mcp.confinement import (
+    DIR_FLAGS,
+    FILE_READ_FLAGS,
+    MAX_WALKS,
+    ConfinedRoot,
+    Located,
+    PathChangedError,
+    identity,
+)
+from nexus_mcp.errors import (
+    ConflictError,
+    DocSizeExceededError,
+    InvalidPathError,
+    NotFoundError,
+    WritePolicyDeniedError,
+)
 
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 MAX_PATH_LENGTH = 4096
+# Entries of a folder that rmdir or rename checks one by one before acting on it.
+MAX_SUBTREE_ENTRIES = 100_000
+TEMP_PREFIX = ".nexus-"
+TEMP_SUFFIX = ".tmp"
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+NEW_FILE_MODE = 0o666  # less the umask, as any program creating a file would
+NEW_DIR_MODE = 0o777
+
+T = TypeVar("T")
+# What a concurrent rename, removal or swap makes a system call answer.
+_RACE_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EINVAL})
 
 
 class CommitGuard:
@@ -83,12 +137,50 @@ def _committing() -> Iterator[None]:
         yield
 
 
+class WriteGate(Protocol):
+    """The write policy as the workspace asks it, on real paths at the moment of use."""
+
+    def check_paths(self, operation: str, paths: Sequence[str]) -> None:
+        """Raise ``WritePolicyDeniedError`` unless ``operation`` may touch every path."""
+        ...
+
+    def check_entry(self, path: str) -> None:
+        """Raise unless ``path``, inside a folder being removed or moved, may go with it."""
+        ...
+
+
 @dataclass(frozen=True)
 class ResolvedPath:
-    """A path inside the workspace: its workspace-relative form and its absolute form."""
+    """A caller path: as named (normalized) and where it led when it was resolved.
+
+    ``absolute`` is informational (a snapshot); every operation walks ``relative`` again
+    on descriptors when it acts, so what it touches is decided then.
+    """
 
     relative: str
     absolute: Path
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return tuple(self.relative.split("/")) if self.relative else ()
+
+
+@dataclass(frozen=True)
+class ListedEntry:
+    """One entry of a listing: its real workspace-relative path and its ``lstat``."""
+
+    relative: str
+    info: os.stat_result
+
+
+@dataclass(frozen=True)
+class TreeFile:
+    """A regular-file candidate found by ``Workspace.walk_files``; open it with ``open_file``."""
+
+    relative: str  # below the workspace root
+    below: str  # below the folder the walk started in
+    dir_fd: int  # valid only until the walk moves on
+    name: str
 
 
 def normalize_relative(raw: str) -> str:
@@ -124,13 +216,18 @@ def is_within(root: Path, candidate: Path) -> bool:
     return True
 
 
-class Workspace:
-    """File operations confined to one root folder."""
+def _below(parts: Sequence[str], folder: Sequence[str]) -> bool:
+    return len(parts) >= len(folder) and tuple(parts[: len(folder)]) == tuple(folder)
 
-    def __init__(self, root: Path, *, hidden: Iterable[Path] = ()) -> None:
-        self.root = root.resolve(strict=True)
-        if not self.root.is_dir():
-            raise NotADirectoryError(str(root))
+
+class Workspace:
+    """File operations confined to one root folder (see the module docstring)."""
+
+    def __init__(
+        self, root: Path, *, hidden: Iterable[Path] = (), gate: WriteGate | None = None
+    ) -> None:
+        self._confined = ConfinedRoot(root)
+        self.root = self._confined.path
         # The server's own state (audit log, grants, idempotency records) when it sits
         # inside the workspace, e.g. `serve --workspace .` with the default data dir:
         # never reachable through the file tools, or a caller could read the audit trail,
@@ -138,6 +235,9 @@ class Workspace:
         self.hidden = tuple(
             path for path in (h.resolve() for h in hidden) if is_within(self.root, path)
         )
+        self._hidden_parts = tuple(path.relative_to(self.root).parts for path in self.hidden)
+        # No gate, no writes: a workspace built without a write policy refuses them.
+        self._gate = gate
 
     def is_hidden(self, real: Path) -> bool:
         """True for server state (or anything inside a hidden folder)."""
@@ -149,163 +249,500 @@ class Workspace:
         """True when removing or moving ``real`` would take server state with it."""
         return any(is_within(real, hidden) for hidden in self.hidden)
 
-    # -- resolution ---------------------------------------------------------------------
+    def is_hidden_parts(self, parts: Sequence[str]) -> bool:
+        return any(_below(parts, hidden) for hidden in self._hidden_parts)
+
+    def _holds_hidden_parts(self, parts: Sequence[str]) -> bool:
+        return any(_below(hidden, parts) for hidden in self._hidden_parts)
+
+    # -- resolution (an early answer; operations resolve again when they act) -------------
 
     def resolve(self, raw: str, *, must_exist: bool = False) -> ResolvedPath:
-        """Resolve a caller path to a contained absolute path (symlinks followed)."""
+        """Resolve a caller path to a contained real path (every symlink followed)."""
         relative = normalize_relative(raw)
-        lexical = self.root / relative if relative else self.root
-        # resolve(strict=False) follows every symlink that exists along the way, so a link
-        # inside the workspace that points outside is caught here, before any I/O on it.
-        real = lexical.resolve(strict=False)
-        if not is_within(self.root, real):
-            raise InvalidPathError(reason="escapes_root")
-        if self.hidden and self.is_hidden(real):
+        parts = tuple(relative.split("/")) if relative else ()
+        if must_exist:
+            with self._locate(parts, follow_final=True) as located:
+                real, exists = located.parts, located.exists
+        else:
+            real, exists = self._confined.real_parts(parts), True
+        # Hidden before missing: whether server state exists is not the caller's business.
+        if self.is_hidden_parts(real):
             raise InvalidPathError(reason="server_state")
-        if must_exist and not real.exists():
+        if not exists:
             raise NotFoundError()
-        return ResolvedPath(relative=relative, absolute=real)
+        return ResolvedPath(relative=relative, absolute=self.root.joinpath(*real))
 
     def resolve_parent(self, raw: str) -> ResolvedPath:
         """Resolve a path whose final component may not exist yet (a write target)."""
         target = self.resolve(raw)
-        if target.absolute == self.root:
+        if target.absolute == self.root or not target.relative:
             raise InvalidPathError(reason="root")
         return target
 
     def relative_of(self, absolute: Path) -> str:
         return absolute.relative_to(self.root).as_posix()
 
+    def touched_paths(self, targets: Sequence[str]) -> list[str]:
+        """The real paths a write naming ``targets`` would touch, for the write policy.
+
+        Each target counts as the entry it names (a link itself, for delete and rename)
+        and as what it leads to, all links followed; a missing folder on the way counts
+        by its name. Hidden server state and paths leaving the root are refused here.
+        """
+        touched: list[str] = []
+        for raw in targets:
+            relative = normalize_relative(raw)
+            parts = tuple(relative.split("/")) if relative else ()
+            for follow in (False, True):
+                real = self._confined.real_parts(parts, follow_final=follow)
+                if self.is_hidden_parts(real):
+                    raise InvalidPathError(reason="server_state")
+                path = "/".join(real)
+                if path not in touched:
+                    touched.append(path)
+        return touched
+
+    # -- admission at the moment of use ---------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locate(self, parts: Sequence[str], *, follow_final: bool) -> Iterator[Located]:
+        """``ConfinedRoot.locate``; a missing folder inside hidden state is INVALID_PATH."""
+        try:
+            with self._confined.locate(parts, follow_final=follow_final) as located:
+                yield located
+        except NotFoundError:
+            if self._hidden_parts and self.is_hidden_parts(
+                self._confined.real_parts(parts, follow_final=follow_final)
+            ):
+                raise InvalidPathError(reason="server_state") from None
+            raise
+
+    @contextlib.contextmanager
+    def _touch(
+        self, operation: str | None, target: ResolvedPath, *, follow_final: bool
+    ) -> Iterator[Located]:
+        """Locate what an operation acts on and admit it (hidden state, write policy).
+
+        ``operation`` None is a read. The located parent stays open for the operation.
+        """
+        with self._locate(target.parts, follow_final=follow_final) as located:
+            touched = [located.parts]
+            if located.is_link:  # acting on a link itself: what it leads to counts too
+                touched.append(self._confined.real_parts(target.parts, follow_final=True))
+            elif located.through_link:  # written through a link: the link counts too
+                entry = self._confined.real_parts(target.parts, follow_final=False)
+                if entry != located.parts:
+                    touched.append(entry)
+            for parts in touched:
+                if self.is_hidden_parts(parts):
+                    raise InvalidPathError(reason="server_state")
+            if operation is not None:
+                if not located.parts:
+                    raise InvalidPathError(reason="root")
+                self._admit(operation, ["/".join(parts) for parts in touched])
+            yield located
+
+    def _admit(self, operation: str, paths: Sequence[str]) -> None:
+        if self._gate is None:
+            raise WritePolicyDeniedError(rule="no_policy")
+        self._gate.check_paths(operation, paths)
+
+    def _ensure_attached(self, located: Located) -> None:
+        if not self._confined.attached(located):
+            raise ConflictError(reason="path_changed")
+
+    @staticmethod
+    def _retrying(work: Callable[[], T]) -> T:
+        """Run ``work`` again when the tree changed under it (another process renamed,
+        removed or swapped something between our walk and our act): the next walk sees
+        the new tree and is judged again. Errors such a change causes are typed."""
+        for _ in range(MAX_WALKS):
+            try:
+                return work()
+            except PathChangedError:
+                continue
+            except OSError as exc:
+                if exc.errno in _RACE_ERRNOS:
+                    continue
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise ConflictError(reason="changed_meanwhile") from None
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    raise ConflictError(reason="permission_denied") from None
+                if exc.errno == errno.ENAMETOOLONG:
+                    raise InvalidPathError(reason="name_too_long") from None
+                raise
+        raise ConflictError(reason="path_changed")
+
     # -- reads --------------------------------------------------------------------------
 
     def read_bytes(self, target: ResolvedPath, *, limit: int) -> bytes:
         """Read at most ``limit`` bytes; a larger file is refused, never truncated."""
-        path = target.absolute
-        if not path.exists():
+
+        def read() -> bytes:
+            with self._touch(None, target, follow_final=True) as located:
+                return self._read_located(located, limit)
+
+        return self._retrying(read)
+
+    def _read_located(self, located: Located, limit: int) -> bytes:
+        if not located.exists:
             raise NotFoundError()
-        if not path.is_file():
+        if not located.is_file:
             raise ConflictError(reason="not_a_file")
-        with path.open("rb") as handle:
-            data = handle.read(limit + 1)
-        if len(data) > limit:
-            raise DocSizeExceededError(limit_name="max_read_bytes", limit_bytes=limit)
-        return data
+        fd = self._open_located(located)
+        try:
+            return _read_fd(fd, limit)
+        finally:
+            os.close(fd)
+
+    def _open_located(self, located: Located) -> int:
+        """Open a located regular file for reading, only if it is what the walk saw."""
+        assert located.name is not None and located.info is not None
+        try:
+            fd = os.open(located.name, FILE_READ_FLAGS, dir_fd=located.parent_fd)
+        except OSError:
+            raise PathChangedError() from None
+        if identity(os.fstat(fd)) != identity(located.info):
+            os.close(fd)
+            raise PathChangedError()
+        if not self._confined.attached(located):
+            os.close(fd)
+            raise ConflictError(reason="path_changed")
+        return fd
+
+    def describe(
+        self, target: ResolvedPath, *, hash_limit: int
+    ) -> tuple[os.stat_result, bytes | None]:
+        """``lstat`` of what ``target`` leads to, and its bytes when a file within the limit."""
+
+        def describe() -> tuple[os.stat_result, bytes | None]:
+            with self._touch(None, target, follow_final=True) as located:
+                if located.info is None:
+                    raise NotFoundError()
+                if located.is_file and located.info.st_size <= hash_limit:
+                    return located.info, self._read_located(located, hash_limit)
+                return located.info, None
+
+        return self._retrying(describe)
+
+    @contextlib.contextmanager
+    def open_dir(self, target: ResolvedPath) -> Iterator[tuple[int, tuple[str, ...]]]:
+        """A descriptor of the folder ``target`` leads to, and its real parts."""
+        opened = self._retrying(lambda: self._open_dir_once(target))
+        try:
+            yield opened
+        finally:
+            os.close(opened[0])
+
+    def _open_dir_once(self, target: ResolvedPath) -> tuple[int, tuple[str, ...]]:
+        with self._touch(None, target, follow_final=True) as located:
+            if not located.exists:
+                raise NotFoundError()
+            if not located.is_dir:
+                raise ConflictError(reason="not_a_directory")
+            return self._open_dir_fd(located), located.parts
+
+    def _open_dir_fd(self, located: Located) -> int:
+        if located.name is None:  # the root: its own descriptor
+            return os.dup(located.parent_fd)
+        assert located.info is not None
+        try:
+            fd = os.open(located.name, DIR_FLAGS, dir_fd=located.parent_fd)
+        except OSError:
+            raise PathChangedError() from None
+        if identity(os.fstat(fd)) != identity(located.info):
+            os.close(fd)
+            raise PathChangedError()
+        return fd
+
+    def iter_tree(
+        self, dir_fd: int, base: Sequence[str], *, recursive: bool
+    ) -> Iterator[tuple[tuple[str, ...], int, list[str], list[str]]]:
+        """``(folder_parts, folder_fd, dirnames, filenames)`` below an open folder, sorted.
+
+        Never follows a link, never enters or lists hidden state; ``os.fwalk`` opens each
+        folder on the descriptor of its parent and checks it is the one ``lstat`` saw,
+        so a folder swapped for a link during the walk is skipped, not followed.
+        """
+        for dirpath, dirnames, filenames, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+            below = tuple(dirpath.split("/")[1:])
+            folder = (*base, *below)
+            dirnames[:] = sorted(d for d in dirnames if not self.is_hidden_parts((*folder, d)))
+            files = sorted(f for f in filenames if not self.is_hidden_parts((*folder, f)))
+            yield folder, fd, list(dirnames), files
+            if not recursive:
+                dirnames[:] = []
+
+    def walk_files(self, dir_fd: int, base: Sequence[str]) -> Iterator[TreeFile]:
+        """The regular files below an open folder (links are never yielded nor followed)."""
+        for folder, fd, _dirs, files in self.iter_tree(dir_fd, base, recursive=True):
+            below = "/".join(folder[len(base) :])
+            for name in files:
+                try:
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                yield TreeFile(
+                    relative="/".join((*folder, name)),
+                    below=f"{below}/{name}" if below else name,
+                    dir_fd=fd,
+                    name=name,
+                )
+
+    @staticmethod
+    def open_file(found: TreeFile) -> int | None:
+        """Open a walked file for reading: None for a link, a FIFO or anything not regular."""
+        try:
+            fd = os.open(found.name, FILE_READ_FLAGS, dir_fd=found.dir_fd)
+        except OSError:
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
 
     # -- writes -------------------------------------------------------------------------
 
     def write_atomic(self, target: ResolvedPath, data: bytes, *, overwrite: bool) -> bool:
         """Write ``data`` to ``target`` atomically; returns True when a file was replaced."""
-        path = target.absolute
-        if path.is_dir():
-            raise ConflictError(reason="is_directory")
-        existed = path.exists()
-        if existed and not overwrite:
-            raise ConflictError(reason="exists")
-        parent = path.parent
-        if not parent.is_dir():
-            raise NotFoundError(reason="parent_missing")
-        mode = stat.S_IMODE(path.stat().st_mode) if existed else None
-        fd, tmp_name = tempfile.mkstemp(prefix=".nexus-", suffix=".tmp", dir=parent)
+
+        def write() -> bool:
+            with self._touch("write", target, follow_final=True) as located:
+                if located.is_dir:
+                    raise ConflictError(reason="is_directory")
+                if located.exists and not overwrite:
+                    raise ConflictError(reason="exists")
+                if located.exists and not located.is_file:
+                    raise ConflictError(reason="not_a_file")
+                mode = stat.S_IMODE(located.info.st_mode) if located.info else None
+                self._replace(located, data, mode)
+                return located.exists
+
+        return self._retrying(write)
+
+    def edit(self, target: ResolvedPath, change: Callable[[bytes], bytes], *, limit: int) -> bytes:
+        """Read a file, ``change`` its bytes and write the result back atomically, all on
+        one located folder (so the read and the write are the same file)."""
+
+        def edit() -> bytes:
+            with self._touch("edit", target, follow_final=True) as located:
+                original = self._read_located(located, limit)
+                data = change(original)
+                assert located.info is not None
+                self._replace(located, data, stat.S_IMODE(located.info.st_mode))
+                return data
+
+        return self._retrying(edit)
+
+    def _replace(self, located: Located, data: bytes, mode: int | None) -> None:
+        """Temporary file beside the target (same descriptor), fsync, rename over it."""
+        assert located.name is not None
+        parent = located.parent_fd
+        self._ensure_attached(located)
+        tmp = f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        fd = os.open(tmp, _TEMP_FLAGS, NEW_FILE_MODE if mode is None else 0o600, dir_fd=parent)
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            if mode is not None:
-                os.chmod(tmp_name, mode)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if mode is not None:
+                    os.fchmod(fd, mode)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             with _committing():
-                os.replace(tmp_name, path)
+                self._ensure_attached(located)
+                os.replace(tmp, located.name, src_dir_fd=parent, dst_dir_fd=parent)
         except BaseException:
             # Cancellation (a timeout) included: never leave the temporary file behind.
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp_name)
+                os.unlink(tmp, dir_fd=parent)
             raise
-        self._fsync_dir(parent)
-        return existed
+        _fsync_fd(parent)
 
     def delete_file(self, target: ResolvedPath) -> None:
-        path = target.absolute
-        if not path.exists() and not path.is_symlink():
-            raise NotFoundError()
-        if path.is_dir():
-            raise ConflictError(reason="is_directory")
-        with _committing():
-            path.unlink()
-        self._fsync_dir(path.parent)
+        """Remove one file, or one link itself (never what it points to)."""
+
+        def delete() -> None:
+            with self._touch("delete", target, follow_final=False) as located:
+                if not located.exists:
+                    raise NotFoundError()
+                if located.is_dir:
+                    raise ConflictError(reason="is_directory")
+                assert located.name is not None
+                with _committing():
+                    self._ensure_attached(located)
+                    os.unlink(located.name, dir_fd=located.parent_fd)
+                _fsync_fd(located.parent_fd)
+
+        self._retrying(delete)
 
     def make_dir(self, target: ResolvedPath, *, parents: bool) -> bool:
-        path = target.absolute
-        if path.exists():
-            if path.is_dir():
-                return False
-            raise ConflictError(reason="exists")
-        if not parents and not path.parent.is_dir():
-            raise NotFoundError(reason="parent_missing")
-        with _committing():
-            path.mkdir(parents=parents, exist_ok=False)
-        return True
+        """Create a folder (and missing parents when asked); False when it already was one."""
+
+        def make() -> bool:
+            parts = target.parts
+            # Decided on the whole real path first; each folder created on the way must
+            # then lie on that very path, so a link swapped in meanwhile cannot make a
+            # parent land elsewhere (the walk starts again and is judged again).
+            self._admit("mkdir", self.touched_paths([target.relative]))
+            admitted = self._confined.real_parts(parts, follow_final=True)
+            created = False
+            for depth in range(1 if parents else len(parts), len(parts) + 1):
+                step = ResolvedPath("/".join(parts[:depth]), self.root)
+                created = self._make_one(step, admitted, final=depth == len(parts))
+            return created
+
+        return self._retrying(make)
+
+    def _make_one(self, step: ResolvedPath, admitted: Sequence[str], *, final: bool) -> bool:
+        operation = "mkdir" if final else None  # the final folder is judged again here
+        with self._touch(operation, step, follow_final=True) as located:
+            if not _below(admitted, located.parts) or (final and located.parts != admitted):
+                raise PathChangedError()
+            if located.exists:
+                if located.is_dir:
+                    return False
+                raise ConflictError(reason="exists")
+            assert located.name is not None
+            with _committing():
+                self._ensure_attached(located)
+                try:
+                    os.mkdir(located.name, NEW_DIR_MODE, dir_fd=located.parent_fd)
+                except FileExistsError:
+                    raise PathChangedError() from None
+            _fsync_fd(located.parent_fd)
+            return True
 
     def remove_dir(self, target: ResolvedPath, *, recursive: bool) -> int:
-        """Remove a directory; recursive only when asked. Returns entries removed."""
-        path = target.absolute
-        if path == self.root:
-            raise InvalidPathError(reason="root")
-        if not path.exists():
-            raise NotFoundError()
-        if not path.is_dir() or path.is_symlink():
-            raise ConflictError(reason="not_a_directory")
-        if self.holds_hidden(path):
-            raise InvalidPathError(reason="server_state")
-        entries = sum(1 for _ in path.rglob("*"))
-        if entries and not recursive:
-            raise ConflictError(reason="not_empty")
-        with _committing():
-            if recursive:
-                shutil.rmtree(path)
-            else:
-                path.rmdir()
-        self._fsync_dir(path.parent)
-        return entries + 1
+        """Remove a folder (a link to one is refused); recursive only when asked.
 
-    def rename(self, source: ResolvedPath, destination: ResolvedPath, *, overwrite: bool) -> None:
-        src, dst = source.absolute, destination.absolute
-        if not src.exists():
-            raise NotFoundError()
-        if src == self.root or dst == self.root:
-            raise InvalidPathError(reason="root")
-        if self.holds_hidden(src):
-            raise InvalidPathError(reason="server_state")
-        if src.is_dir() and is_within(src, dst):
-            raise ConflictError(reason="into_itself")
-        if dst.exists() and (not overwrite or dst.is_dir() or src.is_dir()):
-            raise ConflictError(reason="exists")
-        if not dst.parent.is_dir():
-            raise NotFoundError(reason="parent_missing")
-        with _committing():
-            os.replace(src, dst)
-        self._fsync_dir(dst.parent)
+        Returns the entries removed, the folder included.
+        """
 
-    @staticmethod
-    def _fsync_dir(folder: Path) -> None:
-        # Makes the rename itself durable; not every platform allows opening a directory.
+        def remove() -> int:
+            with self._touch("rmdir", target, follow_final=False) as located:
+                if not located.exists:
+                    raise NotFoundError()
+                if not located.is_dir:
+                    raise ConflictError(reason="not_a_directory")
+                if self._holds_hidden_parts(located.parts):
+                    raise InvalidPathError(reason="server_state")
+                assert located.name is not None
+                entries = self._check_subtree(located)
+                if entries and not recursive:
+                    raise ConflictError(reason="not_empty")
+                with _committing():
+                    self._ensure_attached(located)
+                    if recursive:
+                        # fd-based on this platform (shutil.rmtree.avoids_symlink_attacks):
+                        # it never follows a link out of the folder.
+                        shutil.rmtree(located.name, dir_fd=located.parent_fd)
+                    else:
+                        os.rmdir(located.name, dir_fd=located.parent_fd)
+                _fsync_fd(located.parent_fd)
+                return entries + 1
+
+        return self._retrying(remove)
+
+    def check_subtree(self, target: ResolvedPath) -> None:
+        """Refuse early when removing or moving folder ``target`` would take a protected
+        entry with it (checked again when the operation acts)."""
+
+        def check() -> None:
+            with self._confined.locate(target.parts, follow_final=False) as located:
+                if located.is_dir and located.parts:
+                    self._check_subtree(located)
+
+        self._retrying(check)
+
+    def _check_subtree(self, located: Located) -> int:
+        """Count a folder's entries, each checked against the write policy's entries."""
+        fd = self._open_dir_fd(located)
+        count = 0
         try:
-            fd = os.open(folder, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
+            for folder, _fd, dirnames, filenames in self.iter_tree(
+                fd, located.parts, recursive=True
+            ):
+                for name in (*dirnames, *filenames):
+                    count += 1
+                    if count > MAX_SUBTREE_ENTRIES:
+                        raise WritePolicyDeniedError(rule="disallowed_subtree")
+                    if self._gate is None:
+                        raise WritePolicyDeniedError(rule="no_policy")
+                    self._gate.check_entry("/".join((*folder, name)))
         finally:
             os.close(fd)
+        # Hidden entries are skipped by the walk; a folder holding any was refused before.
+        return count
+
+    def rename(self, source: ResolvedPath, destination: ResolvedPath, *, overwrite: bool) -> None:
+        """Rename a file, a folder or a link itself (never what it points to)."""
+
+        def move() -> None:
+            with (
+                self._touch("rename", source, follow_final=False) as src,
+                self._touch("rename", destination, follow_final=False) as dst,
+            ):
+                if not src.exists:
+                    raise NotFoundError()
+                if self._holds_hidden_parts(src.parts):
+                    raise InvalidPathError(reason="server_state")
+                if src.is_dir:
+                    if _below(dst.parts, src.parts):
+                        raise ConflictError(reason="into_itself")
+                    self._check_subtree(src)
+                if dst.exists and (not overwrite or dst.is_dir or src.is_dir):
+                    raise ConflictError(reason="exists")
+                assert src.name is not None and dst.name is not None
+                with _committing():
+                    self._ensure_attached(src)
+                    self._ensure_attached(dst)
+                    os.replace(
+                        src.name, dst.name, src_dir_fd=src.parent_fd, dst_dir_fd=dst.parent_fd
+                    )
+                _fsync_fd(dst.parent_fd)
+                if src.parts[:-1] != dst.parts[:-1]:
+                    _fsync_fd(src.parent_fd)
+
+        self._retrying(move)
+
+
+def _read_fd(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = limit + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise DocSizeExceededError(limit_name="max_read_bytes", limit_bytes=limit)
+    return data
+
+
+def _fsync_fd(fd: int) -> None:
+    # Makes a rename or unlink itself durable; not every platform allows it on a folder.
+    with contextlib.suppress(OSError):
+        os.fsync(fd)
 
 
 __all__ = [
     "MAX_PATH_LENGTH",
+    "MAX_SUBTREE_ENTRIES",
     "CommitGuard",
+    "ListedEntry",
     "ResolvedPath",
+    "TreeFile",
     "Workspace",
     "WriteCancelledError",
+    "WriteGate",
     "guarded",
     "is_within",
     "normalize_relative",

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from nexus_mcp.errors import Code, NexusError
-from nexus_mcp.search import ScanBudget, compile_glob, compile_matcher, is_binary, walk_files
+from nexus_mcp.search import ScanBudget, bounded, compile_glob, compile_matcher, is_binary
+from nexus_mcp.workspace import TreeFile, Workspace
 from nexus_mcp.settings import SearchSettings
 
 
@@ -63,7 +64,7 @@ def test_walk_stops_at_the_files_scanned_cap_and_says_so(tmp_path: Path) -> None
     for i in range(10):
         (tmp_path / f"f{i}.txt").write_text("x")
     budget = ScanBudget(SearchSettings(max_files_scanned=3))
-    assert len(list(walk_files(tmp_path, tmp_path, budget))) == 3
+    assert len(walk(tmp_path, budget)) == 3
     assert budget.cut_by == ["max_files_scanned"]
 
 
@@ -75,5 +76,11 @@ def test_walk_never_follows_symlinks(tmp_path: Path) -> None:
     (root / "link").symlink_to(outside)
     (root / "file-link").symlink_to(outside / "secret.txt")
     (root / "ok.txt").write_text("ok")
-    found = [rel for rel, _ in walk_files(root, root, ScanBudget(SearchSettings()))]
+    found = [f.relative for f in walk(root, ScanBudget(SearchSettings()))]
     assert found == ["ok.txt"]
+
+
+def walk(root: Path, budget: ScanBudget) -> list[TreeFile]:
+    workspace = Workspace(root)
+    with workspace.open_dir(workspace.resolve(".")) as (fd, base):
+        return list(bounded(workspace.walk_files(fd, base), budget))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from nexus_mcp.errors import Code, InvalidPathError, NexusError
+from nexus_mcp.policy.write_policy import DEV_WRITE_POLICY, PathGate
 from nexus_mcp.workspace import Workspace, is_within, normalize_relative
 
 
@@ -23,7 +24,7 @@ def ws(tmp_path: Path) -> Workspace:
     (root / "link-file-out").symlink_to(evil / "x.txt")
     (root / "sub").mkdir()
     (root / "link-in").symlink_to(root / "sub")
-    return Workspace(root)
+    return Workspace(root, gate=PathGate(DEV_WRITE_POLICY))
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,7 @@ check passed.
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -29,23 +28,23 @@ from nexus_mcp.policy.approvals import (
     verify_approval_token,
 )
 from nexus_mcp.policy.write_policy import (
-    RULE_DISALLOWED_SUBTREE,
+    SUBTREE_OPERATIONS,
     TOOL_OPERATIONS,
     WritePolicy,
     WritePolicyConfig,
     check_write,
     count_changed_lines,
-    is_path_disallowed,
 )
 from nexus_mcp.principal import Principal
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.workspace import Workspace, normalize_relative
 
-MAX_SUBTREE_ENTRIES = 100_000
-
 
 def target_paths(operation: str, arguments: dict[str, Any]) -> list[str]:
-    """The workspace paths a write touches, normalized (``INVALID_PATH`` when hostile)."""
+    """The workspace paths a write names, normalized (``INVALID_PATH`` when hostile).
+
+    As the caller wrote them: for messages. Policy is decided on ``Workspace.touched_paths``.
+    """
     keys = ("source", "destination") if operation == "rename" else ("path",)
     return [normalize_relative(arguments[k]) for k in keys if isinstance(arguments.get(k), str)]
 
@@ -132,7 +131,10 @@ class ApprovalMiddleware(Middleware):
         operation = TOOL_OPERATIONS.get(state.tool_name)
         if operation is None:
             raise WritePolicyDeniedError(rule="unknown_operation")
-        paths = target_paths(operation, state.arguments)
+        named = target_paths(operation, state.arguments)
+        # Decided on the real paths the write would touch (links followed), not on the
+        # names the caller wrote; the workspace decides again when it acts.
+        paths = self.workspace.touched_paths(named)
         size_bytes, changed_lines = measure_write(operation, state.arguments)
         decision = check_write(
             policy,
@@ -141,26 +143,12 @@ class ApprovalMiddleware(Middleware):
             size_bytes=size_bytes,
             changed_lines=changed_lines,
         )
-        if operation in ("rmdir", "rename"):
-            self._check_subtrees(policy, paths)
+        if operation in SUBTREE_OPERATIONS:
+            # A folder moved or removed as a whole must not carry a protected entry with
+            # it (a nested .git/, say), which patterns on the folder's own path cannot see.
+            for name in named:
+                self.workspace.check_subtree(self.workspace.resolve(name))
         return decision
-
-    def _check_subtrees(self, policy: WritePolicy | None, paths: Sequence[str]) -> None:
-        # A folder moved or removed as a whole must not carry a protected entry with it
-        # (a nested .git/, say), which patterns on the folder's own path cannot see.
-        seen = 0
-        for path in paths:
-            folder = self.workspace.root / path
-            if not folder.is_dir() or folder.is_symlink():
-                continue
-            for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-                for name in [*dirnames, *filenames]:
-                    seen += 1
-                    relative = os.path.relpath(os.path.join(dirpath, name), self.workspace.root)
-                    if seen > MAX_SUBTREE_ENTRIES or is_path_disallowed(
-                        policy, relative.replace(os.sep, "/")
-                    ):
-                        raise WritePolicyDeniedError(rule=RULE_DISALLOWED_SUBTREE)
 
     async def _check_token(self, state: CallState) -> None:
         principal = state.principal

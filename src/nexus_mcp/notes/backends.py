@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from nexus_mcp.errors import UpstreamError
+from nexus_mcp.confinement import MAX_WALKS, ConfinedRoot, PathChangedError, identity
+from nexus_mcp.errors import ConflictError, InvalidPathError, NotFoundError, UpstreamError
 from nexus_mcp.notes.frontmatter import parse_note_frontmatter
 from nexus_mcp.notes.paths import PATH_SEPARATOR, check_normalized_path
 from nexus_mcp.notes.source import NoteSource
@@ -29,7 +30,7 @@ DEFAULT_MAX_NOTE_FILE_BYTES = 8 * 1024 * 1024
 
 _OPEN_FLAGS = (
     os.O_RDONLY
-    | getattr(os, "O_NOFOLLOW", 0)  # the real path was checked; a swapped-in link fails
+    | getattr(os, "O_NOFOLLOW", 0)  # the walk resolved links; a swapped-in one fails
     | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block the open
     | getattr(os, "O_CLOEXEC", 0)
 )
@@ -74,30 +75,49 @@ class LocalVaultBackend:
         return NoteSource(body=body, frontmatter=frontmatter)
 
     def _read_text(self, safe_path: str) -> str:
+        # Resolved and opened beneath the vault on directory descriptors (the same
+        # walk as the workspace's): a link swapped in after the check cannot redirect
+        # the read outside the vault.
         try:
-            root_real = os.path.realpath(self._root, strict=True)
+            vault = ConfinedRoot(self._root)
         except OSError:
             raise _failure("vault_root_unavailable") from None
-        candidate = os.path.join(root_real, *safe_path.split(PATH_SEPARATOR))
-        if not os.path.exists(candidate):
-            raise UpstreamError.status(NOT_FOUND_STATUS)
-        real = os.path.realpath(candidate)
-        if not is_path_inside(root_real, real):
-            raise UpstreamError.invalid_path()
-        if any(is_path_inside(hidden, real) for hidden in self._hidden):
-            raise UpstreamError.invalid_path()
+        parts = safe_path.split(PATH_SEPARATOR)
+        for _ in range(MAX_WALKS):
+            try:
+                return self._read_confined(vault, parts)
+            except PathChangedError:
+                continue
+        raise _failure("path_changed")
+
+    def _read_confined(self, vault: ConfinedRoot, parts: list[str]) -> str:
         try:
-            fd = os.open(real, _OPEN_FLAGS)
-        except FileNotFoundError:
+            with vault.locate(parts) as located:
+                real = os.path.join(str(vault.path), *located.parts)
+                if any(is_path_inside(hidden, real) for hidden in self._hidden):
+                    raise UpstreamError.invalid_path()
+                if located.info is None or located.name is None:
+                    raise UpstreamError.status(NOT_FOUND_STATUS)
+                try:
+                    fd = os.open(located.name, _OPEN_FLAGS, dir_fd=located.parent_fd)
+                except FileNotFoundError:
+                    raise UpstreamError.status(NOT_FOUND_STATUS) from None
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        raise PathChangedError() from None
+                    raise _failure("open_failed") from None
+                try:
+                    if identity(os.fstat(fd)) != identity(located.info):
+                        raise PathChangedError()
+                    if not vault.attached(located):
+                        raise _failure("path_changed")
+                    return self._read_regular_file(fd)
+                finally:
+                    os.close(fd)
+        except NotFoundError:
             raise UpstreamError.status(NOT_FOUND_STATUS) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UpstreamError.invalid_path() from None
-            raise _failure("open_failed") from None
-        try:
-            return self._read_regular_file(fd)
-        finally:
-            os.close(fd)
+        except (InvalidPathError, ConflictError):
+            raise UpstreamError.invalid_path() from None
 
     def _read_regular_file(self, fd: int) -> str:
         try:

@@ -337,6 +337,25 @@ def check_write(
     return decision
 
 
+@dataclass(frozen=True)
+class PathGate:
+    """The path rules of one policy, as the workspace asks them when a write acts.
+
+    The chain decides the whole policy (operations, paths, sizes) before the tool runs;
+    the workspace asks this gate again, on the real paths it is about to touch, in the
+    worker that touches them (``workspace.WriteGate``). ``None`` denies every write.
+    """
+
+    policy: WritePolicy | None
+
+    def check_paths(self, operation: str, paths: Sequence[str]) -> None:
+        check_write(self.policy, operation=operation, paths=paths)
+
+    def check_entry(self, path: str) -> None:
+        if is_path_disallowed(self.policy, path):
+            raise WritePolicyDeniedError(rule=RULE_DISALLOWED_SUBTREE)
+
+
 def is_path_disallowed(policy: WritePolicy | None, path: str) -> bool:
     """True when ``path`` (or an ancestor) matches a disallowed entry, defaults included."""
     segments = _to_segments(path)
@@ -458,6 +477,7 @@ __all__ = [
     "RULE_WORKSPACE_ROOT",
     "TOOL_OPERATIONS",
     "Operation",
+    "PathGate",
     "WriteDecision",
     "WritePolicy",
     "WritePolicyConfig",

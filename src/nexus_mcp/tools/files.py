@@ -14,24 +14,23 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
 from nexus_mcp.decorator import nexus_tool
-from nexus_mcp.errors import ConflictError, InvalidInputError, NotFoundError
+from nexus_mcp.errors import ConflictError, InvalidInputError
 from nexus_mcp.search import (
     CAP_RESULTS,
     ScanBudget,
+    bounded,
     compile_glob,
     compile_matcher,
     grep_file,
     has_allowed_extension,
     is_binary,
-    walk_files,
 )
 from nexus_mcp.settings import Settings
 from nexus_mcp.workspace import CommitGuard, Workspace, guarded
@@ -196,27 +195,32 @@ def build_files_tools(
     async def nexus_list_files(path: PathArg = ".", recursive: bool = False) -> ListFilesResult:
         """List a folder of the workspace (its direct entries, or everything below it)."""
         target = workspace.resolve(path, must_exist=True)
-        if not target.absolute.is_dir():
-            raise ConflictError(reason="not_a_directory")
 
         def scan() -> ListFilesResult:
             entries: list[FileEntry] = []
             truncated = False
-            for child in _iter_children(
-                target.absolute, recursive=recursive, hidden=workspace.is_hidden
-            ):
-                if len(entries) >= limits.max_list_entries:
-                    truncated = True
-                    break
-                info = child.lstat()
-                kind = _entry_type(info.st_mode)
-                entries.append(
-                    FileEntry(
-                        path=workspace.relative_of(child),
-                        type=kind,
-                        size_bytes=info.st_size if kind == "file" else None,
-                    )
-                )
+            with workspace.open_dir(target) as (dir_fd, base):
+                for _folder, fd, dirnames, filenames in workspace.iter_tree(
+                    dir_fd, base, recursive=recursive
+                ):
+                    for name in sorted([*dirnames, *filenames]):
+                        if len(entries) >= limits.max_list_entries:
+                            truncated = True
+                            break
+                        try:
+                            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue  # removed while we listed
+                        kind = _entry_type(info.st_mode)
+                        entries.append(
+                            FileEntry(
+                                path="/".join((*_folder, name)),
+                                type=kind,
+                                size_bytes=info.st_size if kind == "file" else None,
+                            )
+                        )
+                    if truncated:
+                        break
             return ListFilesResult(
                 path=target.relative or ".", entries=entries, truncated=truncated
             )
@@ -229,11 +233,10 @@ def build_files_tools(
         target = workspace.resolve(path, must_exist=True)
 
         def describe() -> FileInfoResult:
-            info = target.absolute.stat()
+            info, data = workspace.describe(target, hash_limit=limits.max_read_bytes)
             kind = _entry_type(info.st_mode)
             digest, binary = None, None
-            if kind == "file" and info.st_size <= limits.max_read_bytes:
-                data = target.absolute.read_bytes()
+            if data is not None:
                 digest = hashlib.sha256(data).hexdigest()
                 binary = is_binary(data[: caps.binary_sniff_bytes])
             return FileInfoResult(
@@ -258,17 +261,14 @@ def build_files_tools(
 
         def scan() -> GlobResult:
             budget = ScanBudget(caps)
-            base = target.absolute
             matches: list[str] = []
-            for relative, absolute in walk_files(
-                workspace.root, base, budget, hidden=workspace.is_hidden
-            ):
-                below = absolute.relative_to(base).as_posix()
-                if matcher.match(below):
-                    if len(matches) >= caps.max_results:
-                        budget.cut(CAP_RESULTS)
-                        break
-                    matches.append(relative)
+            with workspace.open_dir(target) as (dir_fd, base):
+                for found in bounded(workspace.walk_files(dir_fd, base), budget):
+                    if matcher.match(found.below):
+                        if len(matches) >= caps.max_results:
+                            budget.cut(CAP_RESULTS)
+                            break
+                        matches.append(found.relative)
             return GlobResult(
                 matches=matches,
                 files_scanned=budget.files_scanned,
@@ -296,31 +296,30 @@ def build_files_tools(
         def scan() -> GrepResult:
             budget = ScanBudget(caps)
             files: list[GrepFile] = []
-            for relative, absolute in walk_files(
-                workspace.root, target.absolute, budget, hidden=workspace.is_hidden
-            ):
-                if not has_allowed_extension(relative, caps):
-                    continue
-                if file_filter is not None and not file_filter.match(
-                    absolute.relative_to(target.absolute).as_posix()
-                ):
-                    continue
-                found = grep_file(absolute, matcher, caps)
-                if not found or not found[0]:
-                    continue
-                if len(files) >= caps.max_results:
-                    budget.cut(CAP_RESULTS)
-                    break
-                lines, more = found
-                if more:
-                    budget.cut("max_matches_per_file")
-                files.append(
-                    GrepFile(
-                        path=relative,
-                        matches=[GrepLine(line_number=m.line_number, text=m.text) for m in lines],
-                        more_in_file=more,
+            with workspace.open_dir(target) as (dir_fd, base):
+                for found_file in bounded(workspace.walk_files(dir_fd, base), budget):
+                    if not has_allowed_extension(found_file.relative, caps):
+                        continue
+                    if file_filter is not None and not file_filter.match(found_file.below):
+                        continue
+                    found = grep_file(found_file, matcher, caps)
+                    if not found or not found[0]:
+                        continue
+                    if len(files) >= caps.max_results:
+                        budget.cut(CAP_RESULTS)
+                        break
+                    lines, more = found
+                    if more:
+                        budget.cut("max_matches_per_file")
+                    files.append(
+                        GrepFile(
+                            path=found_file.relative,
+                            matches=[
+                                GrepLine(line_number=m.line_number, text=m.text) for m in lines
+                            ],
+                            more_in_file=more,
+                        )
                     )
-                )
             return GrepResult(
                 files=files,
                 files_scanned=budget.files_scanned,
@@ -364,9 +363,10 @@ def build_files_tools(
         if not old_text:
             raise InvalidInputError(field="old_text")
         target = workspace.resolve(path, must_exist=True)
+        replaced = 0
 
-        def edit() -> EditFileResult:
-            original = workspace.read_bytes(target, limit=limits.max_read_bytes)
+        def change(original: bytes) -> bytes:
+            nonlocal replaced
             try:
                 text = original.decode("utf-8")
             except UnicodeDecodeError:
@@ -378,11 +378,14 @@ def build_files_tools(
                     reason="occurrences",
                     found=found,
                 )
-            data = text.replace(old_text, new_text).encode("utf-8")
-            workspace.write_atomic(target, data, overwrite=True)
+            replaced = found
+            return text.replace(old_text, new_text).encode("utf-8")
+
+        def edit() -> EditFileResult:
+            data = workspace.edit(target, change, limit=limits.max_read_bytes)
             return EditFileResult(
                 path=target.relative,
-                replacements=found,
+                replacements=replaced,
                 size_bytes=len(data),
                 sha256=hashlib.sha256(data).hexdigest(),
             )
@@ -433,8 +436,6 @@ def build_files_tools(
         """Rename or move a file or folder within the workspace."""
         src = workspace.resolve_parent(source)
         dst = workspace.resolve_parent(destination)
-        if not src.absolute.exists():
-            raise NotFoundError()
         await _io(lambda: workspace.rename(src, dst, overwrite=overwrite))
         return RenameFileResult(source=src.relative, destination=dst.relative)
 
@@ -451,22 +452,6 @@ def build_files_tools(
         nexus_rmdir,
         nexus_rename_file,
     ]
-
-
-def _iter_children(
-    folder: Path, *, recursive: bool, hidden: Callable[[Path], bool]
-) -> Iterator[Path]:
-    """Entries of a folder in sorted order, never ``hidden`` ones; recursion never follows
-    symlinked folders nor enters hidden ones."""
-    if not recursive:
-        yield from sorted(child for child in folder.iterdir() if not hidden(child))
-        return
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        base = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if not hidden(base / d))
-        for name in sorted([*dirnames, *filenames]):
-            if not hidden(base / name):
-                yield base / name
 
 
 def _is_utf8(data: bytes) -> bool:

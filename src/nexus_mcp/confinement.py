@@ -1,0 +1,344 @@
+"""Path resolution beneath one root folder, on opened directory descriptors.
+
+``ConfinedRoot`` resolves a caller's relative path the way the kernel would (symbolic
+links followed, ``..`` in link targets applied to the real folder reached so far) but
+one component at a time, from a descriptor of the root, with every folder opened
+``O_NOFOLLOW | O_DIRECTORY`` and checked to be the very object that ``lstat`` saw. It is
+the userspace form of Linux's ``openat2(RESOLVE_BENEATH)``, which Python does not expose
+and macOS does not have. What it hands back is the *real* path of the entry (no link
+left in it), a descriptor of the entry's parent folder and the entry's name: the caller
+decides policy on the real path and then acts through ``dir_fd=`` on that descriptor, so
+no symbolic link swapped in later can redirect the operation outside the root.
+
+A link whose target leaves the root (relative or absolute), a loop of links, and a
+component longer than the file system allows are refused as ``INVALID_PATH``. When the
+tree changes under a walk (a folder replaced by a link between ``lstat`` and ``open``),
+the walk starts again, a bounded number of times, then answers ``CONFLICT``.
+
+What no userspace check can close: a folder that another process *moves* out of the
+root after it was opened. ``attached`` narrows that window to the instant between its
+check and the operation; see ``workspace.py`` for the guarantee as a whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nexus_mcp.errors import ConflictError, InvalidPathError, NotFoundError
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO must not hang the worker; O_NOFOLLOW: the final link, if
+# any, was resolved by the walk, so a link found here now was swapped in since.
+FILE_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+MAX_SYMLINKS = 40  # what Linux allows in one resolution (MAXSYMLINKS)
+MAX_WALKS = 4  # one walk plus retries when the tree changes under it
+
+REASON_ESCAPES = "escapes_root"
+REASON_LOOP = "symlink_loop"
+REASON_NAME_TOO_LONG = "name_too_long"
+REASON_PARENT_MISSING = "parent_missing"
+REASON_CHANGED = "path_changed"
+REASON_PERMISSION = "permission_denied"
+
+SUPPORTED = (
+    os.open in os.supports_dir_fd
+    and os.stat in os.supports_dir_fd
+    and os.readlink in os.supports_dir_fd
+    and hasattr(os, "O_NOFOLLOW")
+    and hasattr(os, "O_DIRECTORY")
+)
+
+
+class PathChangedError(Exception):
+    """The tree changed between a check and the use it guards; walk again."""
+
+
+def identity(info: os.stat_result) -> tuple[int, int]:
+    return info.st_dev, info.st_ino
+
+
+@dataclass
+class Located:
+    """An entry reached beneath the root.
+
+    ``parts`` is its real path below the root (``()`` for the root itself), ``parent_fd``
+    an open descriptor of the folder holding it (the root's own descriptor for the root),
+    ``name`` its name there (``None`` for the root), ``info`` its ``lstat`` (``None`` when
+    it does not exist yet). ``through_link`` says the caller's final name was a link that
+    the walk followed, so the entry the caller named differs from the one located.
+    """
+
+    parts: tuple[str, ...]
+    parent_fd: int
+    name: str | None
+    info: os.stat_result | None
+    through_link: bool = False  # a link in the final position was followed to get here
+
+    @property
+    def relative(self) -> str:
+        return "/".join(self.parts)
+
+    @property
+    def exists(self) -> bool:
+        return self.info is not None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.info is not None and stat.S_ISDIR(self.info.st_mode)
+
+    @property
+    def is_file(self) -> bool:
+        return self.info is not None and stat.S_ISREG(self.info.st_mode)
+
+    @property
+    def is_link(self) -> bool:
+        return self.info is not None and stat.S_ISLNK(self.info.st_mode)
+
+
+class ConfinedRoot:
+    """A folder whose descendants are resolved and opened without leaving it."""
+
+    def __init__(self, root: Path) -> None:
+        if not SUPPORTED:  # pragma: no cover - every POSIX CPython has these
+            raise OSError(errno.ENOSYS, "directory-descriptor file operations are unavailable")
+        self.path = root.resolve(strict=True)
+        info = os.stat(self.path)
+        if not stat.S_ISDIR(info.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder")
+        self._identity = identity(info)
+        self._prefix = str(self.path).rstrip(os.sep) + os.sep
+
+    # -- resolution ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locate(self, parts: Sequence[str], *, follow_final: bool = True) -> Iterator[Located]:
+        """The entry at ``parts`` (normalized, no ``..``), its parent held open meanwhile.
+
+        The parent of the entry must exist (``NOT_FOUND``); the entry itself may not.
+        With ``follow_final`` a final link is resolved too; without it the link itself is
+        the entry (what ``unlink`` and ``rename`` act on).
+        """
+        for _ in range(MAX_WALKS):
+            try:
+                located = self._walk(parts, follow_final=follow_final, partial=False)
+            except PathChangedError:
+                continue
+            break
+        else:
+            raise ConflictError(reason=REASON_CHANGED)
+        assert located is not None
+        try:
+            yield located
+        finally:
+            os.close(located.parent_fd)
+
+    def real_parts(self, parts: Sequence[str], *, follow_final: bool = True) -> tuple[str, ...]:
+        """The real path ``parts`` leads to, as far as it exists, then lexically.
+
+        For policy decisions before an operation: a missing folder on the way is taken
+        as its name (it would be created there), never as an error.
+        """
+        for _ in range(MAX_WALKS):
+            try:
+                located = self._walk(parts, follow_final=follow_final, partial=True)
+            except PathChangedError:
+                continue
+            os.close(located.parent_fd)
+            return located.parts
+        raise ConflictError(reason=REASON_CHANGED)
+
+    def attached(self, located: Located) -> bool:
+        """Whether ``located``'s parent folder is still at its real path below the root.
+
+        A folder moved elsewhere after the walk keeps its descriptor; checked right
+        before an operation commits, this narrows what a concurrent move can redirect.
+        """
+        try:
+            current = identity(os.fstat(located.parent_fd))
+            fd = self._open_root()
+        except OSError:
+            return False
+        try:
+            for name in located.parts[:-1]:
+                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            return identity(os.fstat(fd)) == current
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def inside(self, absolute: str) -> tuple[str, ...] | None:
+        """The parts below the root of an absolute link target, or None when outside."""
+        if absolute == str(self.path):
+            return ()
+        if absolute.startswith(self._prefix):
+            return tuple(absolute[len(self._prefix) :].split("/"))
+        # A target spelled through another name of the root (a link to it) still counts.
+        real = os.path.realpath(absolute)
+        if real == str(self.path):
+            return ()
+        if real.startswith(self._prefix):
+            return tuple(real[len(self._prefix) :].split(os.sep))
+        return None
+
+    # -- the walk -------------------------------------------------------------------------
+
+    def _open_root(self) -> int:
+        fd = os.open(self.path, DIR_FLAGS)
+        if identity(os.fstat(fd)) != self._identity:
+            os.close(fd)
+            raise ConflictError(reason="root_changed")
+        return fd
+
+    def _walk(self, parts: Sequence[str], *, follow_final: bool, partial: bool) -> Located:
+        # ``pending`` is a stack (next component last); ``real`` the real folders walked so
+        # far and ``ids`` their identities; ``fd`` the one descriptor held (of ``real``).
+        pending = _components(parts)
+        real: list[str] = []
+        ids: list[tuple[int, int]] = []
+        fd = self._open_root()
+        links = 0
+        through_link = False
+        try:
+            while pending:
+                name = pending.pop()
+                if name == "..":
+                    fd = self._ascend(fd, real, ids)
+                    continue
+                last = not pending
+                try:
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    if last:
+                        return Located((*real, name), fd, name, None, through_link)
+                    if partial:
+                        return _lexical_rest(fd, real, name, pending)
+                    raise NotFoundError(reason=REASON_PARENT_MISSING) from None
+                except OSError as exc:
+                    raise _os_refusal(exc) from None
+                if stat.S_ISLNK(info.st_mode) and (follow_final or not last):
+                    links += 1
+                    through_link = through_link or last
+                    if links > MAX_SYMLINKS:
+                        raise InvalidPathError(reason=REASON_LOOP)
+                    try:
+                        target = os.readlink(name, dir_fd=fd)
+                    except OSError as exc:
+                        if exc.errno == errno.EINVAL:  # no longer a link: swapped since lstat
+                            raise PathChangedError() from None
+                        raise _os_refusal(exc) from None
+                    if target.startswith("/"):
+                        inner = self.inside(target)
+                        if inner is None:
+                            raise InvalidPathError(reason=REASON_ESCAPES)
+                        os.close(fd)
+                        fd = -1
+                        fd = self._open_root()
+                        real.clear()
+                        ids.clear()
+                        pending.extend(_components(inner))
+                    else:
+                        pending.extend(_components(target.split("/")))
+                    continue
+                if last:
+                    return Located((*real, name), fd, name, info, through_link)
+                if not stat.S_ISDIR(info.st_mode):
+                    if partial:
+                        return _lexical_rest(fd, real, name, pending)
+                    raise NotFoundError(reason=REASON_PARENT_MISSING)
+                fd = self._descend(fd, name, info)
+                real.append(name)
+                ids.append(identity(info))
+            if not real:
+                return Located((), fd, None, os.fstat(fd), through_link)
+            # The walk ended inside a folder (a link target ending in ``..``): hand back
+            # that folder as an entry of its parent, like any other entry.
+            name = real[-1]
+            fd = self._ascend(fd, real, ids)
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                raise PathChangedError() from None
+            return Located((*real, name), fd, name, info, through_link)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
+
+    def _descend(self, fd: int, name: str, info: os.stat_result) -> int:
+        """Open folder ``name`` of ``fd`` (closing ``fd``), only if it is what lstat saw."""
+        try:
+            child = os.open(name, DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            raise _os_refusal(exc) from None
+        if identity(os.fstat(child)) != identity(info):
+            os.close(child)
+            raise PathChangedError()
+        os.close(fd)
+        return child
+
+    def _ascend(self, fd: int, real: list[str], ids: list[tuple[int, int]]) -> int:
+        """Go up one real folder (closing ``fd``): never above the root, and only back to
+        the folder the walk came through."""
+        if not real:
+            raise InvalidPathError(reason=REASON_ESCAPES)
+        try:
+            parent = os.open("..", DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            raise _os_refusal(exc) from None
+        expected = ids[-2] if len(ids) > 1 else self._identity
+        if identity(os.fstat(parent)) != expected:
+            os.close(parent)
+            raise PathChangedError()
+        os.close(fd)
+        real.pop()
+        ids.pop()
+        return parent
+
+
+def _components(parts: Sequence[str]) -> list[str]:
+    """``parts`` as a stack (next component last), without empty and ``.`` components."""
+    return [p for p in reversed(parts) if p not in ("", ".")]
+
+
+def _lexical_rest(fd: int, real: list[str], name: str, pending: list[str]) -> Located:
+    """For ``real_parts``: from a missing folder on, the rest of the path as written."""
+    rest = list(reversed(pending))
+    if ".." in rest:
+        raise NotFoundError(reason=REASON_PARENT_MISSING)
+    parts = (*real, name, *rest)
+    return Located(parts, fd, parts[-1], None)
+
+
+def _os_refusal(exc: OSError) -> Exception:
+    """A typed refusal for what a caller's path can meet; anything else stays internal.
+
+    ``ELOOP`` and ``ENOTDIR`` from an ``O_NOFOLLOW | O_DIRECTORY`` open mean a folder
+    became a link (or a file) since ``lstat``: the tree changed, so walk again.
+    """
+    if exc.errno == errno.ENAMETOOLONG:
+        return InvalidPathError(reason=REASON_NAME_TOO_LONG)
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+        return PathChangedError()
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return ConflictError(reason=REASON_PERMISSION)
+    return exc
+
+
+__all__ = [
+    "DIR_FLAGS",
+    "FILE_READ_FLAGS",
+    "MAX_SYMLINKS",
+    "ConfinedRoot",
+    "Located",
+    "PathChangedError",
+    "identity",
+]
