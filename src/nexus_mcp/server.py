@@ -66,12 +66,15 @@ from nexus_mcp.policy.registry import (
 )
 from nexus_mcp.policy.write_policy import PathGate, WritePolicyConfig, load_write_policy_config
 from nexus_mcp.settings import Settings, config_sections
-from nexus_mcp.state import grants_path, idempotency_path, server_state_paths
+from nexus_mcp.state import grants_path, idempotency_path, nonces_path, server_state_paths
 from nexus_mcp.stores.grants import SqliteTupleStore
 from nexus_mcp.stores.idempotency import SqliteIdempotencyStore
-from nexus_mcp.stores.nonces import MemoryNonceStore
+from nexus_mcp.stores.nonces import SqliteNonceStore
+from nexus_mcp.targets import ToolTargets, identify_folder
 from nexus_mcp.tools.discovery import build_discovery_tools
+from nexus_mcp.tools.files import TOOLSET as FILES_TOOLSET
 from nexus_mcp.tools.files import build_files_tools
+from nexus_mcp.tools.notes import TOOLSET as NOTES_TOOLSET
 from nexus_mcp.tools.notes import build_notes_tools
 from nexus_mcp.vaults import VaultRouter
 from nexus_mcp.workspace import Workspace
@@ -82,6 +85,12 @@ INSTRUCTIONS = (
     "nexus-mcp serves tools over one workspace. Paths are workspace-relative. Write tools "
     "need an idempotency_key (any unique string; reuse it only to retry the same call). "
     "Refusals come back as JSON {error, code}; codes are stable."
+)
+
+APPROVAL_REPLICAS_WARNING = (
+    "--stateless-http with approval tokens: a used token is remembered in this server's "
+    "data directory only, so replicas that do not share it can each accept the same token "
+    "once; single use across replicas needs the shared nonce store (a later release)"
 )
 
 ToolFunction = Callable[..., Awaitable[Any]]
@@ -104,7 +113,8 @@ class Runtime:
     vaults: VaultRouter
     approval_keys: ApprovalKeys | None
     approval_settings: ApprovalSettings
-    nonces: MemoryNonceStore
+    nonces: SqliteNonceStore
+    targets: ToolTargets
     contracts: dict[str, ToolContract] = field(default_factory=dict)
     argument_models: dict[str, type[BaseModel]] = field(default_factory=dict)
     connector_checks: list[ConnectorCheck] = field(default_factory=list)
@@ -133,6 +143,7 @@ class Runtime:
     def close(self) -> None:
         self.audit_log.close()
         self.idempotency.close()
+        self.nonces.close()
         self.grants.close()
 
 
@@ -219,6 +230,7 @@ def build_server(
         registry, server_id=settings.registry.server_id, mode=settings.mode, contracts=contracts
     )
     approval_keys, approval_settings = load_approvals(sections, environ, settings, write_policies)
+    warn_about_replicas(settings, approval_keys)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
     grants = SqliteTupleStore(grants_path(settings))
@@ -251,7 +263,8 @@ def build_server(
         vaults=vaults,
         approval_keys=approval_keys,
         approval_settings=approval_settings,
-        nonces=MemoryNonceStore(),
+        nonces=SqliteNonceStore(nonces_path(settings)),
+        targets=build_targets(workspace, vaults, contracts),
         contracts=contracts,
         argument_models={contract_of(fn).name: build_arguments_model(fn) for fn in functions},
         connector_checks=[RegistryConnectorCheck(enforcer)],
@@ -315,6 +328,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
         classification=ClassificationMiddleware(
             runtime.enforcer,
             runtime.idempotency,
+            targets=runtime.targets,
             wait_seconds=settings.registry.idempotency_wait_seconds,
             argument_models=runtime.argument_models,
         ),
@@ -339,6 +353,38 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             ),
         ),
     )
+
+
+def build_targets(
+    workspace: Workspace, vaults: VaultRouter, contracts: Mapping[str, ToolContract]
+) -> ToolTargets:
+    """What each toolset's tools act on, for idempotency scopes (``targets.py``).
+
+    Files act on the served workspace folder, notes on the caller's vault; a toolset not
+    named here has no target, so a write through it is refused rather than made
+    idempotent against an unknown target. Providers added later name their own.
+    """
+    targets = ToolTargets(
+        {
+            FILES_TOOLSET: lambda principal: identify_folder(workspace.root),
+            NOTES_TOOLSET: vaults.target_for,
+        },
+        {name: contract.toolset for name, contract in contracts.items()},
+    )
+    untargeted = sorted(
+        name
+        for name, contract in contracts.items()
+        if contract.tool_class == "write" and not targets.has_target(name)
+    )
+    if untargeted:
+        log.warning("write_tools_without_target", tools=untargeted)
+    return targets
+
+
+def warn_about_replicas(settings: Settings, approval_keys: ApprovalKeys | None) -> None:
+    """Stateless HTTP is for replicas; approval nonces are only shared through one data dir."""
+    if settings.stateless_http and approval_keys is not None:
+        log.warning("approval_nonces_not_shared", message=APPROVAL_REPLICAS_WARNING)
 
 
 def idempotency_lease(settings: Settings) -> float:

@@ -5,6 +5,9 @@ configured map, else ``<data_dir>/vaults/<vault_id>``; a principal without a vau
 served workspace itself. An unknown vault reads as a missing note (``Upstream 404``), so
 nothing reveals which vaults exist. Hosted: one shared ``CanisterBackend`` (one reused
 HTTP client); the canister itself scopes reads by the ``X-Vault-Id`` header.
+
+``target_for`` names the vault a principal's notes calls act on (``targets.py``), so a
+write-class notes tool can never replay an idempotency record against another vault.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from nexus_mcp.notes import CanisterBackend, LocalVaultBackend, NoteBackend
 from nexus_mcp.principal import Principal
 from nexus_mcp.settings import Settings
 from nexus_mcp.state import server_state_paths
+from nexus_mcp.targets import identify_canister_vault, identify_folder, identify_missing_vault
 
 _VAULT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -58,6 +62,17 @@ class VaultRouter:
             hidden = server_state_paths(self.settings, folder)
             backend = self._local[folder] = LocalVaultBackend(folder, hidden=hidden)
         return backend
+
+    def target_for(self, principal: Principal) -> str:
+        """The identity of the vault ``backend_for`` serves this principal from."""
+        notes = self.settings.notes
+        if self._canister is not None:
+            assert notes.canister_url is not None  # a canister backend was built from it
+            return identify_canister_vault(notes.canister_url, principal.vault_id)
+        folder = self._folder_for(principal.vault_id)
+        if folder is None or not folder.is_dir():
+            return identify_missing_vault(principal.vault_id or "")
+        return identify_folder(folder)
 
     def _folder_for(self, vault_id: str | None) -> Path | None:
         notes = self.settings.notes

@@ -34,7 +34,7 @@ from nexus_mcp.policy.approvals import (
     mint_approval_token,
 )
 from nexus_mcp.policy.write_policy import DEV_POLICY_WARNING, PROD_NO_POLICY_WARNING
-from nexus_mcp.server import NexusServer, build_server
+from nexus_mcp.server import APPROVAL_REPLICAS_WARNING, NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import ServerFactory, snapshot, wire
@@ -1056,3 +1056,129 @@ async def test_an_operator_can_choose_elicitation_for_one_profile(
         result = await call(client, "nexus_write_file", write_args("k-prof-2"))
     assert code_of(result) == "APPROVAL_REQUIRED"  # tokens still apply to everyone else
     assert len(asked) == 1
+
+
+# -- single use across restarts (issue 10, item 3) ----------------------------------------
+
+EDIT_FILE = "scratch/edit-me.txt"
+EDIT_BEFORE = "alpha OLD omega\n"
+
+
+def edit_args(key: str) -> dict[str, Any]:
+    return {"path": EDIT_FILE, "old_text": "OLD", "new_text": "NEW", "idempotency_key": key}
+
+
+APPROVED_CALLS: list[tuple[str, Callable[[str], dict[str, Any]], str, str]] = [
+    # (tool, arguments for a key, file, what a person wrote there after the approved call)
+    ("nexus_write_file", write_args, "scratch/approved.txt", "a person's own text\n"),
+    ("nexus_edit_file", edit_args, EDIT_FILE, EDIT_BEFORE),  # reverted: a rerun would show
+]
+
+
+@pytest.mark.parametrize(
+    ("tool", "args_for", "path", "changed"), APPROVED_CALLS, ids=["write", "edit"]
+)
+async def test_a_token_spent_before_a_restart_is_replayed_after_it_and_changes_nothing(
+    build: Builder,
+    workspace: Path,
+    tmp_path: Path,
+    audit: MemoryAuditSink,
+    tool: str,
+    args_for: Callable[[str], dict[str, Any]],
+    path: str,
+    changed: str,
+) -> None:
+    data_dir = tmp_path / "data-restart"
+    (workspace / EDIT_FILE).write_text(EDIT_BEFORE, encoding="utf-8")
+    before = build(data_dir=data_dir)
+    token = mint(before, tool, args_for("k-first"))
+    async with Client(before.mcp) as client:
+        first = await call(client, tool, {**args_for("k-first"), "approval_token": token})
+    assert first["isError"] is False, first
+    before.close()  # the process stops; the token has minutes of life left
+    (workspace / path).write_text(changed, encoding="utf-8")
+    untouched = snapshot(workspace)
+
+    after = build(data_dir=data_dir)
+    async with Client(after.mcp) as client:
+        in_arguments = await call(client, tool, {**args_for("k-second"), "approval_token": token})
+        assert_blocked(audit, "APPROVAL_REPLAYED")
+        in_meta = await call(client, tool, args_for("k-third"), meta={META_TOKEN: token})
+        # The first call's own key still answers with its recorded result, not a rerun.
+        retry = await call(client, tool, {**args_for("k-first"), "approval_token": token})
+    assert code_of(in_arguments) == code_of(in_meta) == "APPROVAL_REPLAYED"
+    assert retry["isError"] is False and retry["_meta"][META_REPLAYED] is True
+    assert retry["structuredContent"] == first["structuredContent"]
+    assert snapshot(workspace) == untouched
+
+
+async def test_servers_sharing_a_data_dir_accept_one_token_once_between_them(
+    build: Builder, workspace: Path, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data-shared"
+    servers = [build(data_dir=data_dir), build(data_dir=data_dir)]
+    base = {"path": "scratch/race.txt", "content": CONTENT}
+    token = mint(servers[0], "nexus_write_file", base)
+    async with Client(servers[0].mcp) as one, Client(servers[1].mcp) as two:
+        results = await asyncio.gather(
+            *(
+                call(
+                    (one, two)[n % 2],
+                    "nexus_write_file",
+                    {**base, "idempotency_key": f"shared-{n}", "approval_token": token},
+                )
+                for n in range(20)
+            )
+        )
+    assert [r["isError"] for r in results].count(False) == 1
+    assert sorted(code_of(r) for r in results if r["isError"]) == ["APPROVAL_REPLAYED"] * 19
+    assert (workspace / "scratch/race.txt").read_text() == CONTENT
+
+
+async def test_a_nonce_store_that_cannot_record_refuses_without_writing_or_spending(
+    build: Builder, workspace: Path, tmp_path: Path, audit: MemoryAuditSink
+) -> None:
+    data_dir = tmp_path / "data-broken"
+    broken = build(data_dir=data_dir)
+    args = write_args("k-broken")
+    token = mint(broken, "nexus_write_file", args)
+    broken.runtime.nonces.close()  # the store can no longer be read or written
+    before = snapshot(workspace)
+    async with Client(broken.mcp) as client:
+        refused = await call(client, "nexus_write_file", {**args, "approval_token": token})
+    assert code_of(refused) == "INTERNAL_ERROR"
+    assert token not in json.dumps(refused)
+    assert snapshot(workspace) == before
+    record = last_event(audit)
+    assert (record["event"], record["outcome"]) == (TOOL_CALL_BLOCKED, "INTERNAL_ERROR")
+    assert record["idempotency"] == "abandoned"
+    broken.close()
+    # Nothing was recorded: neither the token nor the key. A working server accepts both.
+    repaired = build(data_dir=data_dir)
+    async with Client(repaired.mcp) as client:
+        accepted = await call(client, "nexus_write_file", {**args, "approval_token": token})
+    assert accepted["isError"] is False, accepted
+    assert (workspace / "scratch/approved.txt").read_text() == CONTENT
+
+
+@pytest.mark.parametrize(
+    ("stateless", "env", "warned"),
+    [
+        (True, None, True),
+        (False, None, False),
+        (True, {}, False),  # no approval keys: no tokens to replay
+    ],
+    ids=["stateless-with-keys", "sessions-with-keys", "stateless-without-keys"],
+)
+def test_stateless_http_with_approval_tokens_warns_that_replicas_need_the_shared_store(
+    build: Builder, stateless: bool, env: dict[str, str] | None, warned: bool
+) -> None:
+    policies = POLICY if env is None else None
+    with capture_logs() as logs:
+        build(policies, env=env, stateless_http=stateless)
+    warning = {
+        "event": "approval_nonces_not_shared",
+        "message": APPROVAL_REPLICAS_WARNING,
+        "log_level": "warning",
+    }
+    assert (warning in logs) is warned

@@ -1,8 +1,10 @@
 """Issue 3 end to end: idempotent writes through the server (replay, conflict, concurrency, crash).
 
 What ``stores/idempotency.py`` and ``middleware/classification.py`` document, checked through
-FastMCP's in-memory client: a key is scoped by (subject, server, tool, key); a success is
-recorded and replayed; other arguments under the same key conflict; concurrent calls run
+FastMCP's in-memory client: a key is scoped by (subject, server, tool, key) and the target
+the tool acts on (the served workspace: another folder on the same data directory runs the
+call, the same folder after a restart or through a symlinked alias replays it); a success
+is recorded and replayed; other arguments under the same key conflict; concurrent calls run
 the tool once; typed refusals free the key; a claim whose outcome is unknown (crash,
 failure after the tool started) is never run again; records expire after the TTL.
 """
@@ -11,13 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from fastmcp import Client
 
 from nexus_mcp.audit import (
@@ -27,11 +35,14 @@ from nexus_mcp.audit import (
     MemoryAuditSink,
 )
 from nexus_mcp.calls import PLUMBING_ARGS
+from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.policy.hashing import digest_arguments
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.idempotency import ClaimStatus, IdempotencyScope, SqliteIdempotencyStore
+from nexus_mcp.targets import RULE_UNKNOWN_TARGET, identify_folder
 
 from .conftest import ServerFactory, snapshot, wire
 
@@ -136,8 +147,10 @@ def store_path(server: NexusServer) -> Path:
     return server.runtime.settings.data_dir / STORE_FILE
 
 
-def scope_of(key: str, *, subject: str = "dev", tool: str = WRITE) -> IdempotencyScope:
-    return IdempotencyScope(subject, "nexus", tool, key)
+def scope_of(
+    key: str, *, workspace: Path, subject: str = "dev", tool: str = WRITE
+) -> IdempotencyScope:
+    return IdempotencyScope(subject, "nexus", tool, key, target=identify_folder(workspace))
 
 
 def digest_of(args: dict[str, Any]) -> str:
@@ -398,7 +411,10 @@ async def test_a_claim_left_by_a_crash_before_recording_refuses_every_retry_with
         store_path(server), ttl_seconds=DAY, lease_seconds=1, clock=lambda: time.time() - 10
     )
     try:
-        assert crashed.begin(scope_of("k-crash"), digest_of(args)).status is ClaimStatus.NEW
+        assert (
+            crashed.begin(scope_of("k-crash", workspace=workspace), digest_of(args)).status
+            is ClaimStatus.NEW
+        )
     finally:
         crashed.close()
     before = snapshot(workspace)
@@ -419,7 +435,7 @@ async def test_a_call_still_running_elsewhere_makes_a_retry_wait_then_refuse_wit
     args = {"path": "busy.txt", "content": "busy"}
     other = SqliteIdempotencyStore(store_path(server))
     try:
-        claim = other.begin(scope_of("k-busy"), digest_of(args))
+        claim = other.begin(scope_of("k-busy", workspace=workspace), digest_of(args))
         assert claim.status is ClaimStatus.NEW
         refused = await call(server, WRITE, {**args, "idempotency_key": "k-busy"})
         assert code_of(refused) == "IDEMPOTENCY_KEY_CONFLICT"
@@ -547,3 +563,313 @@ async def test_a_replay_is_audited_as_a_finished_call_not_a_blocked_one(
     assert (last["idempotency"], last["outcome"]) == ("replayed", "OK")
     assert last["event"] == TOOL_CALL_FINISHED
     assert events(audit, TOOL_CALL_BLOCKED) == []
+
+
+# --- the target is part of the scope ------------------------------------------------------
+#
+# Issue 10, item 2: a record made on one workspace must never answer for another one served
+# from the same data directory, while a retry on the same workspace after a restart (or
+# through another path to the same folder) still replays without running again.
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One write tool: how to make its call valid on a folder, and how to see that it ran."""
+
+    tool: str
+    args: dict[str, Any]
+    prepare: Callable[[Path], None]  # the folder state the call expects
+    ran: Callable[[Path], bool]  # the call's effect is there
+    code_on_empty: str | None  # what the call answers on a folder it was never prepared for
+
+
+def _write_text(relative: str, text: str) -> Callable[[Path], None]:
+    def prepare(root: Path) -> None:
+        (root / relative).write_text(text, encoding="utf-8")
+
+    return prepare
+
+
+def _nothing(root: Path) -> None:
+    return None
+
+
+def _full_folder(root: Path) -> None:
+    (root / "doomed-dir").mkdir()
+    (root / "doomed-dir" / "inside.txt").write_text("inside", encoding="utf-8")
+
+
+def _renamed(root: Path) -> bool:
+    return not (root / "from.txt").exists() and (root / "to.txt").read_text() == "moving"
+
+
+OPERATIONS = [
+    Operation(
+        "nexus_write_file",
+        {"path": "written.txt", "content": "WRITTEN"},
+        _nothing,
+        lambda root: (
+            (root / "written.txt").exists() and (root / "written.txt").read_text() == "WRITTEN"
+        ),
+        None,
+    ),
+    Operation(
+        "nexus_edit_file",
+        {"path": "edit.txt", "old_text": "OLD", "new_text": "NEW"},
+        _write_text("edit.txt", "alpha OLD omega"),
+        lambda root: (root / "edit.txt").read_text() == "alpha NEW omega",
+        "NOT_FOUND",
+    ),
+    Operation(
+        "nexus_delete_file",
+        {"path": "doomed.txt"},
+        _write_text("doomed.txt", "bye"),
+        lambda root: not (root / "doomed.txt").exists(),
+        "NOT_FOUND",
+    ),
+    Operation(
+        "nexus_mkdir",
+        {"path": "made"},
+        _nothing,
+        lambda root: (root / "made").is_dir(),
+        None,
+    ),
+    Operation(
+        "nexus_rmdir",
+        {"path": "doomed-dir", "recursive": True},
+        _full_folder,
+        lambda root: not (root / "doomed-dir").exists(),
+        "NOT_FOUND",
+    ),
+    Operation(
+        "nexus_rename_file",
+        {"source": "from.txt", "destination": "to.txt"},
+        _write_text("from.txt", "moving"),
+        _renamed,
+        "NOT_FOUND",
+    ),
+]
+OPERATION_IDS = [op.tool.removeprefix("nexus_") for op in OPERATIONS]
+
+
+def reset(root: Path, operation: Operation) -> None:
+    """Put a folder back to the state the call expects: a rerun would show as its effect."""
+    for entry in root.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    operation.prepare(root)
+
+
+def folders(tmp_path: Path, operation: Operation, *names: str) -> list[Path]:
+    made = []
+    for name in names:
+        root = tmp_path / name
+        root.mkdir()
+        operation.prepare(root)
+        made.append(root)
+    return made
+
+
+def keyed(operation: Operation, key: str) -> dict[str, Any]:
+    return {**operation.args, "idempotency_key": key}
+
+
+def assert_ran(result: dict[str, Any], audit: MemoryAuditSink) -> None:
+    assert result["isError"] is False, result
+    assert META_REPLAYED not in result["_meta"]
+    assert len(events(audit, TOOL_CALL_STARTED)) == 1
+    assert outcomes(audit) == ["executed"]
+
+
+def assert_replayed(result: dict[str, Any], first: dict[str, Any], audit: MemoryAuditSink) -> None:
+    assert result["isError"] is False, result
+    assert result["_meta"][META_REPLAYED] is True
+    assert result["structuredContent"] == first["structuredContent"]
+    assert events(audit, TOOL_CALL_STARTED) == []
+    assert outcomes(audit) == ["replayed"]
+
+
+ServeOn = Callable[..., tuple[NexusServer, MemoryAuditSink]]
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=OPERATION_IDS)
+async def test_a_key_used_on_one_workspace_runs_again_on_another_served_from_the_same_data_dir(
+    shared_servers: ServeOn, tmp_path: Path, operation: Operation
+) -> None:
+    one, two = folders(tmp_path, operation, "ws-one", "ws-two")
+    first_server, first_audit = shared_servers(workspace=one)
+    first = await call(first_server, operation.tool, keyed(operation, "k-moved"))
+    assert_ran(first, first_audit)
+    assert operation.ran(one)
+    first_server.close()  # stop, then serve another folder with the same data directory
+
+    second_server, second_audit = shared_servers(workspace=two)
+    assert store_path(second_server) == store_path(first_server)
+    assert not operation.ran(two)
+    second = await call(second_server, operation.tool, keyed(operation, "k-moved"))
+    assert_ran(second, second_audit)
+    assert operation.ran(two)
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [op for op in OPERATIONS if op.code_on_empty],
+    ids=lambda op: op.tool.removeprefix("nexus_"),
+)
+async def test_a_key_used_on_one_workspace_gets_the_tools_refusal_where_the_file_is_missing(
+    shared_servers: ServeOn, tmp_path: Path, operation: Operation
+) -> None:
+    """The reproduction: B has no file, so B's answer is the tool's, never A's recorded one."""
+    (one,) = folders(tmp_path, operation, "ws-one")
+    empty = tmp_path / "ws-empty"
+    empty.mkdir()
+    first_server, _ = shared_servers(workspace=one)
+    assert (await call(first_server, operation.tool, keyed(operation, "k-a")))["isError"] is False
+    first_server.close()
+
+    second_server, second_audit = shared_servers(workspace=empty)
+    refused = await call(second_server, operation.tool, keyed(operation, "k-a"))
+    assert code_of(refused) == operation.code_on_empty
+    assert "_meta" not in refused or META_REPLAYED not in refused["_meta"]
+    assert list(empty.iterdir()) == []
+    # The refusal freed the key on this workspace: once the file is there, the call runs.
+    operation.prepare(empty)
+    second_audit.clear()
+    assert_ran(await call(second_server, operation.tool, keyed(operation, "k-a")), second_audit)
+
+
+async def test_replicas_serving_two_folders_from_one_data_dir_each_run_the_same_key(
+    shared_servers: ServeOn, tmp_path: Path
+) -> None:
+    operation = OPERATIONS[0]
+    one, two = folders(tmp_path, operation, "ws-one", "ws-two")
+    (server_one, audit_one), (server_two, audit_two) = (
+        shared_servers(workspace=one),
+        shared_servers(workspace=two),
+    )
+    first = await call(server_one, operation.tool, keyed(operation, "k-both"))
+    second = await call(server_two, operation.tool, keyed(operation, "k-both"))
+    assert_ran(first, audit_one)
+    assert_ran(second, audit_two)
+    assert operation.ran(one) and operation.ran(two)
+    # Each replica still replays its own record.
+    audit_one.clear()
+    reset(one, operation)
+    assert_replayed(
+        await call(server_one, operation.tool, keyed(operation, "k-both")), first, audit_one
+    )
+    assert not operation.ran(one)
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=OPERATION_IDS)
+async def test_a_retry_on_the_same_workspace_after_a_restart_replays_without_running(
+    shared_servers: ServeOn, tmp_path: Path, operation: Operation
+) -> None:
+    (root,) = folders(tmp_path, operation, "served")
+    before, _ = shared_servers(workspace=root)
+    first = await call(before, operation.tool, keyed(operation, "k-restart"))
+    assert first["isError"] is False, first
+    before.close()
+    # Someone puts the folder back as it was: a rerun would be visible.
+    reset(root, operation)
+    untouched = snapshot(root)
+
+    after, audit = shared_servers(workspace=root)
+    retry = await call(after, operation.tool, keyed(operation, "k-restart"))
+    assert_replayed(retry, first, audit)
+    assert not operation.ran(root)
+    assert snapshot(root) == untouched
+
+
+def _symlinked(tmp_path: Path, root: Path) -> Path:
+    alias = tmp_path / "alias"
+    alias.symlink_to(root, target_is_directory=True)
+    return alias
+
+
+def _symlinked_parent(tmp_path: Path, root: Path) -> Path:
+    parent = tmp_path / "parent-alias"
+    parent.symlink_to(root.parent, target_is_directory=True)
+    return parent / root.name
+
+
+def _dotted(tmp_path: Path, root: Path) -> Path:
+    (tmp_path / "detour").mkdir()
+    return tmp_path / "detour" / ".." / "." / root.name
+
+
+def _relative(tmp_path: Path, root: Path) -> Path:
+    return Path(os.path.relpath(root))
+
+
+ALIASES = [_symlinked, _symlinked_parent, _dotted, _relative]
+
+
+@pytest.mark.parametrize("alias_of", ALIASES, ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("operation", OPERATIONS, ids=OPERATION_IDS)
+async def test_the_same_workspace_reached_by_another_path_is_the_same_target(
+    shared_servers: ServeOn,
+    tmp_path: Path,
+    operation: Operation,
+    alias_of: Callable[[Path, Path], Path],
+) -> None:
+    (root,) = folders(tmp_path, operation, "served")
+    direct, _ = shared_servers(workspace=root)
+    first = await call(direct, operation.tool, keyed(operation, "k-alias"))
+    assert first["isError"] is False, first
+    direct.close()
+    reset(root, operation)
+
+    aliased, audit = shared_servers(workspace=alias_of(tmp_path, root))
+    retry = await call(aliased, operation.tool, keyed(operation, "k-alias"))
+    assert_replayed(retry, first, audit)
+    assert not operation.ran(root)
+
+
+async def test_a_workspace_moved_to_another_path_is_a_new_target_and_runs_the_call(
+    shared_servers: ServeOn, tmp_path: Path
+) -> None:
+    """The documented edge (targets.py): moving a folder fails towards running again."""
+    operation = OPERATIONS[0]
+    (root,) = folders(tmp_path, operation, "served")
+    before, _ = shared_servers(workspace=root)
+    assert (await call(before, operation.tool, keyed(operation, "k-move")))["isError"] is False
+    before.close()
+    moved = root.rename(tmp_path / "served-moved")
+    reset(moved, operation)
+    after, audit = shared_servers(workspace=moved)
+    assert_ran(await call(after, operation.tool, keyed(operation, "k-move")), audit)
+    assert operation.ran(moved)
+
+
+@nexus_tool(risk="write", toolset="untargeted")
+async def stamp_elsewhere(name: str, idempotency_key: str | None = None) -> dict[str, bool]:
+    """A write tool from a toolset that names no target."""
+    raise AssertionError("a write with no known target must never run")
+
+
+async def test_a_write_whose_toolset_names_no_target_is_refused_before_any_record(
+    workspace: Path, tmp_path: Path
+) -> None:
+    audit = MemoryAuditSink()
+    settings = Settings(mode="dev", workspace=workspace, data_dir=tmp_path / "data")
+    with structlog.testing.capture_logs() as logs:
+        server = build_server(settings, audit_sinks=[audit], extra_tools=[stamp_elsewhere])
+    try:
+        assert {
+            "event": "write_tools_without_target",
+            "tools": ["stamp_elsewhere"],
+            "log_level": "warning",
+        } in logs
+        grant_tool(server.runtime.grants, "dev", "stamp_elsewhere", settings.profiles.zone)
+        result = await call(server, "stamp_elsewhere", {"name": "x", "idempotency_key": "k"})
+        assert code_of(result) == "WRITE_POLICY_DENIED"
+        (blocked,) = events(audit, TOOL_CALL_BLOCKED)
+        assert blocked["facts"] == {"rule": RULE_UNKNOWN_TARGET}
+        assert events(audit, TOOL_CALL_STARTED) == []
+        with closing(sqlite3.connect(store_path(server))) as conn:
+            assert conn.execute("SELECT count(*) FROM idempotency_records").fetchone() == (0,)
+    finally:
+        server.close()

@@ -175,7 +175,7 @@ def write_note(root: Path, rel: str, text: str) -> Path:
     return path
 
 
-KEPT_STATE = ("audit.jsonl", "grants.sqlite3", "idempotency.sqlite3")
+KEPT_STATE = ("audit.jsonl", "grants.sqlite3", "idempotency.sqlite3", "nonces.sqlite3")
 
 
 def data_snapshot(data_dir: Path) -> dict[str, bytes]:

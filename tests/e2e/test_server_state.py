@@ -170,3 +170,45 @@ async def test_the_notes_tools_do_not_read_server_state_as_a_note(workspace: Pat
             assert readable["isError"] is False, readable
     finally:
         server.close()
+
+
+NONCE_FILES = ("nonces.sqlite3", "nonces.sqlite3-wal", "nonces.sqlite3-shm")
+
+
+@pytest.mark.parametrize("layout", ["data-dir-inside", "data-dir-is-workspace"])
+async def test_the_used_approval_nonces_cannot_be_read_changed_or_removed(
+    workspace: Path, layout: str
+) -> None:
+    """Deleting the nonce database would make every spent approval token usable again."""
+    prefix = ".nexus-data/" if layout == "data-dir-inside" else ""
+    data = workspace / prefix.rstrip("/")
+    server = serve(workspace, data_dir=data)
+    try:
+        assert all((data / name).exists() for name in NONCE_FILES)
+        stored = (data / "nonces.sqlite3").read_bytes()
+        async with Client(server.mcp) as client:
+            for name in NONCE_FILES:
+                path = prefix + name
+                attempts = [
+                    ("nexus_read_file", {"path": path}),
+                    ("nexus_file_info", {"path": path}),
+                    ("nexus_delete_file", {"path": path, "idempotency_key": "d-" + name}),
+                    (
+                        "nexus_write_file",
+                        {"path": path, "content": "", "idempotency_key": "w-" + name},
+                    ),
+                    (
+                        "nexus_rename_file",
+                        {"source": path, "destination": "gone.db", "idempotency_key": "r-" + name},
+                    ),
+                ]
+                for tool, args in attempts:
+                    assert code(await call(client, tool, args)) == "INVALID_PATH", (tool, path)
+            listed = await call(client, "nexus_list_files", {"path": ".", "recursive": True})
+            paths = [e["path"] for e in listed["structuredContent"]["entries"]]
+            assert not any("nonces" in p for p in paths)
+        assert all((data / name).exists() for name in NONCE_FILES)
+        assert (data / "nonces.sqlite3").read_bytes() == stored
+        assert not (workspace / "gone.db").exists()
+    finally:
+        server.close()

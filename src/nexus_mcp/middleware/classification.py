@@ -6,6 +6,9 @@ without running again; the same key with other arguments is refused; concurrent 
 with one key wait for the first. The replay is decided here, before approval and
 documents, because a retry must not need a fresh approval for a write that already
 happened (the approval token it carries was consumed by the first run).
+
+The record's scope names the call's target (``targets.ToolTargets``): a write whose tool
+has no known target is refused before any record is claimed.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from nexus_mcp.stores.idempotency import (
     IdempotencyStore,
     to_refusal,
 )
+from nexus_mcp.targets import ToolTargets
 
 META_REPLAYED = "nexus.mcp/idempotent_replay"
 _UNKNOWN_OUTCOME_CODES = frozenset({Code.TOOL_TIMEOUT, Code.INTERNAL_ERROR})
@@ -50,11 +54,13 @@ class ClassificationMiddleware(Middleware):
         enforcer: RegistryEnforcer,
         store: IdempotencyStore,
         *,
+        targets: ToolTargets,
         wait_seconds: float,
         argument_models: Mapping[str, type[BaseModel]],
     ) -> None:
         self.enforcer = enforcer
         self.store = store
+        self.targets = targets
         self.wait_seconds = wait_seconds
         self.argument_models = argument_models
 
@@ -83,12 +89,9 @@ class ClassificationMiddleware(Middleware):
     async def _run_once(
         self, state: CallState, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
-        principal = state.principal
-        key = plumbing_value(state, ARG_IDEMPOTENCY_KEY, META_IDEMPOTENCY_KEY)
-        assert principal is not None and key is not None  # classify refused otherwise
-        scope = IdempotencyScope(principal.subject, self.enforcer.server_id, state.tool_name, key)
         digest = digest_arguments(state.arguments, exclude=PLUMBING_ARGS)
-        claim = await asyncio.to_thread(self.store.begin, scope, digest)
+        # The target identity may look at the file system: one worker hop for it and the claim.
+        scope, claim = await asyncio.to_thread(self._begin, state, digest)
         if claim.status is ClaimStatus.IN_PROGRESS:
             claim = await self.store.wait(scope, digest, self.wait_seconds)
         if claim.status is ClaimStatus.REPLAY:
@@ -109,6 +112,19 @@ class ClassificationMiddleware(Middleware):
             self.store.complete, claim, json.dumps(record, separators=(",", ":"))
         )
         return result
+
+    def _begin(self, state: CallState, digest: str) -> tuple[IdempotencyScope, Claim]:
+        principal = state.principal
+        key = plumbing_value(state, ARG_IDEMPOTENCY_KEY, META_IDEMPOTENCY_KEY)
+        assert principal is not None and key is not None  # classify refused otherwise
+        scope = IdempotencyScope(
+            principal.subject,
+            self.enforcer.server_id,
+            state.tool_name,
+            key,
+            target=self.targets.target_of(state.tool_name, principal),
+        )
+        return scope, self.store.begin(scope, digest)
 
     def _release(self, claim: Claim, state: CallState, exc: BaseException) -> None:
         # A refusal, or a failure before the tool ran, changed nothing: free the key. If the

@@ -1,7 +1,12 @@
 """Idempotency records: run a write once per key, replay its result to every retry.
 
-A key is scoped by ``(subject, server_id, tool_name, idempotency_key)``, so two callers
-never share one. Only the sha256 of the scope is stored, never the subject or key.
+A key is scoped by ``(subject, server_id, tool_name, idempotency_key)`` and the identity
+of the target the tool acts on (``targets.py``: the workspace, the vault, later the
+upstream server or repository), so two callers never share one and a record never
+replays against another target: the same key sent to a server now serving another folder
+runs (or is refused) there, while a retry on the same target after a restart replays.
+Only the sha256 of the scope is stored, never the subject, key or target. Records written
+before the target joined the scope (schema version 1) match no scope and expire unused.
 
 Life of a key (``begin`` claims it atomically, across threads and processes):
 
@@ -38,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
@@ -50,7 +55,7 @@ DEFAULT_LEASE_SECONDS = 300.0
 BUSY_TIMEOUT_SECONDS = 10.0
 WAIT_FIRST_POLL_SECONDS = 0.005
 WAIT_MAX_POLL_SECONDS = 0.1
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the scope digest includes the target
 
 STATE_PENDING = "pending"
 STATE_SUCCEEDED = "succeeded"
@@ -81,13 +86,16 @@ class ClaimStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class IdempotencyScope:
+    """Who retries what, where: ``target`` is the identity of what the tool acts on."""
+
     subject: str
     server_id: str
     tool_name: str
     idempotency_key: str
+    target: str = field(kw_only=True)
 
     def digest(self) -> str:
-        parts = [self.subject, self.server_id, self.tool_name, self.idempotency_key]
+        parts = [self.subject, self.server_id, self.target, self.tool_name, self.idempotency_key]
         return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()
 
 

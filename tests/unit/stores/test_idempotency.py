@@ -24,7 +24,8 @@ from nexus_mcp.stores.idempotency import (
 )
 
 REPO = Path(__file__).resolve().parents[3]
-SCOPE = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-1")
+TARGET = "f" * 64
+SCOPE = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-1", target=TARGET)
 ARGS = "a" * 64
 OTHER_ARGS = "b" * 64
 TTL = 1000.0
@@ -112,7 +113,7 @@ def test_the_same_key_with_different_arguments_is_a_conflict(
     refusal = to_refusal(conflict)
     assert refusal is not None and refusal.code == Code.IDEMPOTENCY_KEY_CONFLICT
     # Also while the first call is still running.
-    other = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-2")
+    other = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-2", target=TARGET)
     store.begin(other, ARGS)
     assert store.begin(other, OTHER_ARGS).status is ClaimStatus.CONFLICT
 
@@ -158,7 +159,7 @@ def test_concurrent_processes_with_one_key_claim_it_once(tmp_path: Path) -> None
         "import sys\n"
         "from nexus_mcp.stores.idempotency import IdempotencyScope, SqliteIdempotencyStore\n"
         "store = SqliteIdempotencyStore(sys.argv[1])\n"
-        "claim = store.begin(IdempotencyScope('alice', 'nexus', 'w', 'k'), 'a' * 64)\n"
+        "claim = store.begin(IdempotencyScope('alice', 'nexus', 'w', 'k', target='t'), 'a' * 64)\n"
         "print(claim.status.value)\n"
     )
     env = {"PYTHONPATH": str(REPO / "src")}
@@ -190,7 +191,7 @@ def test_purge_removes_only_expired_records(
 ) -> None:
     store.complete(store.begin(SCOPE, ARGS), "{}")
     clock.now += TTL / 2
-    later = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-2")
+    later = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-2", target=TARGET)
     store.complete(store.begin(later, ARGS), "{}")
     assert store.purge_expired() == 0
     assert store.purge_expired(clock.now + TTL / 2) == 1
@@ -241,15 +242,19 @@ async def test_a_retry_after_a_crash_does_not_run_the_tool(
     reopened.close()
 
 
-def test_keys_are_scoped_by_subject_server_and_tool(store: SqliteIdempotencyStore) -> None:
+def test_keys_are_scoped_by_subject_server_tool_and_target(store: SqliteIdempotencyStore) -> None:
     scopes = [
         SCOPE,
-        IdempotencyScope("bob", "nexus", "nexus_write_file", "key-1"),
-        IdempotencyScope("alice", "other", "nexus_write_file", "key-1"),
-        IdempotencyScope("alice", "nexus", "nexus_edit_file", "key-1"),
+        IdempotencyScope("bob", "nexus", "nexus_write_file", "key-1", target=TARGET),
+        IdempotencyScope("alice", "other", "nexus_write_file", "key-1", target=TARGET),
+        IdempotencyScope("alice", "nexus", "nexus_edit_file", "key-1", target=TARGET),
+        IdempotencyScope("alice", "nexus", "nexus_write_file", "key-1", target="e" * 64),
+        IdempotencyScope("alice", "nexus", "nexus_write_file", "key-1", target=""),
         # Field boundaries cannot be shifted to forge another scope.
-        IdempotencyScope("alicenexus", "", "nexus_write_file", "key-1"),
+        IdempotencyScope("alicenexus", "", "nexus_write_file", "key-1", target=TARGET),
+        IdempotencyScope("alice", "nexus", "nexus_write_file", TARGET, target="key-1"),
     ]
+    assert len({scope.digest() for scope in scopes}) == len(scopes)
     for index, scope in enumerate(scopes):
         claim = store.begin(scope, f"{index:064d}")
         assert claim.status is ClaimStatus.NEW
@@ -258,14 +263,17 @@ def test_keys_are_scoped_by_subject_server_and_tool(store: SqliteIdempotencyStor
         assert store.begin(scope, f"{index:064d}").result_json == json.dumps(index)
 
 
-def test_the_database_holds_no_subject_or_key_in_clear(tmp_path: Path) -> None:
+def test_the_database_holds_no_subject_key_or_target_in_clear(tmp_path: Path) -> None:
     path = tmp_path / "idem.sqlite3"
     store = SqliteIdempotencyStore(path)
-    secret = IdempotencyScope("subject-7f3a", "nexus", "nexus_write_file", "key-9c1d")
+    secret = IdempotencyScope(
+        "subject-7f3a", "nexus", "nexus_write_file", "key-9c1d", target="target-4e2b"
+    )
     store.complete(store.begin(secret, ARGS), "{}")
     store.close()
     stored = b"".join(p.read_bytes() for p in tmp_path.iterdir())
-    assert b"subject-7f3a" not in stored and b"key-9c1d" not in stored
+    for clear in (b"subject-7f3a", b"key-9c1d", b"target-4e2b"):
+        assert clear not in stored
 
 
 async def test_an_abandoned_claim_lets_the_retry_run(store: SqliteIdempotencyStore) -> None:
