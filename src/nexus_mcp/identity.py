@@ -6,45 +6,82 @@
 - dev mode: a configured default principal when neither gives one; prod: none, so the
   chain fails closed.
 Tool arguments and ``ctx.client_id`` (client-controlled ``_meta``) are never consulted.
+
+Launch settings given without a subject are never dropped (``build_identity``): in dev they
+narrow the dev principal (``policy/launch.py``), in prod they stop a stdio server from
+starting. On HTTP they do not apply (tokens decide) and start-up says so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from nexus_mcp.policy.launch import (
+    LAUNCH_FIELDS,
+    SUBJECT,
+    LaunchFields,
+    narrow_principal,
+    require_subject,
+)
+from nexus_mcp.policy.profiles import ToolProfileConfig
 from nexus_mcp.principal import Principal, principal_from_claims, principal_from_fields
 from nexus_mcp.settings import Settings
 
 HTTP_TRANSPORTS = frozenset({"streamable-http", "http", "sse"})
 MODERN_PROTOCOL = "2026-07-28"
+_LAUNCH_KEYS = (SUBJECT, *LAUNCH_FIELDS)
 
 
 class IdentityResolver:
-    """Resolves the principal of a request from settings and verified token claims."""
+    """Resolves the principal of a request from the start-up principals and verified claims.
 
-    def __init__(self, settings: Settings) -> None:
-        self.mode = settings.mode
-        self.launch = principal_from_fields(
-            {
-                "subject": settings.subject,
-                "role": settings.role,
-                "profile": settings.profile,
-                "vault_id": settings.vault_id,
-                "user_id": settings.user_id,
-                "canister_user_id": settings.canister_user_id,
-                "scopes": settings.scopes,
-                "read_only": settings.read_only,
-            },
-            source="env",
-        )
-        dev = settings.dev_principal
-        self.dev_default = (
-            principal_from_fields(dev.model_dump(), source="dev-default")
-            if settings.is_dev
-            else None
-        )
-        self.http_auth = settings.auth.enabled
+    Built by ``build_identity``, which decides the launch and dev principals once.
+    """
+
+    def __init__(
+        self,
+        *,
+        launch: Principal | None,
+        dev_default: Principal | None,
+        http_auth: bool,
+        narrowed_by: tuple[str, ...] = (),
+        ignored: tuple[str, ...] = (),
+    ) -> None:
+        self.launch = launch
+        self.dev_default = dev_default
+        self.http_auth = http_auth
+        # Launch settings that narrowed the dev default, and those that do not apply here.
+        self.narrowed_by = narrowed_by
+        self.ignored = ignored
+
+    def describe(self, transport: str) -> dict[str, Any]:
+        """Who callers on ``transport`` act as, for the start-up log (nothing secret)."""
+        if transport in HTTP_TRANSPORTS:
+            if self.http_auth:
+                return {"transport": transport, "source": "token", "tokens_decide": True}
+            # Without a verifier (dev only) every HTTP caller acts as the dev default.
+            return {
+                "transport": transport,
+                "tokens_decide": False,
+                **self._fields(self.dev_default),
+            }
+        return {"transport": transport, **self._fields(self.launch or self.dev_default)}
+
+    def _fields(self, principal: Principal | None) -> dict[str, Any]:
+        if principal is None:
+            return {"source": "none", "subject": None}  # fail closed: nothing is visible
+        fields: dict[str, Any] = {
+            "source": principal.source,
+            "subject": principal.log_subject,
+            "role": principal.effective_role,
+            "profile": principal.profile,
+            "read_only": principal.read_only,
+            "scopes": sorted(principal.scopes),
+        }
+        if principal is self.dev_default and self.narrowed_by:
+            fields["narrowed_by"] = list(self.narrowed_by)
+        return fields
 
     def resolve(
         self,
@@ -59,6 +96,63 @@ class IdentityResolver:
             # No verifier configured (dev only; prod refuses to start like this).
             return None if self.http_auth else self.dev_default
         return self.launch or self.dev_default
+
+
+def check_launch_settings(settings: Settings) -> LaunchFields:
+    """The launch settings given; a prod stdio server refuses them without a subject."""
+    fields = LaunchFields.from_values(_launch_values(settings))
+    if not settings.is_dev and settings.transport != "http":
+        require_subject(fields)
+    return fields
+
+
+def _launch_values(settings: Settings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in _LAUNCH_KEYS}
+
+
+def build_identity(
+    settings: Settings,
+    *,
+    profiles: ToolProfileConfig,
+    profile_of: Callable[[Principal], str | None],
+) -> IdentityResolver:
+    """Decide at start-up who stdio callers (and unverified dev HTTP callers) act as.
+
+    ``profile_of`` is the namespace's profile selection, so the dev principal is compared
+    with what it really sees (its profile, its subject's assignment or its role's).
+    Raises ``ConfigError`` for launch settings that cannot apply: without a subject in a
+    prod stdio server, or widening the dev principal.
+    """
+    fields = check_launch_settings(settings)
+    http = settings.transport == "http"
+    launch = principal_from_fields(_launch_values(settings), source="env")
+    dev_default = None
+    narrowed_by: tuple[str, ...] = ()
+    if settings.is_dev:
+        dev_default = principal_from_fields(
+            settings.dev_principal.model_dump(), source="dev-default"
+        )
+        if dev_default is not None and launch is None and fields.given:
+            dev_default = narrow_principal(
+                dev_default,
+                fields,
+                profiles=profiles,
+                base_profile=profile_of(dev_default),
+                approver_roles=settings.approver_roles,
+            )
+            narrowed_by = fields.given
+    given = ((SUBJECT,) if fields.subject is not None else ()) + fields.given
+    # On HTTP tokens decide; launch settings reach an HTTP caller only as the narrowing of
+    # the dev default that serves unverified callers (dev without a verifier).
+    applies_on_http = not settings.auth.enabled and launch is None
+    ignored = given if http and not applies_on_http else ()
+    return IdentityResolver(
+        launch=launch,
+        dev_default=dev_default,
+        http_auth=settings.auth.enabled,
+        narrowed_by=narrowed_by,
+        ignored=ignored,
+    )
 
 
 def session_key(
@@ -76,4 +170,11 @@ def session_key(
     return f"principal:{subject}"
 
 
-__all__ = ["HTTP_TRANSPORTS", "MODERN_PROTOCOL", "IdentityResolver", "session_key"]
+__all__ = [
+    "HTTP_TRANSPORTS",
+    "MODERN_PROTOCOL",
+    "IdentityResolver",
+    "build_identity",
+    "check_launch_settings",
+    "session_key",
+]

@@ -12,10 +12,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 ROLES = ("viewer", "editor", "evaluator", "admin")
 ROLE_FALLBACK = "viewer"
+# How much each role may do, for "narrow, never widen" (policy/launch.py): a partial
+# order, viewer < editor < admin and viewer < evaluator < admin. editor and evaluator
+# share a rank but neither includes the other (their default profiles, coding and
+# search, do not nest), so moving between them is never a narrowing.
+ROLE_RANKS: Mapping[str, int] = MappingProxyType(
+    {"viewer": 0, "editor": 1, "evaluator": 1, "admin": 2}
+)
 
 # Subjects that look like credentials (API keys, long opaque tokens) are hashed in logs.
 _SECRETISH_RE = re.compile(r"^(sk|pk|api|key|tok|ghp|xox[bap])[-_]|^[A-Za-z0-9+/=_-]{32,}$")
@@ -41,7 +49,7 @@ class Principal:
     @cached_property
     def effective_role(self) -> str:
         """The role policy uses: an unknown role never gets more than viewer."""
-        return self.role if self.role in ROLES else ROLE_FALLBACK
+        return to_effective_role(self.role)
 
     @property
     def canister_user(self) -> str | None:
@@ -52,6 +60,17 @@ class Principal:
     def log_subject(self) -> str:
         """The subject as it may appear in logs and audit: hashed when it looks secret."""
         return to_log_subject(self.subject)
+
+
+def to_effective_role(role: str | None) -> str:
+    """A role as policy sees it: an unknown (or missing) role never gets more than viewer."""
+    return role if role in ROLES else ROLE_FALLBACK
+
+
+def is_role_within(role: str | None, ceiling: str | None) -> bool:
+    """True when ``role`` may do no more than ``ceiling`` (both taken as effective roles)."""
+    role, ceiling = to_effective_role(role), to_effective_role(ceiling)
+    return role == ceiling or ROLE_RANKS[role] < ROLE_RANKS[ceiling]
 
 
 def to_log_subject(subject: str) -> str:
@@ -129,10 +148,13 @@ def principal_from_claims(
 __all__ = [
     "ROLES",
     "ROLE_FALLBACK",
+    "ROLE_RANKS",
     "Principal",
+    "is_role_within",
     "parse_bool",
     "parse_scopes",
     "principal_from_claims",
     "principal_from_fields",
+    "to_effective_role",
     "to_log_subject",
 ]

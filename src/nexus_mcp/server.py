@@ -38,7 +38,7 @@ from nexus_mcp.decorator import (
 )
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.identity import IdentityResolver
+from nexus_mcp.identity import IdentityResolver, build_identity, check_launch_settings
 from nexus_mcp.logs import ensure_logging, get_logger
 from nexus_mcp.middleware.approval import ApprovalMiddleware
 from nexus_mcp.middleware.audit import AuditMiddleware, AuditTrail
@@ -123,7 +123,15 @@ class Runtime:
     _registry_summary: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        self.identity = IdentityResolver(self.settings)
+        # Launch settings given without a subject narrow the dev principal against the
+        # loaded profiles and what the namespace selects for it (policy/launch.py).
+        try:
+            self.identity = build_identity(
+                self.settings, profiles=self.access.profiles, profile_of=self.access.select
+            )
+        except ConfigError:
+            self.close()  # the stores are open already and no one else holds them
+            raise
 
     def registry_info(self) -> Mapping[str, Any] | None:
         # The registry is loaded once and never changes while the server runs.
@@ -202,6 +210,7 @@ def build_server(
             "HTTP in prod mode needs token verification: set auth.jwt_secret "
             "(NEXUS_MCP_AUTH__JWT_SECRET) or auth.jwks_url (NEXUS_MCP_AUTH__JWKS_URL)"
         )
+    check_launch_settings(settings)  # before any state is created; build_identity decides
     environ = dict(os.environ if env is None else env)
     sections = config_sections(config_file)
     write_policies = load_write_policies(sections, settings)
@@ -313,7 +322,19 @@ def build_server(
         tools=len(runtime.contracts),
         registry=registry.summary(),
     )
+    log_effective_principal(runtime.identity, settings.transport)
     return NexusServer(mcp=mcp, runtime=runtime)
+
+
+def log_effective_principal(identity: IdentityResolver, transport: str) -> None:
+    """Say at start-up who callers act as (never a token or secret), and what does not apply."""
+    log.info("effective_principal", **identity.describe(transport))
+    if identity.ignored:
+        log.warning(
+            "launch_settings_ignored",
+            settings=list(identity.ignored),
+            reason="on HTTP bearer tokens decide who the caller is",
+        )
 
 
 def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:

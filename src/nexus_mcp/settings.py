@@ -37,7 +37,10 @@ class _Section(BaseModel):
 
 
 class DevPrincipalSettings(_Section):
-    """Who a dev-mode server treats a caller as when no identity is supplied."""
+    """Who a dev-mode server treats a caller as when no identity is supplied.
+
+    Launch settings given without a subject can only narrow it (policy/launch.py).
+    """
 
     subject: str = "dev"
     role: str = "admin"
@@ -175,6 +178,8 @@ class Settings(BaseSettings):
     server_name: str = "nexus"
 
     # The launch principal (stdio and in-process); ignored on HTTP, where tokens decide.
+    # Without a subject the others never go unused: dev narrows dev_principal with them,
+    # prod refuses to start (policy/launch.py).
     subject: str | None = None
     role: str | None = None
     profile: str | None = None

@@ -56,7 +56,9 @@ def add_parser(subparsers: Any) -> None:
         description=(
             "Serve the workspace tools. Every option can also be set with the environment "
             "variable NEXUS_MCP_<OPTION> (e.g. NEXUS_MCP_PORT=9000) or in the YAML --config "
-            "file; flags win over the environment, which wins over the file."
+            "file; flags win over the environment, which wins over the file. The stdio "
+            "principal flags other than --subject need --subject in prod; in dev, without "
+            "it, they can only narrow the dev principal."
         ),
     )
     for flag, dest, help_text, extra in SERVE_OPTIONS:
