@@ -16,7 +16,6 @@ from typing import Any
 
 from fastmcp import FastMCP
 from fastmcp.server.auth import TokenVerifier
-from fastmcp.server.auth.providers.jwt import JWTVerifier
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -25,6 +24,7 @@ from nexus_mcp import __version__
 from nexus_mcp.access import GrantedTools
 from nexus_mcp.approval_routes import add_approval_routes
 from nexus_mcp.audit import AuditLog, AuditSink, JsonlAuditSink
+from nexus_mcp.bearer import BearerTokenVerifier
 from nexus_mcp.calls import CallState
 from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.chain import ChainLayers, build_middleware
@@ -76,7 +76,7 @@ from nexus_mcp.tools.files import TOOLSET as FILES_TOOLSET
 from nexus_mcp.tools.files import build_files_tools
 from nexus_mcp.tools.notes import TOOLSET as NOTES_TOOLSET
 from nexus_mcp.tools.notes import build_notes_tools
-from nexus_mcp.vaults import VaultRouter
+from nexus_mcp.vaults import VaultRouter, check_canister_deadline
 from nexus_mcp.workspace import Workspace
 
 log = get_logger(__name__)
@@ -165,22 +165,31 @@ class NexusServer:
 
 
 def build_verifier(settings: Settings) -> TokenVerifier | None:
-    """FastMCP's JWT verifier for HTTP (we use it rather than verifying tokens ourselves)."""
+    """The one bearer-token verifier for HTTP: MCP requests and the plain routes alike.
+
+    FastMCP's ``JWTVerifier`` (we use it rather than verifying tokens ourselves), subclassed
+    only to add the RFC 7519 ``exp``/``nbf``/``iat`` checks it leaves out (``bearer.py``).
+    """
     auth = settings.auth
     if not auth.enabled:
         return None
+    require_exp = not auth.allow_tokens_without_exp
     if auth.jwt_secret is not None:
-        return JWTVerifier(
+        return BearerTokenVerifier(
             public_key=auth.jwt_secret.get_secret_value(),
             algorithm=auth.algorithm,
             audience=auth.audience,
             issuer=auth.issuer,
+            leeway_seconds=auth.leeway_seconds,
+            require_exp=require_exp,
         )
-    return JWTVerifier(
+    return BearerTokenVerifier(
         jwks_uri=auth.jwks_url,
         algorithm=auth.algorithm if auth.algorithm != "HS256" else "RS256",
         audience=auth.audience,
         issuer=auth.issuer,
+        leeway_seconds=auth.leeway_seconds,
+        require_exp=require_exp,
     )
 
 
@@ -232,6 +241,9 @@ def build_server(
         if contract.name in contracts:
             raise ConfigError(f"two tools are named {contract.name}")
         contracts[contract.name] = contract
+    check_canister_deadline(
+        settings, [name for name, c in contracts.items() if c.toolset == NOTES_TOOLSET]
+    )
 
     registry = load_registry(settings)
     check_registry_parity(registry, settings, contracts)

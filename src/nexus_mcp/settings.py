@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -27,6 +28,12 @@ from nexus_mcp.errors import ConfigError
 
 MIB = 1024 * 1024
 ENV_PREFIX = "NEXUS_MCP_"
+DEFAULT_TOKEN_LEEWAY_SECONDS = 30
+MAX_TOKEN_LEEWAY_SECONDS = 300  # RFC 7519: "usually no more than a few minutes"
+# Below the default tool timeout (30 s) so a slow canister ends as the spec's
+# "Runtime failure", not as TOOL_TIMEOUT; the margin is vaults.CANISTER_DEADLINE_MARGIN_SECONDS.
+DEFAULT_CANISTER_TOTAL_TIMEOUT_SECONDS = 25.0
+MAX_CANISTER_TOTAL_TIMEOUT_SECONDS = 3600.0  # the longest tool timeout there can be
 
 Mode = Literal["dev", "prod"]
 Transport = Literal["stdio", "http"]
@@ -60,6 +67,13 @@ class AuthSettings(_Section):
     algorithm: str = "HS256"
     audience: str = "nexus-mcp"
     issuer: str | None = None
+    # RFC 7519 4.1.5/4.1.6: how far an issuer's clock may run ahead before a token whose
+    # nbf or iat lies in the future is refused. exp itself is never extended.
+    leeway_seconds: int = Field(
+        default=DEFAULT_TOKEN_LEEWAY_SECONDS, ge=0, le=MAX_TOKEN_LEEWAY_SECONDS
+    )
+    # Off: a token without exp would be valid forever once leaked.
+    allow_tokens_without_exp: bool = False
 
     @field_validator("jwt_secret")
     @classmethod
@@ -137,7 +151,22 @@ class NotesSettings(_Section):
     gateway_secret: SecretStr | None = Field(default=None, description="X-Gateway-Auth value")
     connect_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     read_timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    # The whole canister read, however the reply trickles in; build_server also holds it
+    # under the timeout of every notes tool (vaults.check_canister_deadline).
+    total_timeout_seconds: float = Field(
+        default=DEFAULT_CANISTER_TOTAL_TIMEOUT_SECONDS, gt=0, le=MAX_CANISTER_TOTAL_TIMEOUT_SECONDS
+    )
     max_response_bytes: int = Field(default=8 * MIB, ge=1024)
+
+    @field_validator("total_timeout_seconds")
+    @classmethod
+    def _total_covers_connect_and_read(cls, value: float, info: ValidationInfo) -> float:
+        # Fields that failed their own validation are absent from info.data.
+        for part in ("connect_timeout_seconds", "read_timeout_seconds"):
+            other = info.data.get(part)
+            if other is not None and other > value:
+                raise ValueError(f"must not be shorter than notes.{part}")
+        return value
 
     @model_validator(mode="after")
     def _canister_needs_url(self) -> NotesSettings:
@@ -311,7 +340,11 @@ def config_sections(config_file: Path | None) -> dict[str, Any]:
 
 
 __all__ = [
+    "DEFAULT_CANISTER_TOTAL_TIMEOUT_SECONDS",
+    "DEFAULT_TOKEN_LEEWAY_SECONDS",
     "EXTERNAL_SECTIONS",
+    "MAX_CANISTER_TOTAL_TIMEOUT_SECONDS",
+    "MAX_TOKEN_LEEWAY_SECONDS",
     "AuthSettings",
     "BudgetSettings",
     "DevPrincipalSettings",

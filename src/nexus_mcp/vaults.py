@@ -13,9 +13,10 @@ write-class notes tool can never replay an idempotency record against another va
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
-from nexus_mcp.errors import UpstreamError
+from nexus_mcp.errors import ConfigError, UpstreamError
 from nexus_mcp.notes import CanisterBackend, LocalVaultBackend, NoteBackend
 from nexus_mcp.principal import Principal
 from nexus_mcp.settings import Settings
@@ -23,6 +24,43 @@ from nexus_mcp.state import server_state_paths
 from nexus_mcp.targets import identify_canister_vault, identify_folder, identify_missing_vault
 
 _VAULT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# The tool timeout starts before the canister request does (chain checks, token, connect
+# pool), so a deadline only just under it could still lose the race to TOOL_TIMEOUT.
+CANISTER_DEADLINE_MARGIN_SECONDS = 1.0
+TOTAL_TIMEOUT_SETTING = "notes.total_timeout_seconds"
+TOTAL_TIMEOUT_ENV = "NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS"
+
+
+def check_canister_deadline(settings: Settings, notes_tools: Iterable[str]) -> None:
+    """Refuse a canister deadline that does not end before every notes tool's timeout.
+
+    A reply drip-fed under the read timeout is ended by the total deadline as the spec's
+    ``Runtime failure``; if the tool timeout came first, the caller would see
+    ``TOOL_TIMEOUT`` instead. The notes tools' timeout is their ``budgets.tool_timeouts``
+    override when there is one, else ``budgets.tool_timeout_seconds``. The local backend
+    has no such deadline, so nothing is checked for it.
+    """
+    if settings.notes.backend != "canister":
+        return
+    budgets = settings.budgets
+    timeouts = {
+        tool: budgets.tool_timeouts.get(tool, budgets.tool_timeout_seconds) for tool in notes_tools
+    }
+    if not timeouts:
+        return
+    tool, shortest = min(timeouts.items(), key=lambda item: (item[1], item[0]))
+    total = settings.notes.total_timeout_seconds
+    if total + CANISTER_DEADLINE_MARGIN_SECONDS > shortest:
+        source = (
+            f"budgets.tool_timeouts.{tool}"
+            if tool in budgets.tool_timeouts
+            else "budgets.tool_timeout_seconds"
+        )
+        raise ConfigError(
+            f"invalid setting '{TOTAL_TIMEOUT_SETTING}' ({TOTAL_TIMEOUT_ENV}): must be at "
+            f"least {CANISTER_DEADLINE_MARGIN_SECONDS:g} s below the timeout of every notes "
+            f"tool; {source} gives {tool} {shortest:g} s"
+        )
 
 
 class _MissingVault:
@@ -47,6 +85,7 @@ class VaultRouter:
                 else None,
                 connect_timeout=notes.connect_timeout_seconds,
                 read_timeout=notes.read_timeout_seconds,
+                total_timeout=notes.total_timeout_seconds,
                 max_response_bytes=notes.max_response_bytes,
             )
         self._local: dict[Path, LocalVaultBackend] = {}
@@ -90,4 +129,4 @@ class VaultRouter:
             await self._canister.aclose()
 
 
-__all__ = ["VaultRouter"]
+__all__ = ["CANISTER_DEADLINE_MARGIN_SECONDS", "VaultRouter", "check_canister_deadline"]

@@ -33,8 +33,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.errors import ConfigError
 from nexus_mcp.server import NexusServer
-from tests.support.loopback import serve_in_thread
+from tests.support.loopback import drip_fed_response, serve_in_thread
 
 from .conftest import ServerFactory, snapshot, wire
 from .servers import free_port, http_server, server_env
@@ -748,6 +749,85 @@ async def test_an_unreachable_canister_is_a_runtime_failure(make_server: ServerF
     result = await section_source(server)
     assert envelope(result) == RUNTIME_FAILURE
     assert TOKEN not in json.dumps(result) and closed not in json.dumps(result)
+
+
+def drip_fed_canister(canister: Canister, **budgets: Any) -> dict[str, Any]:
+    """Settings for a canister whose reply trickles in: each byte inside the read timeout."""
+    canister.serve(
+        EXAMPLE_ENCODED, lambda _r: drip_fed_response(b'{"body": "' + BODY_CANARY.encode())
+    )
+    return {
+        **HOSTED_PRINCIPAL,
+        "notes": {
+            "backend": "canister",
+            "canister_url": canister.base_url,
+            "canister_token": TOKEN,
+            "connect_timeout_seconds": 0.5,
+            "read_timeout_seconds": 0.3,
+            "total_timeout_seconds": 1.0,
+        },
+        "budgets": budgets,
+    }
+
+
+@pytest.mark.parametrize(
+    "budgets",
+    [
+        {"tool_timeout_seconds": 5.0},
+        {"tool_timeouts": {tool: 5.0 for tool in NOTE_TOOLS}},
+    ],
+    ids=["default-tool-timeout", "per-tool-override"],
+)
+async def test_a_reply_drip_fed_past_the_canister_deadline_is_a_runtime_failure_not_a_timeout(
+    make_server: ServerFactory, canister: Canister, audit: MemoryAuditSink, budgets: dict[str, Any]
+) -> None:
+    # The drip would run 20 s; the tool timeout (5 s) would answer TOOL_TIMEOUT. The
+    # canister deadline (1 s) ends it first, as the spec's "Runtime failure".
+    server = make_server(**drip_fed_canister(canister, **budgets))
+    result = await section_source(server)
+    assert envelope(result) == RUNTIME_FAILURE
+    assert len(canister.requests) == 1
+    assert BODY_CANARY not in json.dumps(result) and TOKEN not in json.dumps(result)
+    finished = [r for r in audit.records() if r["event"] != "tool_call_started"][-1]
+    assert finished["outcome"] == "UPSTREAM_ERROR"
+
+
+@pytest.mark.parametrize(
+    ("budgets", "named"),
+    [
+        ({"tool_timeout_seconds": 1.0}, "budgets.tool_timeout_seconds"),
+        ({"tool_timeout_seconds": 1.5}, "budgets.tool_timeout_seconds"),
+        (
+            {"tool_timeouts": {"get_metadata_facets": 0.5}},
+            "budgets.tool_timeouts.get_metadata_facets",
+        ),
+        ({"tool_timeouts": {"get_note_outline": 1.0}}, "budgets.tool_timeouts.get_note_outline"),
+    ],
+    ids=["equal", "inside-the-margin", "override-below", "override-equal"],
+)
+def test_a_canister_deadline_not_below_a_notes_tool_timeout_stops_start_up(
+    make_server: ServerFactory, canister: Canister, budgets: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_server(**drip_fed_canister(canister, **budgets))
+    message = str(caught.value)
+    assert "'notes.total_timeout_seconds' (NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS)" in message
+    assert named in message
+
+
+def test_the_default_canister_deadline_fits_the_default_tool_timeout(
+    make_server: ServerFactory, canister: Canister
+) -> None:
+    notes = {"backend": "canister", "canister_url": canister.base_url, "canister_token": TOKEN}
+    settings = make_server(**HOSTED_PRINCIPAL, notes=notes).runtime.settings
+    assert settings.notes.total_timeout_seconds == 25.0
+    assert settings.budgets.tool_timeout_seconds == 30.0
+
+
+def test_a_short_timeout_on_a_tool_outside_the_notes_toolset_does_not_bind_the_canister(
+    make_server: ServerFactory, canister: Canister
+) -> None:
+    make_server(**drip_fed_canister(canister, tool_timeouts={"nexus_read_file": 0.5}))
 
 
 async def test_concurrent_hosted_calls_each_read_once(

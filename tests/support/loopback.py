@@ -7,16 +7,39 @@ checked on the wire.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
 import uvicorn
+from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp
 
 STARTUP_DEADLINE_S = 10.0
+DRIP_INTERVAL_S = 0.05
+DRIP_MAX_CHUNKS = 400  # 20 s at most, far past any deadline a test sets
+
+
+def drip_fed_response(
+    prefix: bytes, *, interval_s: float = DRIP_INTERVAL_S, max_chunks: int = DRIP_MAX_CHUNKS
+) -> StreamingResponse:
+    """A 200 JSON reply that never finishes in time: ``prefix``, then one byte per interval.
+
+    Each byte arrives well inside any read timeout, so only a total deadline can end the
+    read. The pacing is the hostile upstream's behaviour, not a wait in the test; Starlette
+    cancels the stream when the client hangs up, and ``max_chunks`` bounds it regardless.
+    """
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield prefix
+        for _ in range(max_chunks):
+            await asyncio.sleep(interval_s)
+            yield b" "
+
+    return StreamingResponse(chunks(), media_type="application/json")
 
 
 @contextmanager

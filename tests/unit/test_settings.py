@@ -81,3 +81,53 @@ def test_unknown_file_keys_and_bad_yaml_are_reported_with_the_file(tmp_path: Pat
         load_settings(bad_yaml)
     with pytest.raises(ConfigError, match="not found"):
         load_settings(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("value", ["-1", "301", "soon", "1.5"])
+def test_a_bad_token_leeway_names_its_setting(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("NEXUS_MCP_AUTH__LEEWAY_SECONDS", value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "'auth.leeway_seconds' (NEXUS_MCP_AUTH__LEEWAY_SECONDS)" in str(info.value)
+
+
+def test_tokens_need_exp_and_get_thirty_seconds_of_leeway_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    auth = load_settings().auth
+    assert (auth.leeway_seconds, auth.allow_tokens_without_exp) == (30, False)
+    monkeypatch.setenv("NEXUS_MCP_AUTH__LEEWAY_SECONDS", "0")
+    monkeypatch.setenv("NEXUS_MCP_AUTH__ALLOW_TOKENS_WITHOUT_EXP", "true")
+    auth = load_settings().auth
+    assert (auth.leeway_seconds, auth.allow_tokens_without_exp) == (0, True)
+
+
+def test_the_canister_deadline_defaults_below_the_default_tool_timeout() -> None:
+    settings = load_settings()
+    assert settings.notes.total_timeout_seconds == 25.0
+    assert settings.notes.total_timeout_seconds < settings.budgets.tool_timeout_seconds
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS": "0"},
+        {"NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS": "-5"},
+        {"NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS": "3601"},
+        {"NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS": "9"},  # the read timeout is 10 s
+        {
+            "NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS": "4",
+            "NEXUS_MCP_NOTES__READ_TIMEOUT_SECONDS": "1",
+        },
+    ],
+    ids=["zero", "negative", "too-long", "shorter-than-read", "shorter-than-connect"],
+)
+def test_a_canister_deadline_shorter_than_its_parts_names_its_setting(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    named = "'notes.total_timeout_seconds' (NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS)"
+    assert named in str(info.value)

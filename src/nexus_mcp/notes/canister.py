@@ -29,7 +29,9 @@ NOTES_ROUTE = "/api/v1/notes/"
 PASSED_THROUGH_STATUSES = frozenset({401, 403, 404})
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_READ_TIMEOUT_S = 10.0
-DEFAULT_TOTAL_TIMEOUT_S = 30.0
+# Below the default tool timeout (30 s), so a reply that drip-feeds past it ends as the
+# spec's "Runtime failure", not as TOOL_TIMEOUT (settings check the configured values).
+DEFAULT_TOTAL_TIMEOUT_S = 25.0
 # A 1,000,000-unit body JSON-escaped is at most ~6 MB; the rest is frontmatter headroom.
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 _JSON_MEDIA_TYPE = "application/json"
@@ -62,6 +64,11 @@ class CanisterBackend:
         self._token = token
         self._token_provider = token_provider
         self._gateway_secret = gateway_secret or None
+        if not total_timeout > 0 or total_timeout < max(connect_timeout, read_timeout):
+            raise ConfigError(
+                "notes canister backend: the total timeout must be positive and at least "
+                "the connect and read timeouts"
+            )
         self._total_timeout = total_timeout
         self._max_response_bytes = max_response_bytes
         _silence_request_logs()

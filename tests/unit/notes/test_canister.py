@@ -16,6 +16,7 @@ from nexus_mcp.errors import ConfigError, UpstreamError
 from nexus_mcp.notes.canister import CanisterBackend
 from nexus_mcp.notes.views import read_note_view
 from nexus_mcp.principal import Principal
+from tests.support.loopback import drip_fed_response
 from tests.unit.notes.conftest import LoopbackCanister, streaming_response
 
 TOKEN = "tok-CANARY-TOKEN-1"
@@ -287,3 +288,46 @@ def test_a_malformed_canister_url_is_a_config_error(url: str) -> None:
 def test_exactly_one_of_token_and_token_provider_is_required() -> None:
     with pytest.raises(ConfigError):
         CanisterBackend("http://127.0.0.1:1")
+
+
+@pytest.mark.parametrize(
+    "prefix", [b"", b'{"body": "' + BODY_CANARY.encode()], ids=["nothing-yet", "half-a-body"]
+)
+async def test_a_reply_drip_fed_past_the_total_deadline_is_a_runtime_failure(
+    loopback_canister: LoopbackCanister, prefix: bytes
+) -> None:
+    # Every byte lands well inside the 0.3 s read timeout: only the total deadline ends it.
+    loopback_canister.serve(ENCODED, lambda _r: drip_fed_response(prefix))
+    backend = CanisterBackend(
+        loopback_canister.base_url,
+        token=TOKEN,
+        connect_timeout=0.5,
+        read_timeout=0.3,
+        total_timeout=0.6,
+    )
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            await read_note_view(backend, "section_source", "inbox/hello world.md", CALLER)
+    finally:
+        await backend.aclose()
+    assert caught.value.message == "Runtime failure"
+    assert caught.value.facts["reason"] == "TimeoutError"  # the total deadline, not a read
+    _assert_sanitized(caught.value)
+    assert len(loopback_canister.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "timeouts",
+    [
+        {"connect_timeout": 2.0, "read_timeout": 0.3, "total_timeout": 1.0},
+        {"connect_timeout": 0.5, "read_timeout": 3.0, "total_timeout": 1.0},
+        {"connect_timeout": 0.5, "read_timeout": 0.5, "total_timeout": 0.0},
+        {"connect_timeout": 0.5, "read_timeout": 0.5, "total_timeout": -1.0},
+    ],
+    ids=["connect-longer", "read-longer", "zero-total", "negative-total"],
+)
+def test_a_total_timeout_shorter_than_its_parts_is_a_config_error(
+    timeouts: dict[str, float],
+) -> None:
+    with pytest.raises(ConfigError):
+        CanisterBackend("http://127.0.0.1:1", token="t", **timeouts)
