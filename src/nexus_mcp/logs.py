@@ -1,35 +1,147 @@
-"""Operational logging: structlog JSON lines on stderr, never stdout (stdout is stdio's channel).
+"""Operational logging: JSON lines on stderr (never stdout, stdio's channel), never content.
 
-Records from the standard library (FastMCP, uvicorn, httpx) are rendered through the same
-JSON pipeline. Exception tracebacks are reduced to the exception type: exception text can
-hold note bodies, paths or secrets, and operators get the correlation id instead.
+The guarantee: at every level, DEBUG included, no log line carries tool arguments, tool
+results, file or note content, paths, HTTP headers, tokens or exception text, whichever
+library emits it. Libraries log strings built from what they handle (``sse_starlette``
+logs every response chunk it sends, ``httpcore`` the headers of every request and
+response, ``mcp`` the session id), and a filter keyed by logger name misses their child
+loggers and every logger created later. So the rule is by origin, not by name:
+
+- Our own events keep their fields: structlog key-value events from the ``nexus_mcp``
+  namespace, written for operators (ids, codes, counts, digests, tool names), with
+  exception text reduced to the exception type (operators get the correlation id).
+- Every other record (any stdlib logger of any library, a stdlib call in our own
+  namespace, a structlog event from another package, Python warnings, uncaught
+  exceptions) is reduced to a fixed shape: ``{"event": "library_log", "logger",
+  "level", "timestamp"}`` plus ``exc_type`` when it carried an exception. Message,
+  arguments, extras, exception and stack are dropped, so DEBUG still shows *that* a
+  library did something, never *what* it handled.
+
+How the reduction reaches every record, including loggers that have their own handlers,
+``propagate=False`` or do not exist yet:
+
+1. At creation. ``configure_logging`` installs a LogRecord factory, through which every
+   stdlib ``Logger`` builds its records: a foreign record is born without its message,
+   arguments, exception or stack, so no handler anywhere (FastMCP's rich handler, one
+   from a uvicorn ``log_config``, ``logging.lastResort``) can print them.
+   ``logging.raiseExceptions`` is off because ``Handler.handleError`` prints a failing
+   record's message and arguments.
+2. At rendering. The one handler's formatter rebuilds every foreign event from the same
+   allowlist, for records that bypass the factory (``logging.makeLogRecord``, a
+   ``Logger`` subclass with its own ``makeRecord``).
+3. One handler. Every other logger's handlers are removed and propagation restored, at
+   ``configure_logging`` and again by ``enforce_one_handler`` right before the transport
+   serves (after FastMCP and uvicorn set up their loggers); ``logging.lastResort`` is the
+   same handler. Every stderr line from logging is then one JSON object.
+4. Outside logging. Python warnings are captured into logging (pydantic's serialization
+   warnings quote the input value), and uncaught exceptions (main thread, other threads,
+   "exception ignored") are logged as ``uncaught_exception`` with their type instead of
+   Python's traceback print, which ends with the exception text.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import MutableMapping
+import threading
+from collections.abc import Callable, MutableMapping
+from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 import structlog
 
-_FOREIGN_LOGGERS = ("fastmcp", "mcp", "uvicorn", "uvicorn.error", "uvicorn.access", "httpx")
+OWN_NAMESPACE = "nexus_mcp"
+# The event of every record that is not one of our own structlog events.
+LIBRARY_EVENT = "library_log"
+UNCAUGHT_EVENT = "uncaught_exception"
+# Set by the record factory on a reduced record that carried an exception.
+_EXC_TYPE_ATTR = "_nexus_exc_type"
+_RECORD_META_KEYS = ("_record", "_from_structlog")
+
+EventDict = MutableMapping[str, Any]
 
 
-def _drop_exception_text(
-    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
-) -> MutableMapping[str, Any]:
+def is_own_logger(name: str) -> bool:
+    return name == OWN_NAMESPACE or name.startswith(OWN_NAMESPACE + ".")
+
+
+def _exc_type_name(exc_info: Any) -> str | None:
+    if exc_info is True:
+        exc_info = sys.exc_info()
+    if isinstance(exc_info, BaseException):
+        return type(exc_info).__name__
+    if isinstance(exc_info, tuple) and exc_info and isinstance(exc_info[0], type):
+        return exc_info[0].__name__
+    return None
+
+
+def _drop_exception_text(_logger: Any, _method: str, event_dict: EventDict) -> EventDict:
     exc_info = event_dict.pop("exc_info", None)
     event_dict.pop("exception", None)
-    if exc_info:
-        if exc_info is True:
-            exc_info = sys.exc_info()
-        if isinstance(exc_info, BaseException):
-            event_dict["exc_type"] = type(exc_info).__name__
-        elif isinstance(exc_info, tuple) and exc_info[0] is not None:
-            event_dict["exc_type"] = exc_info[0].__name__
+    event_dict.pop("stack_info", None)
+    if exc_info and (name := _exc_type_name(exc_info)) is not None:
+        event_dict["exc_type"] = name
     return event_dict
+
+
+class ContentFreeRecordFactory:
+    """Builds every stdlib record; a record that is not one of our own structlog events
+    is built already reduced (fixed message, no arguments, exception or stack)."""
+
+    def __init__(self, base: Callable[..., logging.LogRecord]) -> None:
+        self.base = base
+
+    def __call__(
+        self,
+        name: str,
+        level: int,
+        fn: str,
+        lno: int,
+        msg: Any,
+        args: Any,
+        exc_info: Any,
+        func: str | None = None,
+        sinfo: str | None = None,
+        **kwargs: Any,
+    ) -> logging.LogRecord:
+        if isinstance(msg, dict) and is_own_logger(name):
+            return self.base(name, level, fn, lno, msg, args, exc_info, func, sinfo, **kwargs)
+        # A structlog event keeps the dict type ProcessorFormatter expects of it.
+        reduced = {"event": LIBRARY_EVENT} if isinstance(msg, dict) else LIBRARY_EVENT
+        record = self.base(name, level, fn, lno, reduced, (), None, func, None, **kwargs)
+        exc_type = _exc_type_name(exc_info)
+        if exc_type is not None:
+            setattr(record, _EXC_TYPE_ATTR, exc_type)
+        return record
+
+
+def _timestamp(created: float) -> str:
+    # The same form as structlog's TimeStamper(fmt="iso", utc=True).
+    return datetime.fromtimestamp(created, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def _reduce_foreign(_logger: Any, _method: str, event_dict: EventDict) -> EventDict:
+    """Keep our own structlog events; rebuild everything else from the allowlist."""
+    record = event_dict.get("_record")
+    if not isinstance(record, logging.LogRecord):
+        record = None  # never inside ProcessorFormatter; then nothing but the event is kept
+    if record is not None and event_dict.get("_from_structlog") and is_own_logger(record.name):
+        return event_dict
+    reduced: dict[str, Any] = {k: event_dict[k] for k in _RECORD_META_KEYS if k in event_dict}
+    reduced["event"] = LIBRARY_EVENT
+    if record is not None:
+        reduced.update(
+            logger=record.name,
+            level=record.levelname.lower(),
+            timestamp=_timestamp(record.created),
+        )
+        exc_type = getattr(record, _EXC_TYPE_ATTR, None)
+        if exc_type is None:
+            exc_type = _exc_type_name(event_dict.get("exc_info"))
+        if isinstance(exc_type, str):
+            reduced["exc_type"] = exc_type
+    return reduced
 
 
 _SHARED_PROCESSORS: list[Any] = [
@@ -40,34 +152,44 @@ _SHARED_PROCESSORS: list[Any] = [
     _drop_exception_text,
 ]
 
+_handler: logging.Handler | None = None
+
 
 def configure_logging(level: str = "INFO") -> None:
-    """Route structlog and stdlib logging to JSON on stderr. Safe to call more than once."""
+    """Route every log record of the process to JSON on stderr, reduced as the module
+    docstring says. Safe to call more than once."""
+    global _handler
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         numeric = logging.INFO
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=_SHARED_PROCESSORS,
+        # Foreign records are rebuilt by _reduce_foreign; str(msg), never getMessage(),
+        # so a record's arguments are not even formatted.
+        foreign_pre_chain=[],
+        use_get_message=False,
         processors=[
+            _reduce_foreign,
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.JSONRenderer(sort_keys=True),
         ],
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
-    root = logging.getLogger()
-    for existing in root.handlers[:]:
-        root.removeHandler(existing)
-    root.addHandler(handler)
-    root.setLevel(numeric)
-    # FastMCP installs its own (rich) handler on "fastmcp" and stops propagation; undo that
-    # so every line is JSON on stderr.
-    for name in _FOREIGN_LOGGERS:
-        foreign = logging.getLogger(name)
-        for existing in foreign.handlers[:]:
-            foreign.removeHandler(existing)
-        foreign.propagate = True
+    _handler = handler
+    base = logging.getLogRecordFactory()
+    if isinstance(base, ContentFreeRecordFactory):
+        base = base.base
+    logging.setLogRecordFactory(ContentFreeRecordFactory(base))
+    logging.raiseExceptions = False
+    logging.lastResort = handler
+    logging.captureWarnings(True)
+    logging.getLogger().setLevel(numeric)
+    enforce_one_handler()
+    # Access lines name every request; they stay off below WARNING.
     logging.getLogger("uvicorn.access").setLevel(max(numeric, logging.WARNING))
+    sys.excepthook = _log_uncaught
+    threading.excepthook = _log_uncaught_in_thread
+    sys.unraisablehook = _log_unraisable
     structlog.configure(
         processors=[
             *_SHARED_PROCESSORS,
@@ -76,6 +198,51 @@ def configure_logging(level: str = "INFO") -> None:
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
+    )
+
+
+def enforce_one_handler() -> None:
+    """Make the root handler of ``configure_logging`` the only one: remove every other
+    logger's handlers and restore propagation. A library that installed handlers of its
+    own (FastMCP's rich handler) also set a level of its own; that level is reset so that
+    ``--log-level`` decides. No-op before ``configure_logging``."""
+    handler = _handler
+    if handler is None:
+        return
+    root = logging.getLogger()
+    for existing in root.handlers[:]:
+        if existing is not handler:
+            root.removeHandler(existing)
+    if handler not in root.handlers:
+        root.addHandler(handler)
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if not isinstance(logger, logging.Logger):  # a PlaceHolder has no handlers
+            continue
+        if logger.handlers:
+            for existing in logger.handlers[:]:
+                logger.removeHandler(existing)
+            logger.setLevel(logging.NOTSET)
+        logger.propagate = True
+
+
+def _log_uncaught(
+    exc_type: type[BaseException],
+    _exc: BaseException | None = None,
+    _tb: TracebackType | None = None,
+) -> None:
+    get_logger(__name__).critical(UNCAUGHT_EVENT, where="main", exc_type=exc_type.__name__)
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:  # threading's default hook ignores it too
+        return
+    get_logger(__name__).critical(UNCAUGHT_EVENT, where="thread", exc_type=args.exc_type.__name__)
+
+
+def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+    # The default hook prints repr() of the object involved, which can hold content.
+    get_logger(__name__).error(
+        UNCAUGHT_EVENT, where="unraisable", exc_type=unraisable.exc_type.__name__
     )
 
 
@@ -108,4 +275,13 @@ def get_logger(name: str) -> Any:
     return structlog.get_logger(name)
 
 
-__all__ = ["configure_logging", "ensure_logging", "get_logger"]
+__all__ = [
+    "LIBRARY_EVENT",
+    "UNCAUGHT_EVENT",
+    "ContentFreeRecordFactory",
+    "configure_logging",
+    "enforce_one_handler",
+    "ensure_logging",
+    "get_logger",
+    "is_own_logger",
+]

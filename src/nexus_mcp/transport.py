@@ -14,6 +14,7 @@ from typing import Any
 from starlette.middleware import Middleware as ASGIMiddlewareSpec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nexus_mcp.logs import enforce_one_handler
 from nexus_mcp.server import NexusServer
 from nexus_mcp.settings import Settings
 
@@ -131,6 +132,9 @@ def announce(settings: Settings) -> None:
 
 async def serve(server: NexusServer) -> None:
     settings = server.runtime.settings
+    # Building the server imported FastMCP and the MCP SDK, which may install handlers of
+    # their own; every line must still leave through the one JSON handler (logs.py).
+    enforce_one_handler()
     try:
         if settings.transport == "stdio":
             await server.mcp.run_stdio_async(show_banner=False)

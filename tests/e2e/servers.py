@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -36,21 +37,30 @@ def serve_command(*args: str) -> list[str]:
 
 @contextmanager
 def http_server(
-    args: list[str], env: Mapping[str, str], *, port: int, timeout: float = 20.0
+    args: list[str],
+    env: Mapping[str, str],
+    *,
+    port: int,
+    timeout: float = 20.0,
+    stderr: IO[bytes] | int = subprocess.PIPE,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Start ``serve --transport http`` and wait (bounded) until /healthz answers."""
+    """Start ``serve --transport http`` and wait (bounded) until /healthz answers.
+
+    ``stderr`` may be a file: a chatty server (``--log-level DEBUG``) would otherwise fill
+    the pipe while the test is still talking to it, and block."""
     proc = subprocess.Popen(
         serve_command("--transport", "http", "--port", str(port), *args),
         env=server_env(env),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
     )
     try:
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
                 _, err = proc.communicate()
-                raise RuntimeError(f"server exited early: {err.decode(errors='replace')[-2000:]}")
+                tail = err.decode(errors="replace")[-2000:] if err else "(stderr redirected)"
+                raise RuntimeError(f"server exited early: {tail}")
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
                     break

@@ -6,6 +6,7 @@ import pytest
 
 from nexus_mcp.cli import build_parser, main
 from nexus_mcp.commands.serve import SERVE_OPTIONS
+from tests.support.logging_state import isolated_logging
 
 
 def help_text(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -48,7 +49,8 @@ def test_bad_setting_exits_2_naming_the_setting(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: object
 ) -> None:
     monkeypatch.setenv("NEXUS_MCP_PORT", "not-a-port")
-    code = main(["serve", "--workspace", str(tmp_path)])
+    with isolated_logging():  # serve configures the process's logging before it reads settings
+        code = main(["serve", "--workspace", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2
     assert "NEXUS_MCP_PORT" in err and "Traceback" not in err and "not-a-port" not in err

@@ -90,7 +90,10 @@ class AuditTrail:
         if kind != TOOL_CALL_STARTED:
             record["duration_ms"] = state.elapsed_ms
         record["args_digest"] = self._args_digest(state)
-        logged = self._loggable_args(contract, state, error)
+        # The started event is written before the tool has judged its arguments (a path
+        # it will refuse, say), so it carries only their digest; the finished event names
+        # the loggable ones unless they were refused.
+        logged = None if kind == TOOL_CALL_STARTED else self._loggable_args(contract, state, error)
         if logged is not None:
             record["args"] = logged
         if state.session_key is not None:

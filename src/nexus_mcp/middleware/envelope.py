@@ -32,6 +32,8 @@ log = get_logger(__name__)
 
 _CORRELATION_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 INTERNAL_JSONRPC_CODE = -32603
+# What logs say instead of a tool name the chain has not matched to a tool (as the audit).
+UNREGISTERED_TOOL = "(unregistered)"
 
 
 def to_wire_error(exc: BaseException, *, correlation_id: str) -> NexusError:
@@ -76,6 +78,12 @@ def _correlation_id(meta: dict[str, Any]) -> str | None:
     if isinstance(value, str) and _CORRELATION_RE.match(value):
         return value
     return None
+
+
+def _loggable_tool_name(state: CallState) -> str:
+    # The name a client sent is its own input until the chain has matched it to a tool
+    # (classification runs after the namespace layer has refused unknown names).
+    return state.tool_name if state.classification is not None else UNREGISTERED_TOOL
 
 
 def estimate_size(value: Any, budget: int) -> int:
@@ -136,7 +144,7 @@ class EnvelopeMiddleware(Middleware):
                 if isinstance(error, InternalError):
                     log.error(
                         "tool_call_internal_error",
-                        tool=state.tool_name,
+                        tool=_loggable_tool_name(state),
                         correlation_id=state.correlation_id,
                         ref=error.facts.get("ref"),
                         exc_type=type(exc.__cause__ or exc).__name__,
