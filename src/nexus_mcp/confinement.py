@@ -175,6 +175,20 @@ class ConfinedRoot:
         finally:
             os.close(fd)
 
+    @staticmethod
+    def open_entry(located: Located, flags: int) -> int:
+        """Open a located entry (not the root) on its parent's descriptor, only if it is
+        still the object the walk saw; ``PathChangedError`` otherwise."""
+        assert located.name is not None and located.info is not None
+        try:
+            fd = os.open(located.name, flags, dir_fd=located.parent_fd)
+        except OSError:
+            raise PathChangedError() from None
+        if identity(os.fstat(fd)) != identity(located.info):
+            os.close(fd)
+            raise PathChangedError()
+        return fd
+
     def inside(self, absolute: str) -> tuple[str, ...] | None:
         """The parts below the root of an absolute link target, or None when outside."""
         if absolute == str(self.path):
@@ -304,6 +318,20 @@ class ConfinedRoot:
         return parent
 
 
+def read_bounded(fd: int, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes from ``fd``: one byte more than allowed tells the caller
+    the file is over its limit without reading the rest of it."""
+    chunks: list[bytes] = []
+    remaining = limit + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
 def _components(parts: Sequence[str]) -> list[str]:
     """``parts`` as a stack (next component last), without empty and ``.`` components."""
     return [p for p in reversed(parts) if p not in ("", ".")]
@@ -341,4 +369,5 @@ __all__ = [
     "Located",
     "PathChangedError",
     "identity",
+    "read_bounded",
 ]

@@ -56,7 +56,7 @@ from nexus_mcp.confinement import (
     ConfinedRoot,
     Located,
     PathChangedError,
-    identity,
+    read_bounded,
 )
 from nexus_mcp.errors import (
     ConflictError,
@@ -398,14 +398,7 @@ class Workspace:
 
     def _open_located(self, located: Located) -> int:
         """Open a located regular file for reading, only if it is what the walk saw."""
-        assert located.name is not None and located.info is not None
-        try:
-            fd = os.open(located.name, FILE_READ_FLAGS, dir_fd=located.parent_fd)
-        except OSError:
-            raise PathChangedError() from None
-        if identity(os.fstat(fd)) != identity(located.info):
-            os.close(fd)
-            raise PathChangedError()
+        fd = self._confined.open_entry(located, FILE_READ_FLAGS)
         if not self._confined.attached(located):
             os.close(fd)
             raise ConflictError(reason="path_changed")
@@ -446,15 +439,7 @@ class Workspace:
     def _open_dir_fd(self, located: Located) -> int:
         if located.name is None:  # the root: its own descriptor
             return os.dup(located.parent_fd)
-        assert located.info is not None
-        try:
-            fd = os.open(located.name, DIR_FLAGS, dir_fd=located.parent_fd)
-        except OSError:
-            raise PathChangedError() from None
-        if identity(os.fstat(fd)) != identity(located.info):
-            os.close(fd)
-            raise PathChangedError()
-        return fd
+        return self._confined.open_entry(located, DIR_FLAGS)
 
     def iter_tree(
         self, dir_fd: int, base: Sequence[str], *, recursive: bool
@@ -713,15 +698,7 @@ class Workspace:
 
 
 def _read_fd(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    remaining = limit + 1
-    while remaining > 0:
-        chunk = os.read(fd, min(remaining, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    data = b"".join(chunks)
+    data = read_bounded(fd, limit)
     if len(data) > limit:
         raise DocSizeExceededError(limit_name="max_read_bytes", limit_bytes=limit)
     return data

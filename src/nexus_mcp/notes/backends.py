@@ -9,14 +9,13 @@ the content or an OS error text.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from nexus_mcp.confinement import MAX_WALKS, ConfinedRoot, PathChangedError, identity
+from nexus_mcp.confinement import MAX_WALKS, ConfinedRoot, PathChangedError, read_bounded
 from nexus_mcp.errors import ConflictError, InvalidPathError, NotFoundError, UpstreamError
 from nexus_mcp.notes.frontmatter import parse_note_frontmatter
 from nexus_mcp.notes.paths import PATH_SEPARATOR, check_normalized_path
@@ -98,17 +97,8 @@ class LocalVaultBackend:
                     raise UpstreamError.invalid_path()
                 if located.info is None or located.name is None:
                     raise UpstreamError.status(NOT_FOUND_STATUS)
+                fd = vault.open_entry(located, _OPEN_FLAGS)
                 try:
-                    fd = os.open(located.name, _OPEN_FLAGS, dir_fd=located.parent_fd)
-                except FileNotFoundError:
-                    raise UpstreamError.status(NOT_FOUND_STATUS) from None
-                except OSError as exc:
-                    if exc.errno == errno.ELOOP:
-                        raise PathChangedError() from None
-                    raise _failure("open_failed") from None
-                try:
-                    if identity(os.fstat(fd)) != identity(located.info):
-                        raise PathChangedError()
                     if not vault.attached(located):
                         raise _failure("path_changed")
                     return self._read_regular_file(fd)
@@ -126,17 +116,9 @@ class LocalVaultBackend:
                 raise UpstreamError.status(NOT_FOUND_STATUS)
             if info.st_size > self._max_file_bytes:
                 raise _failure("note_file_too_large")
-            chunks: list[bytes] = []
-            remaining = self._max_file_bytes + 1
-            while remaining > 0:
-                chunk = os.read(fd, min(remaining, 1 << 20))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                remaining -= len(chunk)
+            data = read_bounded(fd, self._max_file_bytes)
         except OSError:
             raise _failure("read_failed") from None
-        data = b"".join(chunks)
         if len(data) > self._max_file_bytes:
             raise _failure("note_file_too_large")
         # Node reads notes as UTF-8 with replacement characters and keeps a BOM.
