@@ -55,6 +55,11 @@ SUPPORTED = (
 )
 
 
+# Where the kernel names open descriptors by their current path (Linux); elsewhere
+# ``attached`` walks the path again.
+_PROC_FD = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
+
+
 class PathChangedError(Exception):
     """The tree changed between a check and the use it guards; walk again."""
 
@@ -159,6 +164,13 @@ class ConfinedRoot:
         A folder moved elsewhere after the walk keeps its descriptor; checked right
         before an operation commits, this narrows what a concurrent move can redirect.
         """
+        if _PROC_FD is not None:
+            # Linux names an open folder by where it is now: one readlink, no walk.
+            expected = os.path.join(str(self.path), *located.parts[:-1])
+            try:
+                return os.readlink(f"{_PROC_FD}/{located.parent_fd}") == expected
+            except OSError:
+                return False
         try:
             current = identity(os.fstat(located.parent_fd))
             fd = self._open_root()

@@ -273,6 +273,13 @@ class Workspace:
             raise NotFoundError()
         return ResolvedPath(relative=relative, absolute=self.root.joinpath(*real))
 
+    def named(self, raw: str) -> ResolvedPath:
+        """A caller path, validated and normalized only: every operation resolves it
+        itself, on descriptors, when it acts (so the tools do no file-system work on the
+        event loop and no walk twice)."""
+        relative = normalize_relative(raw)
+        return ResolvedPath(relative=relative, absolute=self.root / relative)
+
     def resolve_parent(self, raw: str) -> ResolvedPath:
         """Resolve a path whose final component may not exist yet (a write target)."""
         target = self.resolve(raw)

@@ -183,7 +183,7 @@ def build_files_tools(
     @nexus_tool(risk="read", toolset=TOOLSET, loggable_args=("path",))
     async def nexus_read_file(path: PathArg) -> ReadFileResult:
         """Read a UTF-8 text file from the workspace. Files over the read limit are refused."""
-        target = workspace.resolve(path, must_exist=True)
+        target = workspace.named(path)
         data = await _read(lambda: workspace.read_bytes(target, limit=limits.max_read_bytes))
         binary = is_binary(data[: caps.binary_sniff_bytes]) or not _is_utf8(data)
         content = "" if binary else data.decode("utf-8")
@@ -194,7 +194,7 @@ def build_files_tools(
     @nexus_tool(risk="read", toolset=TOOLSET, loggable_args=("path", "recursive"))
     async def nexus_list_files(path: PathArg = ".", recursive: bool = False) -> ListFilesResult:
         """List a folder of the workspace (its direct entries, or everything below it)."""
-        target = workspace.resolve(path, must_exist=True)
+        target = workspace.named(path)
 
         def scan() -> ListFilesResult:
             entries: list[FileEntry] = []
@@ -230,7 +230,7 @@ def build_files_tools(
     @nexus_tool(risk="read", toolset=TOOLSET, loggable_args=("path",))
     async def nexus_file_info(path: PathArg) -> FileInfoResult:
         """Describe one file or folder: type, size, modification time and sha256."""
-        target = workspace.resolve(path, must_exist=True)
+        target = workspace.named(path)
 
         def describe() -> FileInfoResult:
             info, data = workspace.describe(target, hash_limit=limits.max_read_bytes)
@@ -257,7 +257,7 @@ def build_files_tools(
     ) -> GlobResult:
         """Find files whose path below ``path`` matches a glob (bounded by workload caps)."""
         matcher = compile_glob(pattern)
-        target = workspace.resolve(path, must_exist=True)
+        target = workspace.named(path)
 
         def scan() -> GlobResult:
             budget = ScanBudget(caps)
@@ -291,7 +291,7 @@ def build_files_tools(
         """Search text files for a string or regex, within the workload caps of the server."""
         matcher = compile_matcher(pattern, regex=regex, case_sensitive=case_sensitive, caps=caps)
         file_filter = compile_glob(glob) if glob is not None else None
-        target = workspace.resolve(path, must_exist=True)
+        target = workspace.named(path)
 
         def scan() -> GrepResult:
             budget = ScanBudget(caps)
@@ -338,7 +338,7 @@ def build_files_tools(
         approval_token: ApprovalArg = None,
     ) -> WriteFileResult:
         """Create or replace a text file atomically (temporary file, fsync, rename)."""
-        target = workspace.resolve_parent(path)
+        target = workspace.named(path)
         data = content.encode("utf-8")
         existed = await _io(lambda: workspace.write_atomic(target, data, overwrite=overwrite))
         return WriteFileResult(
@@ -362,7 +362,7 @@ def build_files_tools(
         """Replace exact text in a file; refuses unless it occurs exactly as often as expected."""
         if not old_text:
             raise InvalidInputError(field="old_text")
-        target = workspace.resolve(path, must_exist=True)
+        target = workspace.named(path)
         replaced = 0
 
         def change(original: bytes) -> bytes:
@@ -397,7 +397,7 @@ def build_files_tools(
         path: PathArg, idempotency_key: IdempotencyArg = None, approval_token: ApprovalArg = None
     ) -> DeleteFileResult:
         """Delete one file (never a folder; use nexus_rmdir for folders)."""
-        target = workspace.resolve_parent(path)
+        target = workspace.named(path)
         await _io(lambda: workspace.delete_file(target))
         return DeleteFileResult(path=target.relative, deleted=True)
 
@@ -409,7 +409,7 @@ def build_files_tools(
         approval_token: ApprovalArg = None,
     ) -> MkdirResult:
         """Create a folder (and its parents when parents=true)."""
-        target = workspace.resolve_parent(path)
+        target = workspace.named(path)
         created = await _io(lambda: workspace.make_dir(target, parents=parents))
         return MkdirResult(path=target.relative, created=created)
 
@@ -421,7 +421,7 @@ def build_files_tools(
         approval_token: ApprovalArg = None,
     ) -> RmdirResult:
         """Remove a folder; only an empty one unless recursive=true."""
-        target = workspace.resolve_parent(path)
+        target = workspace.named(path)
         removed = await _io(lambda: workspace.remove_dir(target, recursive=recursive))
         return RmdirResult(path=target.relative, removed_entries=removed)
 
@@ -434,8 +434,8 @@ def build_files_tools(
         approval_token: ApprovalArg = None,
     ) -> RenameFileResult:
         """Rename or move a file or folder within the workspace."""
-        src = workspace.resolve_parent(source)
-        dst = workspace.resolve_parent(destination)
+        src = workspace.named(source)
+        dst = workspace.named(destination)
         await _io(lambda: workspace.rename(src, dst, overwrite=overwrite))
         return RenameFileResult(source=src.relative, destination=dst.relative)
 
