@@ -4,20 +4,26 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO   := .nexus-data/demo-workspace
 PORT   ?= 8765
+CLIENTS := tests/clients
+NPM    ?= npm
 
-.PHONY: run test check lint typecheck bench clean
+.PHONY: run test clients check lint typecheck bench clean
 
+# pip's own output is the install progress (a first install takes about a minute).
 $(BIN)/python:
+	@echo "==> creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --upgrade pip
 
 # Reinstall only when the project definition changes.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	@echo "==> installing nexus-mcp and its dependencies into $(VENV)"
+	$(BIN)/python -m pip install -e .
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	@echo "==> installing the test tools (pytest, hypothesis, ruff, mypy) into $(VENV)"
+	$(BIN)/python -m pip install -e ".[test]"
 	touch $@
 
 ## run: serve the demo workspace over HTTP on 127.0.0.1 in dev mode
@@ -27,8 +33,22 @@ run: $(VENV)/.installed
 	$(BIN)/nexus-mcp serve --transport http --mode dev --port $(PORT) \
 		--workspace $(DEMO) --data-dir .nexus-data --config demo/nexus.yaml
 
-## test: the whole suite, the command CI runs
+# The non-Python MCP clients the end-to-end tests drive (tests/e2e/test_clients.py), at the
+# exact versions of tests/clients/package-lock.json; reinstalled only when the pins change.
+$(CLIENTS)/node_modules/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	@echo "==> installing the npm test clients (TypeScript SDK, MCP Inspector) into $(CLIENTS)"
+	$(NPM) ci --prefix $(CLIENTS) --no-audit --no-fund
+	touch $@
+
+## clients: install the TypeScript SDK and MCP Inspector the client tests drive (node, npm)
+clients: $(CLIENTS)/node_modules/.installed
+
+## test: the whole suite, the command CI runs (the npm client tests skip without npm)
 test: $(VENV)/.installed-test
+	@if ! command -v $(NPM) >/dev/null 2>&1; then \
+		echo "==> npm not found: the TypeScript SDK and MCP Inspector tests will be skipped"; \
+	elif ! $(MAKE) --no-print-directory clients; then \
+		echo "==> npm ci failed: the TypeScript SDK and MCP Inspector tests will be skipped"; fi
 	$(BIN)/python -m pytest
 
 ## check: lint, format check and strict type check
@@ -39,9 +59,9 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
-## bench: the benchmark suite (baselines measured side by side in the same run)
+## bench: the benchmark suite, ending with one table (BENCH_FLAGS=--strict: exit 1 on a miss)
 bench: $(VENV)/.installed-test
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py $(BENCH_FLAGS)
 
 clean:
-	rm -rf $(VENV) .nexus-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .nexus-data .pytest_cache .mypy_cache .ruff_cache $(CLIENTS)/node_modules

@@ -2,11 +2,39 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
+XDG_DATA_HOME = "XDG_DATA_HOME"
+_SAVED_XDG = pytest.StashKey[str | None]()
+_DATA_HOME = pytest.StashKey[Path]()
 
 if str(REPO_ROOT / "src") not in sys.path:  # pragma: no cover - editable install normally
     sys.path.insert(0, str(REPO_ROOT / "src"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every server a test builds without ``data_dir`` (in process, at collection time too,
+    or in a subprocess given this environment) keeps its state in the suite's own folder,
+    never in the developer's ``~/.local/share/nexus-mcp``."""
+    config.stash[_SAVED_XDG] = os.environ.get(XDG_DATA_HOME)
+    config.stash[_DATA_HOME] = Path(tempfile.mkdtemp(prefix="nexus-tests-xdg-"))
+    os.environ[XDG_DATA_HOME] = str(config.stash[_DATA_HOME])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _DATA_HOME not in config.stash:
+        return
+    shutil.rmtree(config.stash[_DATA_HOME], ignore_errors=True)
+    saved = config.stash[_SAVED_XDG]
+    if saved is None:
+        os.environ.pop(XDG_DATA_HOME, None)
+    else:
+        os.environ[XDG_DATA_HOME] = saved

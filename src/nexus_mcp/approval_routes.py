@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from nexus_mcp.errors import InvalidInputError
 from nexus_mcp.logs import get_logger
-from nexus_mcp.policy.approvals import mint_approval_token
+from nexus_mcp.policy.approvals import check_mintable_tool, mint_approval_token
 from nexus_mcp.principal import Principal, principal_from_claims
 
 if TYPE_CHECKING:
@@ -86,17 +87,22 @@ def add_approval_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
             )
             return _refuse(400, f"invalid input{named}", "INVALID_INPUT")
         contract = runtime.contracts.get(mint_request.tool)
-        if contract is None or contract.tool_class != "write":
-            return _refuse(400, "tool is not a write tool of this server", "INVALID_INPUT")
-        token = mint_approval_token(
-            runtime.approval_keys,
-            runtime.approval_settings,
-            approver=principal.subject,
-            subject=mint_request.subject or principal.subject,
-            tool=mint_request.tool,
-            arguments=mint_request.arguments,
-            host_id=mint_request.host_id,
-        )
+        try:
+            check_mintable_tool(contract.tool_class if contract is not None else None)
+        except InvalidInputError as exc:
+            return _refuse(400, exc.message, str(exc.code))
+        try:
+            token = mint_approval_token(
+                runtime.approval_keys,
+                runtime.approval_settings,
+                approver=principal.subject,
+                subject=mint_request.subject or principal.subject,
+                tool=mint_request.tool,
+                arguments=mint_request.arguments,
+                host_id=mint_request.host_id,
+            )
+        except InvalidInputError as exc:  # arguments with no canonical JSON (NaN, Infinity)
+            return _refuse(400, exc.message, str(exc.code))
         log.info("approval_minted", approver=principal.log_subject, tool=mint_request.tool)
         return JSONResponse(
             {"approval_token": token, "expires_in": runtime.approval_settings.ttl_seconds},

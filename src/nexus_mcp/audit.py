@@ -2,8 +2,9 @@
 
 Events are ``tool_call_started``, ``tool_call_finished`` and ``tool_call_blocked``. They
 carry digests of arguments, never values (unless a tool's contract allows a field),
-and never bearer tokens, secrets or note bodies. Sinks: an append-only JSONL file flushed
-per event, and an in-memory sink that tests use as their double (structlog.testing-style).
+and never bearer tokens, secrets or note bodies. Sinks: an append-only JSONL file written
+through on every ``emit`` (one event, or a call's started and finished events together),
+and an in-memory sink that tests use as their double (structlog.testing-style).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -144,9 +145,15 @@ class AuditEvent:
 
 
 class AuditSink(Protocol):
-    """Where audit events go. ``emit`` must not raise for a well-formed event."""
+    """Where audit events go. ``emit`` must not raise for a well-formed event.
+
+    ``emit_many`` keeps several events together: a read-class call's started and finished
+    events are written as one unit once the tool has returned (``middleware/audit.py``).
+    """
 
     def emit(self, event: AuditEvent) -> None: ...
+
+    def emit_many(self, events: Sequence[AuditEvent]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -161,6 +168,10 @@ class MemoryAuditSink:
     def emit(self, event: AuditEvent) -> None:
         with self._lock:
             self._events.append(event)
+
+    def emit_many(self, events: Sequence[AuditEvent]) -> None:
+        with self._lock:
+            self._events.extend(events)
 
     def close(self) -> None:
         return None
@@ -187,12 +198,13 @@ def encode_record(record: Mapping[str, Any]) -> bytes:
 
 
 class JsonlAuditSink:
-    """Appends one JSON object per line; each event is written out before ``emit`` returns.
+    """Appends one JSON object per line; events are written out before ``emit`` returns.
 
-    The file is opened ``O_APPEND`` and unbuffered: every event is one ``write`` of one
-    whole line, placed at the end by the OS, so it is in the kernel (flushed) when
-    ``emit`` returns, lines are never interleaved mid-line and earlier lines are never
-    rewritten. ``fsync=True`` also forces each line to disk.
+    The file is opened ``O_APPEND`` and unbuffered: every ``emit`` (and every
+    ``emit_many``, whose lines go together) is one ``write`` of whole lines, placed at the
+    end by the OS, so they are in the kernel (flushed) when the call returns, lines are
+    never interleaved mid-line and earlier lines are never rewritten. ``fsync=True`` also
+    forces them to disk.
     """
 
     def __init__(self, path: Path, *, fsync: bool = False) -> None:
@@ -203,11 +215,16 @@ class JsonlAuditSink:
         self._lock = threading.Lock()
 
     def emit(self, event: AuditEvent) -> None:
-        line = encode_record(event.record)
+        self._write(encode_record(event.record))
+
+    def emit_many(self, events: Sequence[AuditEvent]) -> None:
+        self._write(b"".join([encode_record(event.record) for event in events]))
+
+    def _write(self, lines: bytes) -> None:
         with self._lock:
             if self._fd is None:
                 raise ValueError("the audit file is closed")
-            view = memoryview(line)
+            view = memoryview(lines)
             while view:
                 view = view[os.write(self._fd, view) :]
             if self._fsync:
@@ -229,6 +246,10 @@ class AuditLog:
     def emit(self, event: AuditEvent) -> None:
         for sink in self.sinks:
             sink.emit(event)
+
+    def emit_many(self, events: Sequence[AuditEvent]) -> None:
+        for sink in self.sinks:
+            sink.emit_many(events)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -16,6 +16,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from nexus_mcp.audit import AuditEvent
 from nexus_mcp.ids import new_id
 from nexus_mcp.policy.documents import DocumentCheck
 from nexus_mcp.principal import Principal
@@ -66,6 +67,10 @@ class CallState:
     effect: Mapping[str, Any] | None = None
     block_reason: str | None = None
     executed: bool = False
+    # Set by the audit layer, which writes the call's end record: a read-class call's
+    # started event may then wait and be written with it (``middleware/audit.py``).
+    audit_finishes: bool = False
+    started_event: AuditEvent | None = None  # a read's started event, not yet written
     # (the arguments object the gateway validated, the validated keyword arguments)
     validated_arguments: tuple[Mapping[str, Any], dict[str, Any]] | None = None
 

@@ -24,6 +24,12 @@ from typing import Any
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.server.middleware.dereference import DereferenceRefsMiddleware
 
+# FastMCP tells a middleware which slice of its hooks a dispatch pass runs through this
+# context variable (``Middleware.__call__`` reads it); an override of ``__call__`` must
+# read it too, or the typed hooks run in the root's "outer" pass on the raw params of a
+# request that failed validation (a dict, not the typed message).
+from fastmcp.server.middleware.middleware import _dispatch_phase
+
 CHAIN_ORDER = (
     "envelope",
     "audit",
@@ -70,19 +76,30 @@ def _defines(layer: Middleware, hook: str) -> bool:
     return getattr(type(layer), hook, None) is not getattr(Middleware, hook, None)
 
 
-def hooks_for(layers: Iterable[Middleware], method: str | None, kind: str) -> tuple[Hook, ...]:
+def hooks_for(
+    layers: Iterable[Middleware], method: str | None, kind: str, phase: str = "all"
+) -> tuple[Hook, ...]:
     """The hooks a message runs through, outermost first, as FastMCP would run them.
 
     Per layer: ``on_message``, then ``on_request``/``on_notification``, then the typed
     hook, each only where the layer defines it (the base class hooks only pass the
-    message on). A layer that overrides ``__call__`` itself runs as one hook.
+    message on) and only where the dispatch ``phase`` runs it: ``"outer"`` (FastMCP's
+    root pass, also the one that observes a request whose params failed validation)
+    runs no typed hook, ``"typed"`` only the typed hook. A layer that overrides
+    ``__call__`` itself runs as one hook.
     """
     hooks: list[Hook] = []
+    outer = phase != "typed"
+    typed = phase != "outer"
     for layer in layers:
         if _defines(layer, "__call__"):
             hooks.append(layer.__call__)
             continue
-        names = ["on_message", _KIND_HOOKS.get(kind, ""), TYPED_HOOKS.get(method or "", "")]
+        names = [
+            "on_message" if outer else "",
+            _KIND_HOOKS.get(kind, "") if outer else "",
+            TYPED_HOOKS.get(method or "", "") if typed else "",
+        ]
         for name in names:
             # resources/read's base hook is not a pass-through: it runs the layer's
             # check_resource_access, so it always runs.
@@ -100,7 +117,7 @@ class PolicyChain(Middleware):
 
     def __init__(self, layers: Sequence[Middleware]) -> None:
         self._layers: tuple[Middleware, ...] = tuple(layers)
-        self._hooks: dict[tuple[str | None, str], tuple[Hook, ...]] = {}
+        self._hooks: dict[tuple[str | None, str, str], tuple[Hook, ...]] = {}
 
     @property
     def layers(self) -> tuple[Middleware, ...]:
@@ -112,7 +129,7 @@ class PolicyChain(Middleware):
         self._hooks = {}
 
     async def __call__(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
-        key = (context.method, context.type)
+        key = (context.method, context.type, _dispatch_phase.get())
         hooks = self._hooks.get(key)
         if hooks is None:
             hooks = self._hooks[key] = hooks_for(self._layers, *key)

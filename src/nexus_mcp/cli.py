@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from nexus_mcp import __version__
+
+# What a shell reports for a command whose reader went away (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
 
 # Each module exposes add_parser(subparsers); its parsers set func(args) -> exit code.
 COMMAND_MODULES = (
@@ -16,6 +20,7 @@ COMMAND_MODULES = (
     "nexus_mcp.commands.profiles",
     "nexus_mcp.commands.approvals",
     "nexus_mcp.commands.audit",
+    "nexus_mcp.commands.call",
 )
 
 
@@ -35,8 +40,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
+    args, extras = parser.parse_known_args(argv)
+    # `call TOOL a=1 --full b=2`: argparse stops a positional list at the first option, so a
+    # command that takes trailing KEY=VALUE pairs gets the rest here. Anything else, or
+    # anything that looks like an option, is refused exactly as parse_args would.
+    if extras:
+        if not getattr(args, "accepts_trailing_pairs", False) or any(
+            extra.startswith("-") for extra in extras
+        ):
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        args.pairs = [*args.pairs, *extras]
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `nexus-mcp ... | head`: the reader stopped reading, which is not an error to report
+        # with a traceback. Python's documented recipe: point stdout at /dev/null so the
+        # interpreter's own flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return code
 
 

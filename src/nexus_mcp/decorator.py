@@ -36,7 +36,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
 from nexus_mcp.errors import NexusError
-from nexus_mcp.json_text import compact_json
+from nexus_mcp.json_text import to_result_json
 
 Risk = Literal["read", "write", "admin"]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -194,11 +194,6 @@ def to_structured(value: Any) -> dict[str, Any]:
     raise TypeError("a nexus tool must return a pydantic model or a dict")
 
 
-def to_text(structured: dict[str, Any]) -> str:
-    """The text content for clients that ignore structured output: compact JSON."""
-    return compact_json(structured).decode("utf-8")
-
-
 def bind_tool(
     fn: Callable[..., Awaitable[Any]],
     *,
@@ -226,7 +221,9 @@ def bind_tool(
             state.executed = True
             on_started(contract, state)
             value = await fn(*args, **kwargs)
-            structured = to_structured(value)
+            # What the client receives (no lone surrogate: see to_result_json) is what the
+            # checks after the call hash.
+            structured, text = to_result_json(to_structured(value))
             for check in checks:
                 check.after(contract, state, structured)
             effect = build_effect(contract, state)
@@ -234,7 +231,7 @@ def bind_tool(
             raise ConnectorRefusal(exc) from exc
         state.effect = effect
         return ToolResult(
-            content=[TextContent(type="text", text=to_text(structured))],
+            content=[TextContent(type="text", text=text)],
             structured_content=structured,
             meta={META_TOOL_EFFECT: dict(effect)},
         )

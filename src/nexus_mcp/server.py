@@ -38,7 +38,12 @@ from nexus_mcp.decorator import (
 )
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.identity import IdentityResolver, build_identity, check_launch_settings
+from nexus_mcp.identity import (
+    HTTP_TRANSPORTS,
+    IdentityResolver,
+    build_identity,
+    check_launch_settings,
+)
 from nexus_mcp.logs import ensure_logging, get_logger
 from nexus_mcp.middleware.approval import ApprovalMiddleware
 from nexus_mcp.middleware.audit import AuditMiddleware, AuditTrail
@@ -57,6 +62,7 @@ from nexus_mcp.policy.approvals import (
     spend_approval,
 )
 from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
+from nexus_mcp.policy.launch import describe_setting
 from nexus_mcp.policy.profiles import default_profiles_path, load_profiles
 from nexus_mcp.policy.registry import (
     RegistrySet,
@@ -66,11 +72,18 @@ from nexus_mcp.policy.registry import (
 )
 from nexus_mcp.policy.write_policy import PathGate, WritePolicyConfig, load_write_policy_config
 from nexus_mcp.settings import Settings, config_sections
-from nexus_mcp.state import grants_path, idempotency_path, nonces_path, server_state_paths
+from nexus_mcp.state import (
+    grants_path,
+    idempotency_path,
+    nonces_path,
+    prepare_state,
+    server_state_paths,
+)
 from nexus_mcp.stores.grants import SqliteTupleStore
 from nexus_mcp.stores.idempotency import SqliteIdempotencyStore
 from nexus_mcp.stores.nonces import SqliteNonceStore
 from nexus_mcp.targets import ToolTargets, identify_folder
+from nexus_mcp.tool_index import ToolIndex
 from nexus_mcp.tools.discovery import build_discovery_tools
 from nexus_mcp.tools.files import TOOLSET as FILES_TOOLSET
 from nexus_mcp.tools.files import build_files_tools
@@ -91,6 +104,19 @@ APPROVAL_REPLICAS_WARNING = (
     "--stateless-http with approval tokens: a used token is remembered in this server's "
     "data directory only, so replicas that do not share it can each accept the same token "
     "once; single use across replicas needs the shared nonce store (a later release)"
+)
+
+# Start-up warning when callers would have no principal (prod stdio without a subject).
+NO_PRINCIPAL_SETTINGS = ("subject", "role", "profile")
+NO_PRINCIPAL_HINT = (
+    f"set {describe_setting('subject')}, with {describe_setting('role')} or "
+    f"{describe_setting('profile')} for more than the viewer's read tools"
+)
+NO_PRINCIPAL_HTTP_SETTINGS = ("auth.jwt_secret", "auth.jwks_url", "dev_principal.subject")
+NO_PRINCIPAL_HTTP_HINT = (
+    "set 'auth.jwt_secret' (NEXUS_MCP_AUTH__JWT_SECRET) or 'auth.jwks_url' "
+    "(NEXUS_MCP_AUTH__JWKS_URL) so bearer tokens identify callers, or "
+    "'dev_principal.subject' (NEXUS_MCP_DEV_PRINCIPAL__SUBJECT)"
 )
 
 ToolFunction = Callable[..., Awaitable[Any]]
@@ -252,7 +278,7 @@ def build_server(
     )
     approval_keys, approval_settings = load_approvals(sections, environ, settings, write_policies)
     warn_about_replicas(settings, approval_keys)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    prepare_state(settings)  # one line naming the setting, not a store's traceback
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
     grants = SqliteTupleStore(grants_path(settings))
     profiles = load_profiles(
@@ -315,6 +341,8 @@ def build_server(
         strict_input_validation=True,
         dereference_schemas=False,  # chain.build_middleware places it, after filtering
     )
+    index = ToolIndex(mcp)  # by-name lookup for tools/call, FastMCP's innermost transform
+    mcp.add_transform(index)
     for fn in functions:
         contract = contract_of(fn)
         bound = bind_tool(
@@ -324,7 +352,9 @@ def build_server(
             on_started=trail.started,
             before_run=runtime.before_run,
         )
-        mcp.add_tool(NexusTool.bind(bound, contract, runtime.argument_models[contract.name]))
+        tool = NexusTool.bind(bound, contract, runtime.argument_models[contract.name])
+        mcp.add_tool(tool)
+        index.add(tool)
     _add_health_routes(mcp, runtime)
     add_approval_routes(mcp, runtime)
     log.info(
@@ -340,7 +370,18 @@ def build_server(
 
 def log_effective_principal(identity: IdentityResolver, transport: str) -> None:
     """Say at start-up who callers act as (never a token or secret), and what does not apply."""
-    log.info("effective_principal", **identity.describe(transport))
+    described = identity.describe(transport)
+    log.info("effective_principal", **described)
+    if described["source"] == "none":
+        # Every tool is hidden and tools/list is simply empty: say why, and what to set.
+        on_http = transport in HTTP_TRANSPORTS
+        log.warning(
+            "no_principal",
+            transport=transport,
+            reason="no caller identity: every tool is hidden",
+            settings=list(NO_PRINCIPAL_HTTP_SETTINGS if on_http else NO_PRINCIPAL_SETTINGS),
+            hint=NO_PRINCIPAL_HTTP_HINT if on_http else NO_PRINCIPAL_HINT,
+        )
     if identity.ignored:
         log.warning(
             "launch_settings_ignored",

@@ -7,10 +7,12 @@ Nested sections use ``__`` in environment names (``NEXUS_MCP_AUTH__AUDIENCE``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
+import platformdirs
 import yaml
 from pydantic import (
     BaseModel,
@@ -37,6 +39,30 @@ MAX_CANISTER_TOTAL_TIMEOUT_SECONDS = 3600.0  # the longest tool timeout there ca
 
 Mode = Literal["dev", "prod"]
 Transport = Literal["stdio", "http"]
+APP_NAME = "nexus-mcp"
+
+
+def default_data_dir() -> Path:
+    """The per-user data directory: ``$XDG_DATA_HOME/nexus-mcp``, else
+    ``~/.local/share/nexus-mcp`` on Linux; platformdirs' user data dir elsewhere.
+
+    Never the current folder: a desktop client starts the server from ``/`` or the home
+    folder, and state written there is lost, unwritable or exposed. Without a home folder
+    there is no safe default, so start-up stops and asks for the setting instead.
+    """
+    try:
+        # platformdirs ignores a relative XDG_DATA_HOME (the XDG spec says so) and
+        # raises when no absolute home folder can be found.
+        found = platformdirs.user_data_dir(APP_NAME, appauthor=False)
+    except RuntimeError:
+        found = ""
+    path = Path(found)
+    if not found or not path.is_absolute():
+        raise ConfigError(
+            "no per-user data directory (no home folder): set 'data_dir' "
+            f"({ENV_PREFIX}DATA_DIR / --data-dir)"
+        )
+    return path
 
 
 class _Section(BaseModel):
@@ -201,7 +227,7 @@ class Settings(BaseSettings):
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     workspace: Path | None = None
-    data_dir: Path = Path(".nexus-data")
+    data_dir: Path = Field(default_factory=default_data_dir)
     audit_file: Path | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     server_name: str = "nexus"
@@ -294,9 +320,13 @@ def read_config_file(path: Path) -> dict[str, Any]:
 def load_settings(
     config_file: Path | None = None,
     overrides: dict[str, Any] | None = None,
+    *,
+    flags: Mapping[str, str] | None = None,
 ) -> Settings:
     """Build validated settings; ``overrides`` are command-line flags (highest priority).
 
+    ``flags`` maps a setting to the flag that sets it (``{"port": "--port"}``): a bad value
+    given by that flag is reported under the flag's name, not the environment variable's.
     Sections of the YAML file that other loaders own (``write_policies``, ``approvals``,
     whose secrets never enter ``Settings``) are kept out of
     ``Settings`` validation and read by their own loaders through ``config_sections``.
@@ -308,7 +338,8 @@ def load_settings(
     try:
         return Settings(**clean_overrides)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, source=config_file)) from None
+        given = {k: v for k, v in (flags or {}).items() if k in clean_overrides}
+        raise ConfigError(describe_validation_error(exc, source=config_file, flags=given)) from None
     finally:
         _yaml_data.reset(token)
 
@@ -316,17 +347,26 @@ def load_settings(
 EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals"})
 
 
-def describe_validation_error(exc: ValidationError, *, source: Path | None) -> str:
-    """One line per bad setting, naming the setting and its environment variable."""
-    lines = []
+def describe_validation_error(
+    exc: ValidationError, *, source: Path | None, flags: Mapping[str, str] | None = None
+) -> str:
+    """One line per bad setting, naming the setting and its environment variable, or the
+    command-line flag when the value came from one (``flags``: setting -> flag given)."""
+    lines, from_flags = [], 0
     for err in exc.errors(include_url=False, include_input=False):
         loc = [str(part) for part in err["loc"]]
         name = ".".join(loc) or "settings"
         env_name = ENV_PREFIX + "__".join(part.upper() for part in loc)
-        if err["type"] == "extra_forbidden":
+        flag = (flags or {}).get(loc[0]) if loc else None
+        if flag is not None:
+            from_flags += 1
+            lines.append(f"invalid value for {flag}: {err['msg']}")
+        elif err["type"] == "extra_forbidden":
             lines.append(f"unknown setting '{name}'")
         else:
             lines.append(f"invalid setting '{name}' ({env_name}): {err['msg']}")
+    if from_flags == len(lines):
+        return "; ".join(lines)
     where = f" in {source}" if source is not None else ""
     return f"invalid configuration{where}: " + "; ".join(lines)
 
@@ -340,6 +380,7 @@ def config_sections(config_file: Path | None) -> dict[str, Any]:
 
 
 __all__ = [
+    "APP_NAME",
     "DEFAULT_CANISTER_TOTAL_TIMEOUT_SECONDS",
     "DEFAULT_TOKEN_LEEWAY_SECONDS",
     "EXTERNAL_SECTIONS",
@@ -356,6 +397,7 @@ __all__ = [
     "SearchSettings",
     "Settings",
     "config_sections",
+    "default_data_dir",
     "describe_validation_error",
     "load_settings",
     "read_config_file",

@@ -2,23 +2,30 @@
 
 HTTP: Host/Origin validation on (DNS rebinding), bound to 127.0.0.1 unless configured,
 request bodies bounded here as well as by the app, optional stateless mode for replicas
-behind a load balancer. stdio: nothing but MCP messages on stdout.
+behind a load balancer. The socket is bound here, before anything is announced, so the
+banner names the port really listened on (``--port 0``) and a port that cannot be had is
+one line, not a banner followed by a traceback. stdio: nothing but MCP messages on stdout.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from typing import Any
 
 from starlette.middleware import Middleware as ASGIMiddlewareSpec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import enforce_one_handler
 from nexus_mcp.server import NexusServer
 from nexus_mcp.settings import Settings
+from nexus_mcp.wire_errors import TransportErrorsMiddleware
 
 LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
+LISTEN_BACKLOG = 2048  # uvicorn's default, which it would have used binding the socket itself
+LISTEN_SETTINGS = "set 'host' (NEXUS_MCP_HOST / --host) or 'port' (NEXUS_MCP_PORT / --port)"
 
 
 class BodyLimitMiddleware:
@@ -85,7 +92,9 @@ def http_options(settings: Settings) -> dict[str, Any]:
         "allowed_hosts": allowed_hosts,
         "allowed_origins": list(settings.allowed_origins) or None,
         "middleware": [
-            ASGIMiddlewareSpec(BodyLimitMiddleware, max_bytes=settings.limits.max_request_bytes)
+            ASGIMiddlewareSpec(BodyLimitMiddleware, max_bytes=settings.limits.max_request_bytes),
+            # The SDK's own 400 errors quote the body they refuse (wire_errors.py).
+            ASGIMiddlewareSpec(TransportErrorsMiddleware),
         ],
     }
 
@@ -112,12 +121,50 @@ def client_config(settings: Settings, *, url: str | None) -> dict[str, Any]:
     }
 
 
-def announce(settings: Settings) -> None:
-    """Tell the operator where the server is, on stderr (stdout may be the stdio channel)."""
+def bind_listener(settings: Settings) -> socket.socket:
+    """Bind and listen on the configured host and port, as uvicorn would have.
+
+    Raises ``ConfigError`` naming the address when it cannot be had (in use, not local,
+    not resolvable, privileged), before anything is announced.
+    """
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    address = f"{_url_host(settings.host)}:{settings.port}"
+    sock: socket.socket | None = None
+    try:
+        # IPPROTO_TCP named explicitly: asyncio sets TCP_NODELAY only on sockets whose
+        # proto says TCP, and without it every response waits for Nagle and delayed ACK
+        # (~40 ms a call over loopback; benchmarks/bench_chain.py over HTTP).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        # uvicorn sets it too: a restart may rebind while old connections sit in TIME_WAIT.
+        # On Linux and macOS it never lets a second server listen on a port in use.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((settings.host, settings.port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        if sock is not None:
+            sock.close()
+        raise ConfigError(
+            f"cannot listen on {address}: {_reason(exc)}; {LISTEN_SETTINGS}"
+        ) from None
+    return sock
+
+
+def _reason(exc: OSError) -> str:
+    return (exc.strerror or type(exc).__name__).lower()
+
+
+def _url_host(host: str) -> str:
+    return host if ":" not in host else f"[{host}]"
+
+
+def announce(settings: Settings, *, port: int) -> None:
+    """Tell the operator where the server listens, on stderr (stdout may be stdio's channel).
+
+    ``port`` is the bound port, which differs from the setting when that is 0.
+    """
     if settings.transport != "http":
         return
-    host = settings.host if ":" not in settings.host else f"[{settings.host}]"
-    url = f"http://{host}:{settings.port}{settings.http_path}"
+    url = f"http://{_url_host(settings.host)}:{port}{settings.http_path}"
     lines = [
         f"nexus-mcp {settings.mode} server on {url}",
         f"workspace: {settings.workspace}",
@@ -139,19 +186,32 @@ async def serve(server: NexusServer) -> None:
         if settings.transport == "stdio":
             await server.mcp.run_stdio_async(show_banner=False)
         else:
-            announce(settings)
-            await server.mcp.run_http_async(
-                show_banner=False,
-                transport="http",
-                host=settings.host,
-                port=settings.port,
-                # No log_level here: FastMCP would re-install its rich handler for the run.
-                # Levels come from logs.configure_logging; uvicorn keeps our JSON logging.
-                uvicorn_config={"log_config": None},
-                **http_options(settings),
-            )
+            listener = bind_listener(settings)
+            try:
+                port = int(listener.getsockname()[1])
+                announce(settings, port=port)
+                await server.mcp.run_http_async(
+                    show_banner=False,
+                    transport="http",
+                    host=settings.host,
+                    port=port,
+                    # No log_level here: FastMCP would re-install its rich handler for the
+                    # run. Levels come from logs.configure_logging; uvicorn keeps our JSON.
+                    uvicorn_config={"log_config": None},
+                    sockets=[listener],
+                    **http_options(settings),
+                )
+            finally:
+                listener.close()
     finally:
         server.close()
 
 
-__all__ = ["BodyLimitMiddleware", "announce", "client_config", "http_options", "serve"]
+__all__ = [
+    "BodyLimitMiddleware",
+    "announce",
+    "bind_listener",
+    "client_config",
+    "http_options",
+    "serve",
+]

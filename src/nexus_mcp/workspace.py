@@ -40,7 +40,6 @@ import errno
 import os
 import re
 import secrets
-import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -53,18 +52,27 @@ from nexus_mcp.confinement import (
     DIR_FLAGS,
     FILE_READ_FLAGS,
     MAX_WALKS,
+    REASON_NOT_UNICODE,
     ConfinedRoot,
     Located,
     PathChangedError,
+    identity,
+    is_unicode_text,
     read_bounded,
+    walk_tree,
 )
 from nexus_mcp.errors import (
     ConflictError,
     DocSizeExceededError,
     InvalidPathError,
+    NexusError,
     NotFoundError,
     WritePolicyDeniedError,
 )
+from nexus_mcp.logs import get_logger
+from nexus_mcp.policy.write_policy import RULE_DISALLOWED_SUBTREE
+
+log = get_logger(__name__)
 
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 MAX_PATH_LENGTH = 4096
@@ -75,6 +83,8 @@ TEMP_SUFFIX = ".tmp"
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 NEW_FILE_MODE = 0o666  # less the umask, as any program creating a file would
 NEW_DIR_MODE = 0o777
+PERMISSION_BITS = 0o777  # what a replaced file keeps of its mode: no set-id or sticky bits
+TRASH_PREFIX = ".nexus-trash-"
 
 T = TypeVar("T")
 # What a concurrent rename, removal or swap makes a system call answer.
@@ -141,11 +151,8 @@ class WriteGate(Protocol):
     """The write policy as the workspace asks it, on real paths at the moment of use."""
 
     def check_paths(self, operation: str, paths: Sequence[str]) -> None:
-        """Raise ``WritePolicyDeniedError`` unless ``operation`` may touch every path."""
-        ...
-
-    def check_entry(self, path: str) -> None:
-        """Raise unless ``path``, inside a folder being removed or moved, may go with it."""
+        """Raise ``WritePolicyDeniedError`` unless ``operation`` may touch every path
+        (every entry of a folder removed or moved, too)."""
         ...
 
 
@@ -186,14 +193,16 @@ class TreeFile:
 def normalize_relative(raw: str) -> str:
     """Validate a caller path and return its normalized workspace-relative form.
 
-    Refuses absolute paths, drive letters, UNC paths, NUL bytes, ``..`` segments and
-    backslashes (which are separators on Windows and so ambiguous). ``""`` and ``"."``
+    Refuses absolute paths, drive letters, UNC paths, NUL bytes, lone surrogates, ``..``
+    segments and backslashes (which are separators on Windows and so ambiguous). ``""`` and ``"."``
     mean the workspace root.
     """
     if not isinstance(raw, str) or len(raw) > MAX_PATH_LENGTH:
         raise InvalidPathError(reason="type_or_length")
     if "\x00" in raw:
         raise InvalidPathError(reason="nul_byte")
+    if not is_unicode_text(raw):
+        raise InvalidPathError(reason=REASON_NOT_UNICODE)
     if "\\" in raw:
         raise InvalidPathError(reason="backslash")
     text = raw.strip()
@@ -406,6 +415,9 @@ class Workspace:
     def _open_located(self, located: Located) -> int:
         """Open a located regular file for reading, only if it is what the walk saw."""
         fd = self._confined.open_entry(located, FILE_READ_FLAGS)
+        if self._is_hidden_inode(os.fstat(fd)):
+            os.close(fd)
+            raise InvalidPathError(reason="server_state")
         if not self._confined.attached(located):
             os.close(fd)
             raise ConflictError(reason="path_changed")
@@ -449,26 +461,33 @@ class Workspace:
         return self._confined.open_entry(located, DIR_FLAGS)
 
     def iter_tree(
-        self, dir_fd: int, base: Sequence[str], *, recursive: bool
+        self,
+        dir_fd: int,
+        base: Sequence[str],
+        *,
+        recursive: bool,
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[tuple[tuple[str, ...], int, list[str], list[str]]]:
         """``(folder_parts, folder_fd, dirnames, filenames)`` below an open folder, sorted.
 
-        Never follows a link, never enters or lists hidden state; ``os.fwalk`` opens each
-        folder on the descriptor of its parent and checks it is the one ``lstat`` saw,
-        so a folder swapped for a link during the walk is skipped, not followed.
+        ``dirnames`` are real folders, ``filenames`` everything else (links included).
+        Never follows a link, never enters or lists hidden state (``confinement.walk_tree``:
+        no recursion, one descriptor held, a folder swapped for a link or a FIFO skipped,
+        never opened through). ``stop`` is asked before each folder.
         """
-        for dirpath, dirnames, filenames, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
-            below = tuple(dirpath.split("/")[1:])
-            folder = (*base, *below)
-            dirnames[:] = sorted(d for d in dirnames if not self.is_hidden_parts((*folder, d)))
-            files = sorted(f for f in filenames if not self.is_hidden_parts((*folder, f)))
-            yield folder, fd, list(dirnames), files
+        for folder in walk_tree(dir_fd, strict=False, stop=stop):
+            parts = (*base, *folder.parts)
+            folder.dirs[:] = [d for d in folder.dirs if not self.is_hidden_parts((*parts, d))]
+            files = [f for f in folder.others if not self.is_hidden_parts((*parts, f))]
+            yield parts, folder.fd, list(folder.dirs), files
             if not recursive:
-                dirnames[:] = []
+                folder.dirs[:] = []
 
-    def walk_files(self, dir_fd: int, base: Sequence[str]) -> Iterator[TreeFile]:
+    def walk_files(
+        self, dir_fd: int, base: Sequence[str], *, stop: Callable[[], bool] | None = None
+    ) -> Iterator[TreeFile]:
         """The regular files below an open folder (links are never yielded nor followed)."""
-        for folder, fd, _dirs, files in self.iter_tree(dir_fd, base, recursive=True):
+        for folder, fd, _dirs, files in self.iter_tree(dir_fd, base, recursive=True, stop=stop):
             below = "/".join(folder[len(base) :])
             for name in files:
                 try:
@@ -484,17 +503,40 @@ class Workspace:
                     name=name,
                 )
 
-    @staticmethod
-    def open_file(found: TreeFile) -> int | None:
-        """Open a walked file for reading: None for a link, a FIFO or anything not regular."""
+    def open_file(self, found: TreeFile) -> int | None:
+        """Open a walked file for reading: None for a link, a FIFO or anything not regular,
+        and for a hard link to the server's own state."""
         try:
             fd = os.open(found.name, FILE_READ_FLAGS, dir_fd=found.dir_fd)
         except OSError:
             return None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or self._is_hidden_inode(info):
             os.close(fd)
             return None
         return fd
+
+    def _is_hidden_inode(self, info: os.stat_result) -> bool:
+        """A file with other names may be the server's own state under another name (a
+        hard link someone made): compare it with the hidden files, only then."""
+        if info.st_nlink < 2 or not self.hidden:
+            return False
+        return identity(info) in self._hidden_inodes()
+
+    def _hidden_inodes(self) -> set[tuple[int, int]]:
+        # The hidden files, and the files directly inside hidden folders (the data dir:
+        # audit log, databases); looked up when needed, as they come and go.
+        found: set[tuple[int, int]] = set()
+        for path in self.hidden:
+            with contextlib.suppress(OSError):
+                info = os.stat(path, follow_symlinks=False)
+                found.add(identity(info))
+                if stat.S_ISDIR(info.st_mode):
+                    with os.scandir(path) as entries:
+                        for entry in entries:
+                            with contextlib.suppress(OSError):
+                                found.add(identity(entry.stat(follow_symlinks=False)))
+        return found
 
     # -- writes -------------------------------------------------------------------------
 
@@ -509,8 +551,7 @@ class Workspace:
                     raise ConflictError(reason="exists")
                 if located.exists and not located.is_file:
                     raise ConflictError(reason="not_a_file")
-                mode = stat.S_IMODE(located.info.st_mode) if located.info else None
-                self._replace(located, data, mode)
+                self._replace(located, data, located.info)
                 return located.exists
 
         return self._retrying(write)
@@ -523,26 +564,33 @@ class Workspace:
             with self._touch("edit", target, follow_final=True) as located:
                 original = self._read_located(located, limit)
                 data = change(original)
-                assert located.info is not None
-                self._replace(located, data, stat.S_IMODE(located.info.st_mode))
+                self._replace(located, data, located.info)
                 return data
 
         return self._retrying(edit)
 
-    def _replace(self, located: Located, data: bytes, mode: int | None) -> None:
-        """Temporary file beside the target (same descriptor), fsync, rename over it."""
+    def _replace(self, located: Located, data: bytes, previous: os.stat_result | None) -> None:
+        """Temporary file beside the target (same descriptor), fsync, rename over it.
+
+        A replaced file keeps its permission bits and, when the server may, its owner;
+        never set-user-ID, set-group-ID or sticky bits, which would otherwise pass to a
+        file this server wrote.
+        """
         assert located.name is not None
         parent = located.parent_fd
         self._ensure_attached(located)
         tmp = f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        mode = None if previous is None else previous.st_mode & PERMISSION_BITS
         fd = os.open(tmp, _TEMP_FLAGS, NEW_FILE_MODE if mode is None else 0o600, dir_fd=parent)
         try:
             try:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
-                if mode is not None:
-                    os.fchmod(fd, mode)
+                if previous is not None:
+                    if os.geteuid() == 0 and (previous.st_uid, previous.st_gid) != (0, 0):
+                        os.fchown(fd, previous.st_uid, previous.st_gid)
+                    os.fchmod(fd, previous.st_mode & PERMISSION_BITS)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -574,45 +622,52 @@ class Workspace:
         self._retrying(delete)
 
     def make_dir(self, target: ResolvedPath, *, parents: bool) -> bool:
-        """Create a folder (and missing parents when asked); False when it already was one."""
+        """Create a folder (and missing parents when asked); False when it already was one.
+
+        Decided on the whole real path first, then walked once: each folder on the way is
+        opened ``O_NOFOLLOW`` on its parent's descriptor, and each folder created is
+        judged by the write policy itself and created on the descriptor just opened, so a
+        link swapped in meanwhile cannot make one land elsewhere.
+        """
 
         def make() -> bool:
-            parts = target.parts
-            # Decided on the whole real path first; each folder created on the way must
-            # then lie on that very path, so a link swapped in meanwhile cannot make a
-            # parent land elsewhere (the walk starts again and is judged again).
             self._admit("mkdir", self.touched_paths([target.relative]))
-            admitted = self._confined.real_parts(parts, follow_final=True)
-            created = False
-            for depth in range(1 if parents else len(parts), len(parts) + 1):
-                step = ResolvedPath("/".join(parts[:depth]), self.root)
-                created = self._make_one(step, admitted, final=depth == len(parts))
-            return created
+            admitted = self._confined.real_parts(target.parts, follow_final=True)
+            if not admitted:
+                raise InvalidPathError(reason="root")
+            if self.is_hidden_parts(admitted):
+                raise InvalidPathError(reason="server_state")
+            fd, existing = self._confined.open_prefix(admitted)
+            try:
+                if existing == len(admitted):
+                    return False  # already a folder (walked O_NOFOLLOW, so a real one)
+                if not parents and existing < len(admitted) - 1:
+                    raise NotFoundError(reason="parent_missing")
+                for depth in range(existing + 1, len(admitted) + 1):
+                    name = admitted[depth - 1]
+                    step = Located(admitted[:depth], fd, name, None)
+                    self._admit("mkdir", ["/".join(step.parts)])
+                    with _committing():
+                        self._ensure_attached(step)
+                        try:
+                            os.mkdir(name, NEW_DIR_MODE, dir_fd=fd)
+                        except FileExistsError:
+                            raise PathChangedError() from None
+                    _fsync_fd(fd)
+                    fd = self._confined.enter(fd, name)
+            finally:
+                os.close(fd)
+            return True
 
         return self._retrying(make)
-
-    def _make_one(self, step: ResolvedPath, admitted: Sequence[str], *, final: bool) -> bool:
-        operation = "mkdir" if final else None  # the final folder is judged again here
-        with self._touch(operation, step, follow_final=True) as located:
-            if not _below(admitted, located.parts) or (final and located.parts != admitted):
-                raise PathChangedError()
-            if located.exists:
-                if located.is_dir:
-                    return False
-                raise ConflictError(reason="exists")
-            assert located.name is not None
-            with _committing():
-                self._ensure_attached(located)
-                try:
-                    os.mkdir(located.name, NEW_DIR_MODE, dir_fd=located.parent_fd)
-                except FileExistsError:
-                    raise PathChangedError() from None
-            _fsync_fd(located.parent_fd)
-            return True
 
     def remove_dir(self, target: ResolvedPath, *, recursive: bool) -> int:
         """Remove a folder (a link to one is refused); recursive only when asked.
 
+        Every entry is judged first (``_check_subtree``). The commit is one rename of the
+        folder to a ``.nexus-trash-*`` name beside it, so a timeout either happens before
+        it (nothing removed) or after it (all of it gone from view); the emptying runs
+        after the commit, on descriptors, never crossing a link or a mount point.
         Returns the entries removed, the folder included.
         """
 
@@ -625,52 +680,116 @@ class Workspace:
                 if self._holds_hidden_parts(located.parts):
                     raise InvalidPathError(reason="server_state")
                 assert located.name is not None
-                entries = self._check_subtree(located)
+                entries = self._check_subtree(located, "rmdir")
                 if entries and not recursive:
                     raise ConflictError(reason="not_empty")
+                trash = f"{TRASH_PREFIX}{secrets.token_hex(8)}"
                 with _committing():
                     self._ensure_attached(located)
                     if recursive:
-                        # fd-based on this platform (shutil.rmtree.avoids_symlink_attacks):
-                        # it never follows a link out of the folder.
-                        shutil.rmtree(located.name, dir_fd=located.parent_fd)
+                        os.rename(
+                            located.name,
+                            trash,
+                            src_dir_fd=located.parent_fd,
+                            dst_dir_fd=located.parent_fd,
+                        )
                     else:
                         os.rmdir(located.name, dir_fd=located.parent_fd)
+                if recursive:
+                    _empty_and_remove(located.parent_fd, trash)
                 _fsync_fd(located.parent_fd)
                 return entries + 1
 
         return self._retrying(remove)
 
-    def check_subtree(self, target: ResolvedPath) -> None:
-        """Refuse early when removing or moving folder ``target`` would take a protected
-        entry with it (checked again when the operation acts)."""
+    def check_subtree(
+        self, operation: str, target: ResolvedPath, moved_to: str | None = None
+    ) -> None:
+        """Refuse early when removing or moving folder ``target`` would carry an entry the
+        write policy protects (checked again when the operation acts)."""
 
         def check() -> None:
             with self._confined.locate(target.parts, follow_final=False) as located:
                 if located.is_dir and located.parts:
-                    self._check_subtree(located)
+                    destination = None
+                    if moved_to is not None:
+                        destination = self._confined.real_parts(
+                            normalize_relative(moved_to).split("/"), follow_final=False
+                        )
+                    self._check_subtree(located, operation, destination)
 
         self._retrying(check)
 
-    def _check_subtree(self, located: Located) -> int:
-        """Count a folder's entries, each checked against the write policy's entries."""
+    def _check_subtree(
+        self, located: Located, operation: str, moved_to: Sequence[str] | None = None
+    ) -> int:
+        """Judge every entry of a folder that is removed or moved, and count them.
+
+        Each entry is judged by the write policy where it is and, for a move, where it
+        will be; a link inside a moved folder whose relative target climbs out of it
+        would point elsewhere after the move, so it is refused. Any folder that cannot be
+        read, a mount point or a change during the walk refuses the whole operation:
+        nothing is removed or moved unjudged.
+        """
+        if self._gate is None:
+            raise WritePolicyDeniedError(rule="no_policy")
+        gate = self._gate
         fd = self._open_dir_fd(located)
         count = 0
         try:
-            for folder, _fd, dirnames, filenames in self.iter_tree(
-                fd, located.parts, recursive=True
-            ):
-                for name in (*dirnames, *filenames):
+            for folder in walk_tree(fd, strict=True):
+                here = (*located.parts, *folder.parts)
+                for name in (*folder.dirs, *folder.others):
                     count += 1
                     if count > MAX_SUBTREE_ENTRIES:
-                        raise WritePolicyDeniedError(rule="disallowed_subtree")
-                    if self._gate is None:
-                        raise WritePolicyDeniedError(rule="no_policy")
-                    self._gate.check_entry("/".join((*folder, name)))
+                        raise WritePolicyDeniedError(rule=RULE_DISALLOWED_SUBTREE)
+                    entry = (*here, name)
+                    if self.is_hidden_parts(entry):
+                        raise InvalidPathError(reason="server_state")
+                    paths = ["/".join(entry)]
+                    if moved_to is not None:
+                        paths.append("/".join((*moved_to, *folder.parts, name)))
+                        if name in folder.others:
+                            self._check_moved_link(folder.fd, name, len(folder.parts))
+                    try:
+                        gate.check_paths(operation, paths)
+                    except WritePolicyDeniedError:
+                        # Named for what was asked: the folder, carrying a denied entry.
+                        raise WritePolicyDeniedError(rule=RULE_DISALLOWED_SUBTREE) from None
         finally:
             os.close(fd)
-        # Hidden entries are skipped by the walk; a folder holding any was refused before.
         return count
+
+    def _check_new_meaning(self, src: Located, dst: Located) -> None:
+        """A link moved to another folder leads, if its target is relative, somewhere else:
+        judge where it will lead (inside the workspace, not server state, allowed)."""
+        assert src.name is not None
+        target = os.readlink(src.name, dir_fd=src.parent_fd)
+        if target.startswith("/"):
+            return
+        new = self._confined.real_parts((*dst.parts[:-1], *target.split("/")))
+        if self.is_hidden_parts(new):
+            raise InvalidPathError(reason="server_state")
+        self._admit("rename", ["/".join(new)])
+
+    @staticmethod
+    def _check_moved_link(dir_fd: int, name: str, depth: int) -> None:
+        """A relative link ``depth`` folders below a moved folder keeps its meaning only if
+        its target stays inside that folder."""
+        try:
+            target = os.readlink(name, dir_fd=dir_fd)
+        except OSError:
+            return  # not a link
+        if target.startswith("/"):
+            return  # an absolute target means the same wherever the link is
+        level = depth
+        for part in target.split("/"):
+            if part == "..":
+                level -= 1
+                if level < 0:
+                    raise WritePolicyDeniedError(rule="link_retarget")
+            elif part not in ("", "."):
+                level += 1
 
     def rename(self, source: ResolvedPath, destination: ResolvedPath, *, overwrite: bool) -> None:
         """Rename a file, a folder or a link itself (never what it points to)."""
@@ -687,7 +806,9 @@ class Workspace:
                 if src.is_dir:
                     if _below(dst.parts, src.parts):
                         raise ConflictError(reason="into_itself")
-                    self._check_subtree(src)
+                    self._check_subtree(src, "rename", dst.parts)
+                if src.is_link:
+                    self._check_new_meaning(src, dst)
                 if dst.exists and (not overwrite or dst.is_dir or src.is_dir):
                     raise ConflictError(reason="exists")
                 assert src.name is not None and dst.name is not None
@@ -702,6 +823,32 @@ class Workspace:
                     _fsync_fd(src.parent_fd)
 
         self._retrying(move)
+
+
+def _empty_and_remove(parent_fd: int, name: str) -> None:
+    """Remove folder ``name`` of ``parent_fd`` and all it holds, on descriptors: links are
+    removed, never followed; another mount is never entered (what cannot be removed stays
+    under its trash name, and is logged)."""
+    try:
+        fd = os.open(name, DIR_FLAGS | os.O_NONBLOCK, dir_fd=parent_fd)
+    except OSError:
+        log.warning("trash_left", reason="open_failed")
+        return
+    try:
+        for folder in walk_tree(
+            fd, strict=True, on_leave=lambda parent, child: os.rmdir(child, dir_fd=parent)
+        ):
+            for entry in folder.others:
+                os.unlink(entry, dir_fd=folder.fd)
+    except (OSError, NexusError) as exc:
+        log.warning("trash_left", reason=type(exc).__name__)
+        return
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=parent_fd)
+    except OSError as exc:
+        log.warning("trash_left", reason=type(exc).__name__)
 
 
 def _read_fd(fd: int, limit: int) -> bytes:

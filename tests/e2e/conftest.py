@@ -17,6 +17,8 @@ from nexus_mcp.logs import json_processors
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
+from .node_clients import NodeClients, find_node_clients, is_ci
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_WORKSPACE = REPO_ROOT / "demo" / "workspace"
 
@@ -93,3 +95,17 @@ def log_output() -> Iterator[io.StringIO]:
         yield buffer
     finally:
         structlog.configure(**saved)
+
+
+@pytest.fixture(scope="session")
+def node_clients() -> NodeClients:
+    """The pinned TypeScript SDK and MCP Inspector (``make clients``).
+
+    Missing, they skip with the reason on a developer's machine; in CI (``CI=true``) that
+    is a failure instead, so a CI without node cannot pass by skipping them."""
+    clients, reason = find_node_clients()
+    if clients is None:
+        if is_ci():
+            pytest.fail(f"CI must run the non-Python client tests: {reason}", pytrace=False)
+        pytest.skip(reason)
+    return clients

@@ -26,6 +26,14 @@ class Strict(BaseModel):
     count: int
 
 
+def envelope(result: dict[str, Any]) -> dict[str, str]:
+    """The error envelope: text content only, no structuredContent (DESIGN.md)."""
+    assert result["isError"] is True and "structuredContent" not in result
+    payload: dict[str, str] = json.loads(result["content"][0]["text"])
+    assert set(payload) == {"error", "code"}
+    return payload
+
+
 @nexus_tool(risk="read", toolset="test", description="Fails inside its body with a pydantic error.")
 async def body_fails(count: int) -> dict[str, Any]:
     Strict.model_validate({"count": "SECRET-BODY-VALUE"})  # raises inside the body
@@ -56,9 +64,9 @@ async def test_bad_arguments_are_invalid_input_naming_the_field_only(
     server = make_server()
     async with Client(server.mcp) as client:
         result = wire(await client.call_tool_mcp("nexus_read_file", {"path": 12345678}))
-    assert result["isError"] is True
-    assert result["structuredContent"]["code"] == "INVALID_INPUT"
-    assert "path" in result["structuredContent"]["error"]
+    payload = envelope(result)
+    assert payload["code"] == "INVALID_INPUT"
+    assert "path" in payload["error"]
     assert "12345678" not in json.dumps(result) + json.dumps(audit.records())
 
 
@@ -74,7 +82,7 @@ async def test_a_pydantic_error_inside_a_tool_body_is_an_internal_error_not_bad_
             result = wire(await client.call_tool_mcp("body_fails", {"count": 3}))
     finally:
         server.close()
-    assert result["structuredContent"]["code"] == "INTERNAL_ERROR"
+    assert envelope(result)["code"] == "INTERNAL_ERROR"
     assert "SECRET-BODY-VALUE" not in json.dumps(result) + json.dumps(audit.records())
 
 
@@ -91,8 +99,8 @@ async def test_without_the_gateway_the_tool_still_validates_its_own_arguments(
             await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt", "x": "EXTRA-VAL"})
         )
         good = wire(await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt"}))
-    assert bad["structuredContent"]["code"] == "INVALID_INPUT"
-    assert "path" in bad["structuredContent"]["error"]
-    assert extra["structuredContent"]["code"] == "INVALID_INPUT"
+    assert envelope(bad)["code"] == "INVALID_INPUT"
+    assert "path" in envelope(bad)["error"]
+    assert envelope(extra)["code"] == "INVALID_INPUT"
     assert "EXTRA-VAL" not in json.dumps(extra)
     assert good["structuredContent"]["content"] == (workspace / "todo.txt").read_text()

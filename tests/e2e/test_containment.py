@@ -25,6 +25,7 @@ from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from ..support.swapper import Swapper
+from ..support.trees import make_chain, remove_tree
 from .conftest import wire
 
 SCRATCH_ONLY = {
@@ -472,3 +473,146 @@ def race_calls(i: int) -> list[tuple[str, dict[str, Any]]]:
         write("nexus_delete_file", path="scratch/d/x.txt"),
         write("nexus_rmdir", path=f"scratch/d/m{i}"),
     ]
+
+
+# -- what a removed or moved folder carries, judged entry by entry ------------------------
+
+
+async def test_a_move_is_judged_where_every_entry_lands(
+    serve: Serve, ws: Path, outside: Path, audit: MemoryAuditSink
+) -> None:
+    policy = {**EVERYWHERE, "disallowed_paths": ["**/deploy/prod/", "config/*/secret"]}
+    (ws / "scratch" / "deploy2" / "prod").mkdir(parents=True)
+    (ws / "scratch" / "deploy2" / "prod" / "values.yml").write_text("replicas: 1\n")
+    (ws / "scratch" / "a").mkdir()
+    (ws / "scratch" / "a" / "secret").write_text("s\n")
+    (ws / "config").mkdir()
+    server = serve(policy)
+    direct = {"path": "scratch/deploy/prod/values.yml", "content": "x"}
+    await refused(server, audit, [ws, outside], "nexus_write_file", direct, "WRITE_POLICY_DENIED")
+    for source, destination in [("scratch/deploy2", "scratch/deploy"), ("scratch/a", "config/a")]:
+        args = {"source": source, "destination": destination}
+        await refused(
+            server, audit, [ws, outside], "nexus_rename_file", args, "WRITE_POLICY_DENIED"
+        )
+
+
+async def test_every_entry_a_removal_or_move_takes_must_be_in_the_allowed_paths(
+    serve: Serve, ws: Path, outside: Path, audit: MemoryAuditSink
+) -> None:
+    policy = {**EVERYWHERE, "allowed_paths": ["notes", "notes/*.md", "*/inbox/**", "archive/**"]}
+    (ws / "notes").mkdir()
+    (ws / "notes" / "a.md").write_text("a\n")
+    (ws / "notes" / "build.py").write_text("print(1)\n")
+    (ws / "archive").mkdir()
+    server = serve(policy)
+    for tool, args in [
+        ("nexus_delete_file", {"path": "notes/build.py"}),
+        ("nexus_rmdir", {"path": "notes", "recursive": True}),
+        ("nexus_rename_file", {"source": "notes", "destination": "archive/notes"}),
+        ("nexus_mkdir", {"path": "zzz/inbox/x", "parents": True}),
+    ]:
+        await refused(server, audit, [ws, outside], tool, args, "WRITE_POLICY_DENIED")
+    assert (
+        code_of(await call(server, "nexus_mkdir", {"path": "archive/x/y", "parents": True})) is None
+    )
+
+
+async def test_a_moved_link_is_judged_by_where_it_will_lead(
+    serve: Serve, ws: Path, outside: Path, audit: MemoryAuditSink
+) -> None:
+    (ws / "scratch" / "a" / "b").mkdir(parents=True)
+    link(ws / "scratch" / "a" / "b" / "wf", "../../../.github/workflows")  # leads nowhere yet
+    link(ws / "scratch" / "a" / "b" / "o", "../../../../outside")
+    link(ws / "scratch" / "a" / "b" / "ok", "../../note.txt")  # scratch/note.txt
+    (ws / "scratch" / "pkg").mkdir()
+    link(ws / "scratch" / "pkg" / "up", "../../src")  # climbs out of the folder it is in
+    (ws / "scratch" / "deeper").mkdir()
+    server = serve(SCRATCH_ONLY)
+    for source, destination, code in [
+        ("scratch/a/b/wf", "scratch/a/wf", "WRITE_POLICY_DENIED"),  # now .github/workflows
+        ("scratch/a/b/o", "scratch/o", "INVALID_PATH"),  # now outside
+        ("scratch/pkg", "scratch/deeper/pkg", "WRITE_POLICY_DENIED"),  # up would change
+    ]:
+        args = {"source": source, "destination": destination}
+        await refused(server, audit, [ws, outside], "nexus_rename_file", args, code)
+    moved = {"source": "scratch/a/b/ok", "destination": "scratch/a/b/ok2"}
+    assert code_of(await call(server, "nexus_rename_file", moved)) is None
+
+
+async def test_a_folder_too_deep_for_recursion_is_listed_searched_and_removed(
+    serve: Serve, ws: Path
+) -> None:
+    deep = ws / "scratch" / "deep"
+    path = make_chain(deep, 1100)  # deeper than Python's recursion limit
+    (path / "leaf.txt").write_text("CANARY-DEEP-LEAF\n")
+    try:
+        await list_search_move_and_remove(serve(SCRATCH_ONLY), ws)
+    finally:
+        remove_tree(deep)
+        remove_tree(ws / "scratch" / "deep2")
+
+
+async def list_search_move_and_remove(server: NexusServer, ws: Path) -> None:
+    for tool, args in [
+        ("nexus_list_files", {"path": "scratch", "recursive": True}),
+        ("nexus_glob", {"pattern": "**/*.txt", "path": "scratch"}),
+        ("nexus_grep", {"pattern": "CANARY-DEEP", "path": "scratch"}),
+    ]:
+        assert code_of(await call(server, tool, args)) is None, tool
+    moved = {"source": "scratch/deep", "destination": "scratch/deep2"}
+    assert code_of(await call(server, "nexus_rename_file", moved)) is None
+    removed = await call(server, "nexus_rmdir", {"path": "scratch/deep2", "recursive": True})
+    assert code_of(removed) is None
+    assert not (ws / "scratch" / "deep2").exists()
+    assert not [p for p in (ws / "scratch").iterdir() if p.name.startswith(".nexus-")]
+
+
+async def test_a_replaced_file_never_keeps_set_id_bits(serve: Serve, ws: Path) -> None:
+    target = ws / "scratch" / "tool.sh"
+    target.write_text("#!/bin/sh\necho hi\n")
+    os.chmod(target, 0o6755)  # noqa: S103 - the set-id bits are what this test is about
+    server = serve(SCRATCH_ONLY)
+    edit = {"path": "scratch/tool.sh", "old_text": "hi", "new_text": "ho"}
+    assert code_of(await call(server, "nexus_edit_file", edit)) is None
+    assert target.stat().st_mode & 0o7777 == 0o755
+    os.chmod(target, 0o4750)  # noqa: S103 - as above
+    write = {"path": "scratch/tool.sh", "content": "#!/bin/sh\n"}
+    assert code_of(await call(server, "nexus_write_file", write)) is None
+    assert target.stat().st_mode & 0o7777 == 0o750
+
+
+async def test_a_hard_link_to_server_state_is_not_read(
+    serve: Serve, ws: Path, audit: MemoryAuditSink
+) -> None:
+    data = ws / "scratch" / ".state"
+    server = serve(EVERYWHERE, data_dir=data)
+    assert code_of(await call(server, "nexus_read_file", {"path": "src/app.py"})) is None
+    (data / "notes.txt").write_text("CANARY-STATE tool_call\n")  # server state, as text
+    os.link(data / "notes.txt", ws / "scratch" / "copy.txt")
+    os.link(data / "grants.sqlite3", ws / "scratch" / "grants-copy")
+    for tool, args in [
+        ("nexus_read_file", {"path": "scratch/copy.txt"}),
+        ("nexus_read_file", {"path": "scratch/grants-copy"}),
+        ("nexus_file_info", {"path": "scratch/copy.txt"}),
+        ("nexus_edit_file", {"path": "scratch/copy.txt", "old_text": "tool_call", "new_text": "x"}),
+    ]:
+        assert code_of(await call(server, tool, args)) == "INVALID_PATH", tool
+    found = await call(server, "nexus_grep", {"pattern": "CANARY-STATE", "path": "scratch"})
+    assert "CANARY-STATE" not in json.dumps(found)
+
+
+async def test_an_absolute_link_target_through_a_link_outside_is_refused(
+    serve: Serve, ws: Path, outside: Path, audit: MemoryAuditSink
+) -> None:
+    link(outside / "hop", ws)  # outside, pointing back into the workspace
+    link(ws / "scratch" / "x", outside / "hop" / "src")
+    server = serve(EVERYWHERE)
+    await refused(
+        server,
+        audit,
+        [ws, outside],
+        "nexus_read_file",
+        {"path": "scratch/x/app.py"},
+        "INVALID_PATH",
+    )

@@ -8,6 +8,7 @@ against. Hidden tools must look exactly like missing ones in every discovery ans
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,11 @@ async def test_details_of_a_hidden_tool_answer_exactly_as_a_missing_tool(
             await client.call_tool_mcp("nexus_discovery_get_tool_details", {"name": "nexus_glob"})
         )
     assert of_hidden == of_missing
-    assert of_hidden["structuredContent"] == {"error": "tool not found", "code": "NOT_FOUND"}
+    assert of_hidden["isError"] is True and "structuredContent" not in of_hidden
+    assert json.loads(of_hidden["content"][0]["text"]) == {
+        "error": "tool not found",
+        "code": "NOT_FOUND",
+    }
     assert hidden not in str(of_hidden)
     details = answer(of_visible)
     assert (details["name"], details["toolset"], details["risk"]) == ("nexus_glob", "files", "read")

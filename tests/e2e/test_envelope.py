@@ -23,7 +23,7 @@ CANARY = "CANARY-7f3a-INPUT"
 def envelope(result: dict[str, Any]) -> dict[str, str]:
     assert result["isError"] is True
     payload: dict[str, str] = json.loads(result["content"][0]["text"])
-    assert payload == result["structuredContent"]
+    assert "structuredContent" not in result
     assert set(payload) == {"error", "code"}
     return payload
 
@@ -233,3 +233,19 @@ async def test_client_id_in_meta_never_sets_identity(
             "nexus_read_file", {"path": "todo.txt"}, meta={"client_id": "admin", "subject": "admin"}
         )
     assert {e["subject"] for e in audit.records()} == {"alice"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_refusal_of_any_tool_carries_no_structured_content(
+    make_server: ServerFactory, mode: str
+) -> None:
+    """Clients validate ``structuredContent`` against the tool's ``outputSchema`` even when
+    ``isError`` is set (TypeScript SDK 1.x, MCP Inspector; see test_clients.py): for every
+    tool, the envelope is text content only."""
+    async with Client(make_server().mcp, mode=mode) as client:
+        tools = await client.list_tools()
+        results = {t.name: wire(await client.call_tool_mcp(t.name, {CANARY: 1})) for t in tools}
+    assert tools and all(t.output_schema is not None for t in tools)
+    assert {name: envelope(result)["code"] for name, result in results.items()} == dict.fromkeys(
+        results, "INVALID_INPUT"
+    )

@@ -281,7 +281,8 @@ async def test_prod_http_says_launch_settings_do_not_apply_because_tokens_decide
     # launch settings say (prod's default write policy then refuses the write itself).
     assert names == PROFILES[role_profiles()["editor"]]
     assert not unknown_tool(result, "nexus_write_file")
-    assert result.structured_content["code"] == "WRITE_POLICY_DENIED"
+    assert result.is_error is True and result.structured_content is None
+    assert json.loads(result.content[0].text)["code"] == "WRITE_POLICY_DENIED"
     text = stderr.decode()
     assert token not in text and SECRET not in text
     [line] = logged(text, "effective_principal")

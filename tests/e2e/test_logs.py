@@ -136,9 +136,13 @@ def code(result: Any) -> str:
     """``OK``, the envelope's code, or ``UNKNOWN`` for FastMCP's unknown-tool answer."""
     if not result.is_error:
         return "OK"
-    if isinstance(result.structured_content, dict) and "code" in result.structured_content:
-        return str(result.structured_content["code"])
-    return "UNKNOWN"
+    # The envelope is text content only (no structuredContent, DESIGN.md).
+    assert result.structured_content is None
+    try:
+        payload = json.loads(result.content[0].text)
+    except ValueError:
+        return "UNKNOWN"
+    return str(payload["code"])
 
 
 def text_of(result: Any) -> str:

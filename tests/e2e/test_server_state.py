@@ -37,7 +37,10 @@ async def call(client: Client[Any], tool: str, args: dict[str, Any]) -> dict[str
 
 
 def code(result: dict[str, Any]) -> str | None:
-    return result["structuredContent"].get("code") if result["isError"] else None
+    if not result["isError"]:
+        return None
+    assert "structuredContent" not in result  # the envelope is text content only
+    return str(json.loads(result["content"][0]["text"])["code"])
 
 
 @pytest.fixture

@@ -46,7 +46,8 @@ async def test_stdio_launch_principal_from_environment_reads_and_audits(
                 assert result.structured_content["path"] == "todo.txt"
                 bad = await session.call_tool("nexus_read_file", {"path": "../ws-evil/secret.txt"})
                 assert bad.is_error is True
-                assert bad.structured_content == {
+                assert bad.structured_content is None
+                assert json.loads(bad.content[0].text) == {
                     "error": "path is not allowed",
                     "code": "INVALID_PATH",
                 }

@@ -8,17 +8,24 @@ import re
 import stat
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from nexus_mcp.audit import (
+    OUTCOME_OK,
+    TOOL_CALL_STARTED,
     AuditEvent,
+    AuditLog,
     JsonlAuditSink,
     check_audit_record,
     encode_record,
     read_audit_file,
     utc_timestamp,
 )
+from nexus_mcp.calls import CallState
+from nexus_mcp.decorator import ToolContract
+from nexus_mcp.middleware.audit import AuditTrail
 
 
 def event(kind: str = "tool_call_finished", **extra: object) -> AuditEvent:
@@ -91,3 +98,114 @@ def test_a_closed_sink_refuses_to_write(tmp_path: Path) -> None:
     sink.close()  # idempotent
     with pytest.raises(ValueError):
         sink.emit(event())
+
+
+# -- audit durability follows consequence (issue 11) -------------------------------------
+
+
+class CountingWrite:
+    """``os.write`` as it is, counting the calls made on one file descriptor."""
+
+    def __init__(self) -> None:
+        self.real = os.write
+        self.fds: list[int] = []
+
+    def __call__(self, fd: int, data: bytes) -> int:
+        self.fds.append(fd)
+        return self.real(fd, data)
+
+
+def test_emit_many_appends_every_event_in_order_with_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    sink = JsonlAuditSink(path)
+    writes = CountingWrite()
+    monkeypatch.setattr(os, "write", writes)
+    started = AuditEvent(event=TOOL_CALL_STARTED, tool_call_id="t", correlation_id="c", tool="x")
+    sink.emit_many([started, event(duration_ms=2.0)])
+    monkeypatch.undo()
+    sink.close()
+    assert len(writes.fds) == 1
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["event"] for r in records] == [TOOL_CALL_STARTED, "tool_call_finished"]
+    assert all(check_audit_record(r) is None for r in records)
+
+
+def contract(risk: str) -> ToolContract:
+    return ToolContract(name="tool_x", description="x", risk=risk, toolset="t")  # type: ignore[arg-type]
+
+
+def call_state(tool_class: str | None, *, audit_finishes: bool = True) -> CallState:
+    state = CallState(tool_name="tool_x", arguments={"path": "a.txt"}, meta={}, transport=None)
+    state.tool_class = tool_class
+    state.audit_finishes = audit_finishes
+    state.executed = True
+    return state
+
+
+def trail_on(path: Path, risk: str) -> AuditTrail:
+    return AuditTrail(AuditLog([JsonlAuditSink(path)]), {"tool_x": contract(risk)})
+
+
+def test_a_read_class_start_waits_for_its_finish_and_both_leave_in_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    trail = trail_on(path, "read")
+    state = call_state("read")
+    trail.started(contract("read"), state)
+    assert path.read_text() == ""  # a read changes nothing: its start need not lead it
+    writes = CountingWrite()
+    monkeypatch.setattr(os, "write", writes)
+    trail.finished(state, outcome=OUTCOME_OK)
+    monkeypatch.undo()
+    trail.log.close()
+    assert len(writes.fds) == 1  # both lines or neither
+    started, finished = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (started["event"], finished["event"]) == (TOOL_CALL_STARTED, "tool_call_finished")
+    assert started["tool_call_id"] == finished["tool_call_id"] == state.tool_call_id
+    assert "outcome" not in started and "duration_ms" not in started
+    assert started["args_digest"] == finished["args_digest"]
+    assert started["ts"] <= finished["ts"]  # the started event keeps the time it started
+    assert finished["outcome"] == OUTCOME_OK and "duration_ms" in finished
+    assert state.started_event is None
+
+
+@pytest.mark.parametrize(
+    ("risk", "tool_class", "gateway_class"),
+    [
+        ("write", "write", None),
+        ("admin", "write", None),
+        ("read", "write", None),  # the registry says write: the declared risk is not enough
+        ("read", None, None),  # no registry class at all: not known to be a read
+        ("read", "read", "write"),  # the gateway disagrees: the safer view wins
+        ("write", "read", None),  # declared a write: its intent leads it
+    ],
+)
+def test_anything_not_known_to_only_read_is_on_record_before_it_runs(
+    tmp_path: Path, risk: str, tool_class: str | None, gateway_class: str | None
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    trail = trail_on(path, risk)
+    state = call_state(tool_class)
+    if gateway_class is not None:
+        state.classification = SimpleNamespace(tool_class=gateway_class)
+    trail.started(contract(risk), state)
+    (started,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert started["event"] == TOOL_CALL_STARTED
+    trail.finished(state, outcome=OUTCOME_OK)
+    trail.log.close()
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_without_the_audit_layer_to_finish_it_a_read_start_is_written_at_once(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    trail = trail_on(path, "read")
+    trail.started(contract("read"), call_state("read", audit_finishes=False))
+    trail.log.close()
+    assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == [
+        TOOL_CALL_STARTED
+    ]

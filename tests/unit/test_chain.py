@@ -7,6 +7,7 @@ from typing import Any
 
 from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.server.middleware.middleware import _dispatch_phase
 
 from nexus_mcp.chain import CHAIN_ORDER, PolicyChain, hooks_for
 from nexus_mcp.server import build_server
@@ -142,3 +143,38 @@ async def test_replacing_layers_takes_effect_on_the_next_message() -> None:
     chain.replace_layers([Recorder("a", seen)])
     await run_session([chain])
     assert seen and not any(s.startswith("b.") for s in seen)
+
+
+def test_each_dispatch_phase_runs_only_its_hooks_as_fastmcp_does() -> None:
+    """FastMCP observes a request whose params failed validation in an "outer" pass, with
+    the raw params (a dict, not the typed message): no typed hook may run there."""
+    layer = Recorder("a", [])
+    assert [h.__name__ for h in hooks_for([layer], "tools/call", "request", "outer")] == [
+        "on_message",
+        "on_request",
+    ]
+    assert [h.__name__ for h in hooks_for([layer], "tools/call", "request", "typed")] == [
+        "on_call_tool"
+    ]
+    assert [h.__name__ for h in hooks_for([layer], "tools/call", "request", "all")] == [
+        "on_message",
+        "on_request",
+        "on_call_tool",
+    ]
+
+
+async def test_the_policy_chain_reads_fastmcps_dispatch_phase() -> None:
+    seen: list[str] = []
+    chain = PolicyChain([Recorder("a", seen)])
+    raw_params = {"name": 1, "arguments": "not an object"}
+    context = MiddlewareContext(message=raw_params, method="tools/call", type="request")
+
+    async def handler(_: MiddlewareContext[Any]) -> str:
+        return "answered"
+
+    token = _dispatch_phase.set("outer")
+    try:
+        assert await chain(context, handler) == "answered"
+    finally:
+        _dispatch_phase.reset(token)
+    assert seen == ["a.message:tools/call", "a.request:tools/call"]

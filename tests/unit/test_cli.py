@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import pytest
 
 from nexus_mcp.cli import build_parser, main
@@ -18,7 +21,7 @@ def help_text(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     out = help_text(capsys)
-    for command in ("serve", "registry", "profiles", "approvals", "audit"):
+    for command in ("serve", "registry", "profiles", "approvals", "audit", "call"):
         assert command in out
 
 
@@ -54,3 +57,75 @@ def test_bad_setting_exits_2_naming_the_setting(
     err = capsys.readouterr().err
     assert code == 2
     assert "NEXUS_MCP_PORT" in err and "Traceback" not in err and "not-a-port" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--port", "70000"], "--port"),
+        (["--port", "-1"], "--port"),
+        (["--http-path", "mcp"], "--http-path"),
+        (["--host", "127.0.0.1", "--port", "65536"], "--port"),
+    ],
+)
+def test_a_bad_flag_value_names_the_flag_not_the_environment_variable(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], flag: str
+) -> None:
+    with isolated_logging():
+        code = main(["serve", "--workspace", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert flag in err
+    assert "NEXUS_MCP_" not in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_flag_value_argparse_cannot_convert_names_the_flag(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--workspace", str(tmp_path), "--port", "abc"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--port" in err and "NEXUS_MCP_PORT" not in err
+
+
+def test_a_bad_flag_and_a_bad_environment_value_are_each_named_by_their_source(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("NEXUS_MCP_HTTP_PATH", "no-slash")
+    with isolated_logging():
+        code = main(["serve", "--workspace", str(tmp_path), "--port", "70000"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--port" in err and "NEXUS_MCP_HTTP_PATH" in err
+    assert "NEXUS_MCP_PORT" not in err and "--http-path" not in err
+
+
+def test_every_positional_argument_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    undocumented = [
+        f"{path} {action.dest}"
+        for path, parser in walk_parsers(build_parser())
+        for action in parser._actions
+        if not action.option_strings
+        and not isinstance(action, argparse._SubParsersAction)
+        and not (action.help or "").strip()
+    ]
+    assert undocumented == []
+
+
+def test_serve_help_says_the_workspace_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    out = " ".join(help_text(capsys, "serve").split())
+    assert "A workspace is required" in out
+    assert "tools serve (required)" in out
+
+
+def walk_parsers(
+    parser: argparse.ArgumentParser, path: str = "nexus-mcp"
+) -> list[tuple[str, argparse.ArgumentParser]]:
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += walk_parsers(child, f"{path} {name}")
+    return found

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from nexus_mcp.confinement import MAX_SYMLINKS, ConfinedRoot
+from nexus_mcp.confinement import MAX_SYMLINKS, ConfinedRoot, walk_tree
 from nexus_mcp.errors import Code, NexusError
 from nexus_mcp.policy.write_policy import DEV_WRITE_POLICY, PathGate
 from nexus_mcp.workspace import ResolvedPath, Workspace
 
 from ..support.swapper import Swapper
+from ..support.trees import make_chain, remove_tree
 
 
 @pytest.fixture
@@ -85,6 +89,36 @@ def test_a_name_longer_than_the_file_system_allows_is_an_invalid_path(root: Path
     confined = ConfinedRoot(root)
     assert code(lambda: confined.real_parts(["x" * 300])) == Code.INVALID_PATH
     assert code(lambda: confined.real_parts(["a", "x" * 300, "y"])) == Code.INVALID_PATH
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [["a\ud800b"], ["a", "\udfff"], ["\udcff.txt"], ["a", "b", "x\udc80y", "z"]],
+    ids=["high", "low", "escaped-byte", "middle"],
+)
+def test_a_name_with_a_lone_surrogate_is_an_invalid_path_and_creates_nothing(
+    root: Path, parts: list[str]
+) -> None:
+    confined = ConfinedRoot(root)
+    before = sorted(p.name for p in root.rglob("*"))
+    assert code(lambda: confined.real_parts(parts)) == Code.INVALID_PATH
+    with pytest.raises(NexusError) as info, confined.locate(parts):
+        pass
+    assert info.value.code == Code.INVALID_PATH
+    assert sorted(p.name for p in root.rglob("*")) == before
+
+
+def test_a_path_past_path_max_is_an_invalid_path_before_any_walk(root: Path) -> None:
+    confined = ConfinedRoot(root)
+    room = 4096 - len(str(confined.path)) - 1  # PATH_MAX counts the final NUL
+    fits = ["abcdefgh"] * (room // 9 - 1)  # missing folders: a walk answers NOT_FOUND
+    assert code(lambda: confined.locate(fits).__enter__()) == Code.NOT_FOUND
+    too_long = ["abcdefgh"] * (room // 9 + 1)
+    assert code(lambda: confined.real_parts(too_long)) == Code.INVALID_PATH
+    assert code(lambda: confined.locate(too_long).__enter__()) == Code.INVALID_PATH
+    multibyte = ["\u00e9" * 127]  # 254 bytes: one name, within NAME_MAX
+    assert confined.real_parts(multibyte) == tuple(multibyte)
+    assert code(lambda: confined.real_parts(["\u00e9" * 128])) == Code.INVALID_PATH
 
 
 def test_not_following_the_final_link_locates_the_link_itself(root: Path) -> None:
@@ -171,3 +205,79 @@ def test_a_folder_swapped_for_a_link_never_redirects_an_operation_outside(
     # Both sides of the race were seen: calls that ran and calls the swap refused.
     assert any(k.endswith(":ok") for k in outcomes), outcomes
     assert set(outcomes) - {k for k in outcomes if k.endswith(":ok")}, outcomes
+
+
+# -- walking a tree ----------------------------------------------------------------------
+
+
+def test_a_walk_never_enters_a_link_and_needs_no_recursion(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    deep = make_chain(root, 1200)  # past Python's recursion limit
+    (deep / "leaf").write_text("x")
+    (root / "out").symlink_to(tmp_path)  # would loop forever if followed
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        folders = list(walk_tree(fd, strict=True))
+    finally:
+        os.close(fd)
+    assert len(folders) == 1201
+    assert folders[0].others == ["out"] and folders[-1].others == ["leaf"]
+    remove_tree(root)  # pytest's own clean-up of tmp_path would recurse past its limit
+
+
+def test_a_folder_swapped_for_a_fifo_never_hangs_a_walk(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    (root / "d").mkdir(parents=True)
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                os.rmdir(root / "d")
+                os.mkfifo(root / "d")
+                os.unlink(root / "d")
+                os.mkdir(root / "d")
+
+    def walk_for(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for strict in (False, True):
+                fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    list(walk_tree(fd, strict=strict))
+                except NexusError:
+                    pass  # a strict walk refuses a changed tree; it must not hang
+                finally:
+                    os.close(fd)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    walker = threading.Thread(target=walk_for, args=(2.0,), daemon=True)
+    swapper.start()
+    walker.start()
+    walker.join(timeout=30)
+    stop.set()
+    swapper.join(timeout=10)
+    assert not walker.is_alive(), "a walk hung on a FIFO"
+
+
+def test_a_strict_walk_refuses_an_unreadable_folder_and_a_lax_one_skips_it(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "w"
+    (root / "ok").mkdir(parents=True)
+    (root / "gone").mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        walk = walk_tree(fd, strict=False)
+        first = next(walk)
+        os.rmdir(root / "gone")  # disappears between the listing and the descent
+        assert [f.parts for f in walk] == [("ok",)]
+        assert first.dirs == ["gone", "ok"]
+        walk = walk_tree(fd, strict=True)
+        next(walk)
+        os.rmdir(root / "ok")
+        with pytest.raises(NexusError) as info:
+            list(walk)
+        assert info.value.code == Code.CONFLICT
+    finally:
+        os.close(fd)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nexus_mcp.json_text import compact_json
+from nexus_mcp.json_text import compact_json, to_result_json
 
 
 @pytest.mark.parametrize(
@@ -34,3 +34,18 @@ def test_non_finite_numbers_become_null_and_unknown_types_their_text() -> None:
         "x": None,
         "p": "a/b",
     }
+
+
+def test_a_result_without_lone_surrogates_is_sent_as_it_is() -> None:
+    result = {"path": "notes/é.md", "pair": "😀", "n": [1, None, 2.5]}
+    sent, text = to_result_json(result)
+    assert sent is result
+    assert json.loads(text) == result
+
+
+def test_lone_surrogates_in_a_result_become_replacement_characters_everywhere() -> None:
+    result = {"d\udcfe": [{"name": "\udcff.txt", "title": "a\ud800b"}], "ok": "é"}
+    sent, text = to_result_json(result)
+    assert sent == {"d\ufffd": [{"name": "\ufffd.txt", "title": "a\ufffdb"}], "ok": "é"}
+    assert json.loads(text) == sent
+    text.encode("utf-8")  # what any transport can encode

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import re
+import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
-from nexus_mcp.errors import Code, NexusError
-from nexus_mcp.search import ScanBudget, bounded, compile_glob, compile_matcher, is_binary
-from nexus_mcp.workspace import TreeFile, Workspace
+from nexus_mcp.errors import Code, InvalidInputError, NexusError
+from nexus_mcp.search import (
+    MAX_GLOB_CHARS,
+    ScanBudget,
+    bounded,
+    compile_glob,
+    compile_matcher,
+    is_binary,
+)
 from nexus_mcp.settings import SearchSettings
+from nexus_mcp.workspace import TreeFile, Workspace
+
+BOUNDED_WAIT_SECONDS = 30.0
 
 
 @pytest.mark.parametrize(
@@ -84,3 +97,103 @@ def walk(root: Path, budget: ScanBudget) -> list[TreeFile]:
     workspace = Workspace(root)
     with workspace.open_dir(workspace.resolve(".")) as (fd, base):
         return list(bounded(workspace.walk_files(fd, base), budget))
+
+
+# -- globs without backtracking ------------------------------------------------------------
+
+
+def reference_glob(pattern: str) -> re.Pattern[str]:
+    """The glob as the backtracking regex it used to be translated to (same semantics)."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1 : end]
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            out.append("[" + ("^" if negate else "") + body.replace("\\", "\\\\") + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
+
+
+GLOB_PIECES = ["a", "b", ".", "/", "*", "**", "**/", "?", "[ab]", "[!a]", "[a-c]"]
+PATH_PIECES = ["a", "b", "c", ".", "/", "ab", "x.md"]
+
+
+@given(
+    st.lists(st.sampled_from(GLOB_PIECES), min_size=1, max_size=7).map("".join),
+    st.lists(st.sampled_from(PATH_PIECES), max_size=9).map("".join),
+)
+def test_a_glob_matches_exactly_what_its_regex_translation_matches(pattern: str, path: str) -> None:
+    assume(not pattern.startswith("/") and ".." not in pattern.split("/"))
+    try:
+        expected = bool(reference_glob(pattern).match(path))
+    except re.error:
+        with pytest.raises(NexusError):
+            compile_glob(pattern)
+        return
+    assert compile_glob(pattern).match(path) is expected
+
+
+DEEP_PATH = "a/" * 200 + "a" * 250
+LONG_NAME = "a" * 250
+# Globs a backtracking regex engine takes exponential or high-polynomial time on, each
+# with a path it fails on only at the end (the worst case) and a path it matches.
+CATASTROPHIC_GLOBS = [
+    ("**/" * 40 + "b", DEEP_PATH, "a/" * 200 + "b"),  # nested (?:.*/)? groups
+    ("*a" * 40 + "b", LONG_NAME, "a" * 60 + "b"),  # [^/]*a forty times over
+    ("**" * 200 + "b", DEEP_PATH, DEEP_PATH + "b"),
+    ("**/*a*a*a*a*a*a*a*a*b", DEEP_PATH, DEEP_PATH + "b"),
+    ("**/" * 10 + "*a" * 20 + "[!a]", DEEP_PATH, DEEP_PATH + "c"),
+]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "missed", "matched"), CATASTROPHIC_GLOBS, ids=range(len(CATASTROPHIC_GLOBS))
+)
+def test_globs_that_make_a_regex_engine_backtrack_for_ever_answer_at_once(
+    pattern: str, missed: str, matched: str
+) -> None:
+    answers: list[bool] = []
+    glob = compile_glob(pattern)
+    worker = threading.Thread(
+        target=lambda: answers.extend([glob.match(missed), glob.match(matched)]), daemon=True
+    )
+    worker.start()
+    worker.join(BOUNDED_WAIT_SECONDS)  # a bound on a hang, not a timing claim
+    assert answers == [False, True]
+
+
+def test_a_glob_too_long_or_malformed_names_the_argument_it_came_in() -> None:
+    for pattern in ("x" * (MAX_GLOB_CHARS + 1), "../x", "[z-a]", "a\x00"):
+        with pytest.raises(InvalidInputError) as info:
+            compile_glob(pattern, field="glob")
+        assert info.value.facts["field"] == "glob"
+    assert compile_glob("x" * MAX_GLOB_CHARS).match("x" * MAX_GLOB_CHARS)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["a{4294967296}", "x{99999999999999999999}", "(" * 600 + "a" + ")" * 600, "(?P<a>x)(?P=b)"],
+    ids=["repeat-count", "repeat-count-huge", "nesting", "bad-group"],
+)
+def test_a_regex_the_engine_cannot_compile_is_invalid_input(pattern: str) -> None:
+    caps = SearchSettings(max_pattern_length=2000)
+    with pytest.raises(InvalidInputError) as info:
+        compile_matcher(pattern, regex=True, case_sensitive=True, caps=caps)
+    assert info.value.code == Code.INVALID_INPUT

@@ -4,14 +4,18 @@
 token; ``nexus-mcp approvals verify TOKEN --tool T --subject S --args JSON|@FILE`` prints
 the verified claims as JSON (the ``jti`` only as its sha256) or the error code. The
 secret comes from ``NEXUS_MCP_APPROVAL_SECRET`` / ``NEXUS_MCP_APPROVAL_KEYS`` or the
-``approvals`` section of ``--config``; it is never printed.
+``approvals`` section of ``--config``; it is never printed. ``mint`` approves only a write
+tool of the server that ``--config`` (its ``registry`` settings) describes, refused exactly
+as ``POST /approvals/mint`` refuses it.
 
-Exit codes: 0 success, 1 token refused, 2 usage or configuration error.
+Exit codes: 0 success, 1 token refused (verify) or minting refused (not a write tool),
+2 usage or configuration error.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -25,14 +29,20 @@ from nexus_mcp.errors import ApprovalError, ConfigError, InvalidInputError
 from nexus_mcp.policy.approvals import (
     ENV_AUDIENCE,
     ENV_ISSUER,
+    MAX_APPROVAL_TTL_SECONDS,
+    MIN_APPROVAL_TTL_SECONDS,
     ApprovalKeys,
     ApprovalSettings,
     approval_jti_digest,
+    check_mintable_tool,
     load_approval_keys,
     load_approval_settings,
     mint_approval_token,
     verify_approval_token,
 )
+from nexus_mcp.policy.hashing import first_unrepresentable
+from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
+from nexus_mcp.settings import load_settings
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -66,6 +76,15 @@ def run_mint(args: argparse.Namespace) -> int:
     try:
         keys, settings = _load_keys_and_settings(args)
         arguments = _read_arguments(args.args)
+        tool_class = registry_tool_class(args.config, args.tool)
+    except (ConfigError, _UsageError) as exc:
+        return _fail_usage(str(exc))
+    try:
+        check_mintable_tool(tool_class)
+    except InvalidInputError as exc:
+        print(f"error: {exc.message} ({exc.code})", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
         token = mint_approval_token(
             keys,
             settings,
@@ -75,9 +94,7 @@ def run_mint(args: argparse.Namespace) -> int:
             arguments=arguments,
             host_id=args.host_id,
         )
-    except (ConfigError, _UsageError) as exc:
-        return _fail_usage(str(exc))
-    except InvalidInputError as exc:
+    except InvalidInputError as exc:  # an empty --approver, --subject or --host-id
         return _fail_usage(exc.message)
     print(token)
     return EXIT_OK
@@ -128,20 +145,44 @@ def _add_binding_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--issuer", default=None, help=f"overrides {ENV_ISSUER}")
 
 
+def registry_tool_class(config: str | None, tool: str) -> str | None:
+    """The class the server's registry gives ``tool`` (``None``: not a tool of this server).
+
+    The registry is the one ``serve --config`` loads (``registry.directory`` and
+    ``registry.server_id``); start-up refuses a native tool whose class disagrees with it,
+    so this is the class the server's own mint endpoint checks.
+    """
+    settings = load_settings(Path(config) if config else None)
+    registries = load_registry_dir(settings.registry.directory or default_registry_dir())
+    entry = registries.lookup(settings.registry.server_id, tool)
+    return entry.tool_class if entry is not None else None
+
+
 def _load_keys_and_settings(args: argparse.Namespace) -> tuple[ApprovalKeys, ApprovalSettings]:
     config = _read_config(args.config)
     env: dict[str, str] = dict(os.environ)
-    if args.audience:
-        env[ENV_AUDIENCE] = args.audience
-    if args.issuer:
-        env[ENV_ISSUER] = args.issuer
     settings = load_approval_settings(env, config)
-    ttl = getattr(args, "ttl", None)
-    if ttl is not None:
-        settings = ApprovalSettings(
-            audience=settings.audience, issuer=settings.issuer, ttl_seconds=ttl
-        )
+    # Flags win over the environment and the file; a bad value names the flag it came from.
+    for flag, name, value in (
+        ("--audience", "audience", args.audience),
+        ("--issuer", "issuer", args.issuer),
+        ("--ttl", "ttl_seconds", getattr(args, "ttl", None)),
+    ):
+        if value is None:
+            continue
+        try:
+            settings = dataclasses.replace(settings, **{name: value})
+        except ConfigError:
+            raise _UsageError(f"{flag}: {_FLAG_RULES[name]}") from None
     return load_approval_keys(env, config), settings
+
+
+_FLAG_RULES = {
+    "audience": "must be a non-empty string of at most 256 characters",
+    "issuer": "must be a non-empty string of at most 256 characters",
+    "ttl_seconds": f"must be between {MIN_APPROVAL_TTL_SECONDS} and "
+    f"{MAX_APPROVAL_TTL_SECONDS} seconds",
+}
 
 
 def _read_config(path: str | None) -> Mapping[str, Any] | None:
@@ -167,10 +208,12 @@ def _read_arguments(raw: str) -> dict[str, Any]:
             raise _UsageError("--args: the file cannot be read") from None
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or an integer past Python's digit limit
         raise _UsageError("--args: not valid JSON") from None
     if not isinstance(value, dict):
         raise _UsageError("--args: must be a JSON object")
+    if first_unrepresentable(value) is not None:  # Python reads NaN and Infinity; JSON has none
+        raise _UsageError("--args: not valid JSON (a number is NaN or infinite)")
     return value
 
 
@@ -179,4 +222,4 @@ def _fail_usage(message: str) -> int:
     return EXIT_USAGE
 
 
-__all__ = ["add_parser", "run_mint", "run_verify"]
+__all__ = ["add_parser", "registry_tool_class", "run_mint", "run_verify"]

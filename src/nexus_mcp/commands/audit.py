@@ -3,33 +3,62 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from nexus_mcp.audit import read_audit_file
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.state import AUDIT_FILE_SETTING, DATA_DIR_SETTING, load_state_settings
 
 TAIL_COLUMNS = ("ts", "event", "tool", "subject", "outcome", "duration_ms", "correlation_id")
+EXIT_CONFIG = 2
 
 
-def _default_audit_file() -> Path:
-    if os.environ.get("NEXUS_MCP_AUDIT_FILE"):
-        return Path(os.environ["NEXUS_MCP_AUDIT_FILE"])
-    return Path(os.environ.get("NEXUS_MCP_DATA_DIR", ".nexus-data")) / "audit.jsonl"
+def _audit_file(args: argparse.Namespace) -> Path:
+    """--file, else the server's own: NEXUS_MCP_AUDIT_FILE, else <data dir>/audit.jsonl."""
+    if args.file is not None:
+        return Path(args.file)
+    return load_state_settings(args.data_dir).audit_path
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
+    """The audit lines; a file that cannot be read is one line naming where to look."""
+    try:
+        yield from read_audit_file(path)
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: Path, exc: OSError) -> ConfigError:
+    reason = (exc.strerror or type(exc).__name__).lower()
+    return ConfigError(
+        f"audit file {path} cannot be read ({reason}): check --file, "
+        f"{AUDIT_FILE_SETTING} or {DATA_DIR_SETTING}"
+    )
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("audit", help="show or verify the audit trail")
     sub = parser.add_subparsers(dest="audit_command", required=True)
     tail = sub.add_parser("tail", help="show the most recent events as a table")
-    tail.add_argument("--file", type=Path, default=None, help="audit file [NEXUS_MCP_AUDIT_FILE]")
+    _add_location_flags(tail)
     tail.add_argument("-n", "--lines", type=int, default=20, help="how many events (default 20)")
     tail.set_defaults(func=run_tail)
     verify = sub.add_parser("verify", help="check that every line is a well-formed event")
-    verify.add_argument("--file", type=Path, default=None, help="audit file [NEXUS_MCP_AUDIT_FILE]")
+    _add_location_flags(verify)
     verify.set_defaults(func=run_verify)
+
+
+def _add_location_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--file", type=Path, default=None, help="audit file [NEXUS_MCP_AUDIT_FILE]")
+    parser.add_argument(
+        "--data-dir", type=Path, default=None,
+        help="the server's state folder (default: the per-user data directory, as serve) "
+        "[NEXUS_MCP_DATA_DIR]",
+    )  # fmt: skip
 
 
 def format_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
@@ -42,31 +71,47 @@ def format_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
 
 
 def run_tail(args: argparse.Namespace) -> int:
-    path = args.file or _default_audit_file()
-    if not path.exists():
-        sys.stderr.write(f"no audit file at {path}\n")
-        return 1
-    recent: deque[dict[str, Any]] = deque(maxlen=max(1, args.lines))
-    for _, record, _ in read_audit_file(path):
-        if record is not None:
-            recent.append(record)
+    try:
+        path = _audit_file(args)
+        if not _exists(path):
+            sys.stderr.write(f"no audit file at {path}\n")
+            return 1
+        recent: deque[dict[str, Any]] = deque(maxlen=max(1, args.lines))
+        for _, record, _ in _records(path):
+            if record is not None:
+                recent.append(record)
+    except ConfigError as exc:
+        sys.stderr.write(f"nexus-mcp: {exc}\n")
+        return EXIT_CONFIG
     sys.stdout.write(format_table(list(recent), TAIL_COLUMNS) + "\n")
     return 0
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    path = args.file or _default_audit_file()
-    if not path.exists():
-        sys.stderr.write(f"no audit file at {path}\n")
-        return 1
-    total, problems = 0, 0
-    for number, _, problem in read_audit_file(path):
-        total += 1
-        if problem is not None:
-            problems += 1
-            sys.stdout.write(f"line {number}: {problem}\n")
+    try:
+        path = _audit_file(args)
+        if not _exists(path):
+            sys.stderr.write(f"no audit file at {path}\n")
+            return 1
+        total, problems = 0, 0
+        for number, _, problem in _records(path):
+            total += 1
+            if problem is not None:
+                problems += 1
+                sys.stdout.write(f"line {number}: {problem}\n")
+    except ConfigError as exc:
+        sys.stderr.write(f"nexus-mcp: {exc}\n")
+        return EXIT_CONFIG
     sys.stdout.write(f"{total} events, {problems} problems\n")
     return 1 if problems else 0
+
+
+def _exists(path: Path) -> bool:
+    # Path.exists lets PermissionError through (a folder on the way that cannot be entered).
+    try:
+        return path.exists()
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
 
 
 __all__ = ["add_parser", "format_table", "run_tail", "run_verify"]

@@ -2,19 +2,20 @@
 
 Operators manage tool visibility here without starting the server. Every action prints
 plain text to stdout and returns an exit code: 0 done, 1 refused (unknown profile,
-invalid tool name), 2 configuration problem (profile file or grants database). Subjects
-that look like credentials are shown hashed in confirmations; ``inspect`` echoes the
-subject the operator typed, since it is their own terminal.
+invalid tool name, a tool no profile or registered server has), 2 configuration problem
+(profile file, registry or grants database). Subjects that look like credentials are
+shown hashed in confirmations; ``inspect`` echoes the subject the operator typed, since
+it is their own terminal, and only reads: it creates and changes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from nexus_mcp.access import PROFILE_SUBJECT_PREFIX, profile_subject
 from nexus_mcp.errors import ConfigError, NexusError, NotFoundError
 from nexus_mcp.policy.grants import (
     DIRECT_RELATION,
@@ -24,6 +25,7 @@ from nexus_mcp.policy.grants import (
     revoke_profile_grants,
     revoke_tool,
     to_tool_name,
+    to_tool_object,
 )
 from nexus_mcp.policy.profiles import (
     ToolProfileConfig,
@@ -31,24 +33,39 @@ from nexus_mcp.policy.profiles import (
     load_profiles,
     select_profile,
 )
+from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
 from nexus_mcp.principal import ROLE_FALLBACK, to_log_subject
-from nexus_mcp.state import GRANTS_DB
+from nexus_mcp.state import (
+    DATA_DIR_SETTING,
+    GRANTS_DB_SETTING,
+    grants_path,
+    load_state_settings,
+    prepare_folder,
+)
 from nexus_mcp.stores.grants import DEFAULT_ZONE, TOOLS_PREFIX, SqliteTupleStore
-
-DATA_DIR_ENV = "NEXUS_MCP_DATA_DIR"
-DEFAULT_DATA_DIR = Path(".nexus-data")
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_CONFIG = 2
+ALLOW_UNKNOWN_TOOL_FLAG = "--allow-unknown-tool"
+UNKNOWN_TOOL_MESSAGE = (
+    "no profile or registered server has this tool; check the name (see 'nexus-mcp "
+    f"registry show'), or pass {ALLOW_UNKNOWN_TOOL_FLAG} for a tool of an upstream server "
+    "that is not connected yet"
+)
+STALE_PROFILE_NOTE = (
+    "note: the grants database holds another tool list for this profile than the profiles "
+    "file; a server started before the file changed shows the stored list until it restarts"
+)
 
 Action = Callable[[argparse.Namespace], int]
 
 
-def default_grants_path() -> Path:
-    """``$NEXUS_MCP_DATA_DIR/grants.sqlite3``, else ``./.nexus-data/grants.sqlite3``."""
-    data_dir = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
-    return Path(data_dir) / GRANTS_DB
+def default_grants_path(data_dir: Path | None = None) -> Path:
+    """The grants database ``serve`` uses: ``profiles.grants_db``, else
+    ``<data dir>/grants.sqlite3`` (``--data-dir``, ``NEXUS_MCP_DATA_DIR``, else the per-user
+    data directory). Raises ``ConfigError`` naming the setting when there is none."""
+    return grants_path(load_state_settings(data_dir))
 
 
 def add_parser(
@@ -57,6 +74,11 @@ def add_parser(
     """Add ``profiles`` and its actions; each action parser sets ``func``."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", type=Path, help="grants SQLite file (default: data dir)")
+    common.add_argument(
+        "--data-dir", type=Path,
+        help="the server's state folder (default: the per-user data directory, as serve) "
+        "[NEXUS_MCP_DATA_DIR]",
+    )  # fmt: skip
     common.add_argument("--profiles", type=Path, help="tool profiles YAML file")
     common.add_argument("--zone", default=DEFAULT_ZONE, help="grants zone (default: %(default)s)")
 
@@ -65,22 +87,29 @@ def add_parser(
 
     _add(actions, "list", "list profiles and the role mapping", common, list_profiles)
     show = _add(actions, "show", "show one profile's resolved tools", common, show_profile)
-    show.add_argument("name")
+    show.add_argument("name", metavar="PROFILE", help="a profile name (see 'profiles list')")
     assign = _add(actions, "assign", "assign a profile to a subject", common, assign_subject)
-    assign.add_argument("subject")
-    assign.add_argument("profile")
+    _add_subject(assign)
+    assign.add_argument("profile", metavar="PROFILE", help="a profile name (see 'profiles list')")
     grant = _add(actions, "grant", "grant one tool directly to a subject", common, grant_subject)
-    grant.add_argument("subject")
-    grant.add_argument("tool")
+    _add_subject(grant)
+    grant.add_argument(
+        "tool", metavar="TOOL",
+        help="a tool name that a profile or a registered server has (see 'registry show')",
+    )  # fmt: skip
+    grant.add_argument(
+        ALLOW_UNKNOWN_TOOL_FLAG, action="store_true",
+        help="grant it even so: a tool of an upstream server that is not connected yet",
+    )  # fmt: skip
     revoke_parser = _add(
         actions, "revoke", "revoke a direct tool grant or the profile", common, revoke_subject
     )
-    revoke_parser.add_argument("subject")
+    _add_subject(revoke_parser)
     which = revoke_parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--tool", help="remove this direct grant")
     which.add_argument("--profile", action="store_true", help="remove profile and assignment")
     inspect = _add(actions, "inspect", "the tools a subject would see", common, inspect_subject)
-    inspect.add_argument("subject")
+    _add_subject(inspect)
     inspect.add_argument("--role", default=ROLE_FALLBACK, help="role (default: %(default)s)")
     return parser
 
@@ -127,6 +156,20 @@ def assign_subject(args: argparse.Namespace) -> int:
 
 
 def grant_subject(args: argparse.Namespace) -> int:
+    # Checked before the database is opened: a refused grant creates nothing.
+    config = _load_config(args)
+    if config is None:
+        return EXIT_CONFIG
+    try:
+        to_tool_object(args.tool)  # a name that cannot be a tool is INVALID_INPUT first
+        if not args.allow_unknown_tool and args.tool not in known_tools(config):
+            raise NotFoundError(UNKNOWN_TOOL_MESSAGE, kind="tool")
+    except NexusError as exc:
+        return _refuse(f"{exc.message} ({exc.code})")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
     def act(config: ToolProfileConfig, store: SqliteTupleStore) -> str:
         revision = grant_tool(store, args.subject, args.tool, args.zone)
         return f"granted tool '{args.tool}' directly (revision {revision})"
@@ -150,37 +193,99 @@ def revoke_subject(args: argparse.Namespace) -> int:
 
 
 def inspect_subject(args: argparse.Namespace) -> int:
-    def act(config: ToolProfileConfig, store: SqliteTupleStore) -> str:
-        selection = select_profile(
-            config,
-            principal_profile=None,
-            stored_assignment=store.get_assignment(args.subject, args.zone),
-            role=args.role,
-        )
-        direct = {
+    """Print what the subject would see; reads the grants database, creates nothing.
+
+    Without a database (no server or command has used this data directory yet) the
+    subject has no assignment and no direct grants: its role's profile applies.
+    """
+    config = _load_config(args)
+    if config is None:
+        return EXIT_CONFIG
+    try:
+        store = _open_for_reading(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        _print_inspection(args, config, store)
+    finally:
+        if store is not None:
+            store.close()
+    return EXIT_OK
+
+
+def known_tools(config: ToolProfileConfig) -> frozenset[str]:
+    """Every tool a profile names or a registered server classifies (the registry ``serve``
+    loads: ``registry.directory``, else the shipped one)."""
+    settings = load_state_settings()
+    registries = load_registry_dir(settings.registry.directory or default_registry_dir())
+    tools = {tool for profile in config.profiles.values() for tool in profile.tools}
+    tools.update(
+        entry.tool_name for registry in registries.registries.values() for entry in registry.entries
+    )
+    return frozenset(tools)
+
+
+def _print_inspection(
+    args: argparse.Namespace, config: ToolProfileConfig, store: SqliteTupleStore | None
+) -> None:
+    assignment = store.get_assignment(args.subject, args.zone) if store is not None else None
+    direct = (
+        {
             to_tool_name(o)
             for o in store.list_objects(args.subject, DIRECT_RELATION, args.zone, TOOLS_PREFIX)
         }
-        print(f"subject: {args.subject}")
-        print(f"zone: {args.zone}")
-        if selection.name is None:
-            print(f"profile: none ({selection.source}): the subject sees no tools")
-            return ""
-        print(f"profile: {selection.name} (from {selection.source})")
-        profile_tools = config.profiles[selection.name].tools
-        sources: dict[str, list[str]] = {}
-        for tool in profile_tools:
-            sources.setdefault(tool, []).append(f"profile:{selection.name}")
-        for tool in direct:
-            sources.setdefault(tool, []).append("direct")
-        rows = [(tool, ", ".join(sources[tool])) for tool in sorted(sources)]
-        _print_table(("TOOL", "SOURCE"), rows)
-        stored = store.list_objects(args.subject, PROFILE_RELATION, args.zone, TOOLS_PREFIX)
-        if {to_tool_name(o) for o in stored} != profile_tools:
-            print("note: stored profile grants differ; the next session brings them in line")
-        return ""
+        if store is not None
+        else set()
+    )
+    selection = select_profile(
+        config, principal_profile=None, stored_assignment=assignment, role=args.role
+    )
+    print(f"subject: {args.subject}")
+    print(f"zone: {args.zone}")
+    if selection.name is None:
+        print(f"profile: none ({selection.source}): the subject sees no tools")
+        return
+    print(f"profile: {selection.name} (from {selection.source})")
+    profile_tools = config.profiles[selection.name].tools
+    sources: dict[str, list[str]] = {}
+    for tool in profile_tools:
+        sources.setdefault(tool, []).append(f"profile:{selection.name}")
+    for tool in direct:
+        sources.setdefault(tool, []).append("direct")
+    rows = [(tool, ", ".join(sources[tool])) for tool in sorted(sources)]
+    _print_table(("TOOL", "SOURCE"), rows)
+    stored = _served_profile_tools(store, selection.name, args.zone)
+    if stored is not None and stored != profile_tools:
+        print(STALE_PROFILE_NOTE)
 
-    return _with_store(args, act)
+
+def _served_profile_tools(
+    store: SqliteTupleStore | None, profile: str, zone: str
+) -> frozenset[str] | None:
+    """The tools a server wrote for ``profile`` when it started (``None``: no server has
+    started with this database and zone, so there is nothing to differ from)."""
+    if store is None:
+        return None
+    if not any(s.startswith(PROFILE_SUBJECT_PREFIX) for s in store.list_subjects(zone)):
+        return None
+    objects = store.list_objects(profile_subject(profile), PROFILE_RELATION, zone, TOOLS_PREFIX)
+    return frozenset(to_tool_name(o) for o in objects)
+
+
+def _open_for_reading(args: argparse.Namespace) -> SqliteTupleStore | None:
+    """The grants database ``serve`` uses (or ``--db``), read-only; ``None`` if absent."""
+    db = args.db if args.db is not None else grants_path(load_state_settings(args.data_dir))
+    if not db.exists():
+        return None
+    return SqliteTupleStore(db, read_only=True)
+
+
+def _add_subject(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "subject", metavar="SUBJECT",
+        help="the caller: a token's 'sub' claim, or NEXUS_MCP_SUBJECT on stdio",
+    )  # fmt: skip
 
 
 def _add(
@@ -211,7 +316,7 @@ def _with_store(
     if config is None:
         return EXIT_CONFIG
     try:
-        store = SqliteTupleStore(args.db or default_grants_path())
+        store = _open_store(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -224,6 +329,19 @@ def _with_store(
     if message:
         print(f"{to_log_subject(args.subject)}: {message}")
     return EXIT_OK
+
+
+def _open_store(args: argparse.Namespace) -> SqliteTupleStore:
+    """The grants database ``serve`` uses (or ``--db``), its folder made and writable."""
+    if args.db is not None:
+        return SqliteTupleStore(args.db)  # its own error names the file given
+    settings = load_state_settings(args.data_dir)
+    db = grants_path(settings)
+    # A folder that cannot be made or written is one line naming the setting to change.
+    prepare_folder(
+        db.parent, GRANTS_DB_SETTING if settings.profiles.grants_db else DATA_DIR_SETTING
+    )
+    return SqliteTupleStore(db)
 
 
 def _refuse(message: str) -> int:

@@ -43,11 +43,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     commands = parser.add_subparsers(dest="registry_command", required=True)
 
     validate = commands.add_parser("validate", help="validate registry files against the contract")
-    validate.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    validate.add_argument(
+        "files", nargs="+", type=Path, metavar="FILE", help="registry files (*.json) to check"
+    )
     validate.set_defaults(func=run_validate)
 
     digest = commands.add_parser("digest", help="print the sha256 of a registry file")
-    digest.add_argument("file", type=Path, metavar="FILE")
+    digest.add_argument("file", type=Path, metavar="FILE", help="a registry file (*.json)")
     digest.set_defaults(func=run_digest)
 
     show = commands.add_parser("show", help="print every classified tool as a table")

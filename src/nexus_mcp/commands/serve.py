@@ -19,12 +19,18 @@ SERVE_OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("--host", "host", "HTTP bind address (default 127.0.0.1)", {}),
     ("--port", "port", "HTTP port (default 8765)", {"type": int}),
     ("--http-path", "http_path", "HTTP endpoint path (default /mcp)", {}),
-    ("--workspace", "workspace", "folder the file and notes tools serve", {"type": Path}),
+    (
+        "--workspace",
+        "workspace",
+        "folder the file and notes tools serve (required)",
+        {"type": Path},
+    ),
     ("--mode", "mode", "prod (default) or dev", {"choices": ["dev", "prod"]}),
     (
         "--data-dir",
         "data_dir",
-        "state folder: audit log, SQLite stores (default ./.nexus-data)",
+        "state folder: audit log, SQLite stores (default: the per-user data directory, "
+        "$XDG_DATA_HOME/nexus-mcp or ~/.local/share/nexus-mcp)",
         {"type": Path},
     ),
     (
@@ -49,12 +55,22 @@ SERVE_OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
 )
 
 
+# The flag behind each setting, so a bad flag value is reported under the flag's name.
+SERVE_FLAGS = {
+    **{dest: flag for flag, dest, _, _ in SERVE_OPTIONS},
+    "read_only": "--read-only",
+    "stateless_http": "--stateless-http",
+}
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="serve the workspace over stdio or streamable HTTP",
         description=(
-            "Serve the workspace tools. Every option can also be set with the environment "
+            "Serve the workspace tools. A workspace is required: --workspace, "
+            "NEXUS_MCP_WORKSPACE or 'workspace' in the --config file. "
+            "Every option can also be set with the environment "
             "variable NEXUS_MCP_<OPTION> (e.g. NEXUS_MCP_PORT=9000) or in the YAML --config "
             "file; flags win over the environment, which wins over the file. The stdio "
             "principal flags other than --subject need --subject in prod; in dev, without "
@@ -92,7 +108,7 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     configure_logging("INFO")
     try:
-        settings = load_settings(config, overrides)
+        settings = load_settings(config, overrides, flags=SERVE_FLAGS)
         configure_logging(settings.log_level)
         server = build_server(settings, config_file=config)
     except ConfigError as exc:
@@ -102,7 +118,10 @@ def run_serve(args: argparse.Namespace) -> int:
         asyncio.run(serve(server))
     except KeyboardInterrupt:
         return 0
+    except ConfigError as exc:  # the HTTP address cannot be listened on
+        sys.stderr.write(f"nexus-mcp: {exc}\n")
+        return 2
     return 0
 
 
-__all__ = ["SERVE_OPTIONS", "add_parser", "run_serve"]
+__all__ = ["SERVE_FLAGS", "SERVE_OPTIONS", "add_parser", "run_serve"]

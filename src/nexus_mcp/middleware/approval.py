@@ -109,7 +109,8 @@ class ApprovalMiddleware(Middleware):
             return await call_next(context)
         policy = self.policies.policy_for_workspace()
         try:
-            decision = self._decide(policy, state)
+            # Path resolution and a folder's walk are file-system work: off the event loop.
+            decision = await asyncio.to_thread(self._decide, policy, state)
         except WritePolicyDeniedError as exc:
             state.policy_decision, state.policy_rule = "denied", str(exc.facts.get("rule"))
             raise
@@ -146,8 +147,10 @@ class ApprovalMiddleware(Middleware):
         if operation in SUBTREE_OPERATIONS:
             # A folder moved or removed as a whole must not carry a protected entry with
             # it (a nested .git/, say), which patterns on the folder's own path cannot see.
-            for name in named:
-                self.workspace.check_subtree(self.workspace.resolve(name))
+            moved_to = named[1] if operation == "rename" and len(named) == 2 else None
+            self.workspace.check_subtree(
+                operation, self.workspace.named(named[0]), moved_to=moved_to
+            )
         return decision
 
     async def _check_token(self, state: CallState) -> None:

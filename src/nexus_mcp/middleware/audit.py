@@ -2,8 +2,16 @@
 
 It sits inside the envelope, so it sees typed refusals before they are translated, and
 records the real reason of a hidden-tool refusal that the client only sees as
-"Unknown tool". ``tool_call_started`` is emitted by the connector at the moment the tool
+"Unknown tool". ``tool_call_started`` is built by the connector at the moment the tool
 function really starts (see ``AuditTrail.started``): a blocked call never started.
+
+Audit durability follows consequence. Two invariants hold for every call: no side effect
+starts before its intent (``tool_call_started``) is written, and no result leaves the
+server before its record is written. So a write-class call's started event is written
+before the tool runs; a read-class call's started and finished events are written
+together, in one write, after the tool returns (or fails, times out or is cancelled) and
+before the result goes back up the chain. Both events keep every field, and the started
+event its own time.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from nexus_mcp.calls import PLUMBING_ARGS, CallState, current_call
 from nexus_mcp.decorator import ToolContract
 from nexus_mcp.errors import Code, NexusError
 from nexus_mcp.middleware.envelope import to_wire_error
-from nexus_mcp.policy.hashing import digest_arguments
+from nexus_mcp.policy.hashing import fingerprint_arguments
 
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"
 MAX_LOGGED_VALUE_CHARS = 256
@@ -54,14 +62,25 @@ class AuditTrail:
         self.registry_info = registry_info
 
     def started(self, contract: ToolContract, state: CallState) -> None:
-        self.log.emit(self._event(TOOL_CALL_STARTED, state, outcome=None))
+        event = self._event(TOOL_CALL_STARTED, state, outcome=None)
+        if state.audit_finishes and _is_read_class(contract, state):
+            # Nothing to announce before a read runs: it changes nothing. Its intent goes
+            # out with its finished event, before the result leaves (``finished``).
+            state.started_event = event
+        else:
+            self.log.emit(event)
 
     def finished(self, state: CallState, *, outcome: str, error: NexusError | None = None) -> None:
         # A replay answered from the idempotency record finished (with the recorded result)
         # without running the tool again; it was not blocked.
         finished = state.executed or state.idempotency_outcome == "replayed"
         kind = TOOL_CALL_FINISHED if finished else TOOL_CALL_BLOCKED
-        self.log.emit(self._event(kind, state, outcome=outcome, error=error))
+        event = self._event(kind, state, outcome=outcome, error=error)
+        started, state.started_event = state.started_event, None
+        if started is None:
+            self.log.emit(event)
+        else:
+            self.log.emit_many((started, event))  # one write: both lines or neither
 
     def _event(
         self, kind: str, state: CallState, *, outcome: str | None, error: NexusError | None = None
@@ -132,7 +151,7 @@ class AuditTrail:
     def _args_digest(state: CallState) -> str:
         # Computed once per call: the started and finished events carry the same digest.
         if state.args_digest is None:
-            state.args_digest = digest_arguments(state.arguments, exclude=PLUMBING_ARGS)
+            state.args_digest = fingerprint_arguments(state.arguments, exclude=PLUMBING_ARGS)
         return state.args_digest
 
     @staticmethod
@@ -156,6 +175,14 @@ class AuditTrail:
         return out or None
 
 
+def _is_read_class(contract: ToolContract, state: CallState) -> bool:
+    """Every view of the call agrees it only reads: the tool's declared risk, the registry
+    class the connector has just computed, and the gateway's class when that layer ran."""
+    if contract.risk != "read" or state.tool_class != "read":
+        return False
+    return getattr(state.classification, "tool_class", "read") == "read"
+
+
 def _safe_facts(error: NexusError | None) -> dict[str, Any] | None:
     if error is None or not error.facts:
         return None
@@ -172,6 +199,8 @@ class AuditMiddleware(Middleware):
         state = current_call()
         if state is None:  # pragma: no cover - the envelope always opens one
             return await call_next(context)
+        # Every way out below writes the call's end record, so a read's start may wait.
+        state.audit_finishes = True
         try:
             result = await call_next(context)
         except FastMCPNotFoundError:

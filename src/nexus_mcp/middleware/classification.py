@@ -32,9 +32,13 @@ from nexus_mcp.calls import (
     current_call,
 )
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
-from nexus_mcp.errors import Code, NexusError
+from nexus_mcp.errors import Code, InvalidInputError, NexusError
 from nexus_mcp.middleware.envelope import invalid_input_from
-from nexus_mcp.policy.hashing import digest_arguments
+from nexus_mcp.policy.hashing import (
+    PROBLEM_UNREPRESENTABLE,
+    digest_arguments,
+    first_unrepresentable,
+)
 from nexus_mcp.stores.idempotency import (
     Claim,
     ClaimStatus,
@@ -71,6 +75,7 @@ class ClassificationMiddleware(Middleware):
         if state is None:  # pragma: no cover - the envelope always opens one
             return await call_next(context)
         model = self.argument_models.get(state.tool_name)
+        refuse_unrepresentable(state.arguments, model)
         if model is not None:
             # Seed 000 gateway rule 1: validate the call before deriving anything from it.
             # The very arguments object FastMCP will hand the tool is validated, so the
@@ -90,6 +95,8 @@ class ClassificationMiddleware(Middleware):
         self, state: CallState, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
         digest = digest_arguments(state.arguments, exclude=PLUMBING_ARGS)
+        # The audit's fingerprint of these (representable) arguments is this same digest.
+        state.args_digest = digest
         # The target identity may look at the file system: one worker hop for it and the claim.
         scope, claim = await asyncio.to_thread(self._begin, state, digest)
         if claim.status is ClaimStatus.IN_PROGRESS:
@@ -136,6 +143,19 @@ class ClassificationMiddleware(Middleware):
         else:
             self.store.mark_unknown(claim)
             state.idempotency_outcome = "outcome_unknown"
+
+
+def refuse_unrepresentable(arguments: Mapping[str, Any], model: type[BaseModel] | None) -> None:
+    """``INVALID_INPUT`` for a number JSON has no text for (``NaN``, ``Infinity``, an integer
+    past Python's digit limit), before anything is derived from the arguments: nothing
+    downstream (validation, idempotency and approval digests, document hashes) meets one.
+
+    Names the argument only when the tool declares it (the caller chose any other name).
+    """
+    name = first_unrepresentable(arguments)
+    if name is not None:
+        declared = model is not None and name in model.model_fields
+        raise InvalidInputError(field=name if declared else None, problem=PROBLEM_UNREPRESENTABLE)
 
 
 def _is_refusal(exc: BaseException) -> bool:

@@ -1,11 +1,12 @@
 """EnvelopeMiddleware: the outermost layer and the only place that catches ``Exception``.
 
 Every refusal and failure of a ``tools/call`` leaves as the error envelope of DESIGN.md:
-``isError: true``, text content ``{"error", "code"}`` JSON and the same object as
-``structuredContent``. Unknown tools keep FastMCP's own answer (``Unknown tool: '<name>'``)
-so that a hidden tool cannot be told from a missing one. Failures of other requests are
-re-raised as a masked JSON-RPC error, because on handshake-era connections FastMCP would
-pass a plain exception's text to the client (FASTMCP4_GUIDE 1.5).
+``isError: true`` and text content ``{"error", "code"}`` JSON, with no ``structuredContent``
+(clients validate that against the tool's output schema even on errors). Unknown tools keep
+FastMCP's own answer (``Unknown tool: '<name>'``) so that a hidden tool cannot be told from
+a missing one. Failures of other requests are re-raised as a masked JSON-RPC error, because
+on handshake-era connections FastMCP would pass a plain exception's text to the client
+(FASTMCP4_GUIDE 1.5).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import json
 import re
 from typing import Any
 
+import mcp_types
 from fastmcp.exceptions import FastMCPError, ToolError
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.exceptions import ValidationError as FastMCPValidationError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools import ToolResult
 from mcp.shared.exceptions import MCPError
-from mcp_types import TextContent
+from mcp_types import INVALID_PARAMS, TextContent
 from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.calls import META_CORRELATION_ID, CallState, nexus_meta, open_call
@@ -32,6 +34,8 @@ log = get_logger(__name__)
 
 _CORRELATION_RE = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 INTERNAL_JSONRPC_CODE = -32603
+# What the SDK answers a request whose params do not validate (mcp.shared.jsonrpc_dispatcher).
+INVALID_PARAMS_MESSAGE = "Invalid request parameters"
 # What logs say instead of a tool name the chain has not matched to a tool (as the audit).
 UNREGISTERED_TOOL = "(unregistered)"
 
@@ -65,10 +69,12 @@ def invalid_input_from(cause: BaseException | None) -> InvalidInputError:
 
 
 def to_envelope(error: NexusError) -> ToolResult:
+    """The envelope as text content only. Never ``structuredContent``: the TypeScript SDK
+    1.x and the MCP Inspector validate it against the tool's ``outputSchema`` even when
+    ``isError`` is set, and throw on a refusal instead of showing it (DESIGN.md)."""
     payload = error.to_payload()
     return ToolResult(
         content=[TextContent(type="text", text=json.dumps(payload, separators=(",", ":")))],
-        structured_content=payload,
         is_error=True,
     )
 
@@ -158,9 +164,44 @@ class EnvelopeMiddleware(Middleware):
             return await call_next(context)
         except (MCPError, FastMCPError, FastMCPNotFoundError):
             raise
+        except PydanticValidationError as exc:
+            if not is_request_validation(exc):
+                raise _masked_internal(context, exc) from exc
+            # The client's request does not have the protocol's shape: the SDK's own
+            # answer (-32602, fixed message, empty data, so no value is echoed), and a
+            # client mistake is not a server fault, so no ERROR line.
+            log.warning(
+                "request_invalid_params",
+                method=context.method,
+                problem=_first_error_type(exc),
+            )
+            raise MCPError(code=INVALID_PARAMS, message=INVALID_PARAMS_MESSAGE, data="") from exc
         except Exception as exc:  # masked: never let exception text reach the client
-            log.error("request_internal_error", method=context.method, exc_type=type(exc).__name__)
-            raise MCPError(code=INTERNAL_JSONRPC_CODE, message="Internal server error") from exc
+            raise _masked_internal(context, exc) from exc
+
+
+def is_request_validation(exc: PydanticValidationError) -> bool:
+    """Whether ``exc`` is the SDK refusing a request's shape (its params), not our fault.
+
+    The SDK validates a request against the protocol's ``<Method>Request`` model (or its
+    ``<Method>RequestParams``), and the error names that model; any other model failing
+    inside a request is a server bug.
+    """
+    model = getattr(mcp_types, exc.title, None)
+    return isinstance(model, type) and issubclass(
+        model, mcp_types.Request | mcp_types.RequestParams
+    )
+
+
+def _first_error_type(exc: PydanticValidationError) -> str:
+    # pydantic's error type ("dict_type", "missing"): says what is wrong, never the value.
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    return str(errors[0].get("type")) if errors else "validation"
+
+
+def _masked_internal(context: MiddlewareContext[Any], exc: Exception) -> MCPError:
+    log.error("request_internal_error", method=context.method, exc_type=type(exc).__name__)
+    return MCPError(code=INTERNAL_JSONRPC_CODE, message="Internal server error")
 
 
 __all__ = [

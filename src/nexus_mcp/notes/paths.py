@@ -2,8 +2,9 @@
 
 The rules are Knowtation's hosted ones: a string, trimmed (JavaScript whitespace),
 backslashes turned into ``/``, no leading ``/``, no Windows drive, no NUL, empty
-segments dropped, no ``..`` segment. A refusal is ``UpstreamError.invalid_path()``,
-whose message never holds the input.
+segments dropped, no ``..`` segment; and no lone surrogate, which names no file (a
+hosted read would fail to encode it, as JavaScript's ``encodeURIComponent`` does). A
+refusal is ``UpstreamError.invalid_path()``, whose message never holds the input.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
+from nexus_mcp.confinement import is_unicode_text
 from nexus_mcp.errors import UpstreamError
 from nexus_mcp.notes.javascript import js_trim
 
@@ -34,6 +36,7 @@ def normalize_note_path(value: object) -> str:
     if (
         not forward
         or "\x00" in forward
+        or not is_unicode_text(forward)
         or forward.startswith(PATH_SEPARATOR)
         or _DRIVE_RE.match(forward)
     ):
@@ -55,6 +58,7 @@ def check_normalized_path(path: object) -> str:
         not isinstance(path, str)
         or not path
         or "\x00" in path
+        or not is_unicode_text(path)
         or "\\" in path
         or path.startswith(PATH_SEPARATOR)
         or _DRIVE_RE.match(path)

@@ -83,6 +83,8 @@ ENV_AUDIENCE = "NEXUS_MCP_APPROVAL_AUDIENCE"
 ENV_ISSUER = "NEXUS_MCP_APPROVAL_ISSUER"
 ENV_TTL = "NEXUS_MCP_APPROVAL_TTL_SECONDS"
 CONFIG_SECTION = "approvals"
+# Said by every minting path (POST /approvals/mint, ``nexus-mcp approvals mint``) alike.
+NOT_A_WRITE_TOOL_MESSAGE = "tool is not a write tool of this server"
 
 ApprovalMode = Literal["token", "elicit"]
 ApprovalDecision = Literal["token", "elicit", "deny"]
@@ -185,6 +187,16 @@ class HasApprovalMode(Protocol):
 def digest_approved_arguments(arguments: Mapping[str, Any]) -> str:
     """The canonical sha256 a token binds: every argument except the excluded two."""
     return digest_arguments(dict(arguments), exclude=EXCLUDED_ARGUMENTS)
+
+
+def check_mintable_tool(tool_class: str | None) -> None:
+    """Refuse to approve anything but a write tool of this server (``None``: unknown tool).
+
+    A token for a read tool or an unknown name would approve nothing, and minting one
+    anyway hides the operator's mistake until the call fails; every minting path asks here.
+    """
+    if tool_class != "write":
+        raise InvalidInputError(NOT_A_WRITE_TOOL_MESSAGE, reason="not_a_write_tool")
 
 
 def mint_approval_token(
@@ -535,6 +547,7 @@ __all__ = [
     "MAX_APPROVAL_TTL_SECONDS",
     "MIN_APPROVAL_TTL_SECONDS",
     "MIN_SECRET_BYTES",
+    "NOT_A_WRITE_TOOL_MESSAGE",
     "REQUIRED_CLAIMS",
     "ApprovalClaims",
     "ApprovalDecision",
@@ -543,6 +556,7 @@ __all__ = [
     "ApprovalSettings",
     "HasApprovalMode",
     "approval_jti_digest",
+    "check_mintable_tool",
     "decide_approval_mode",
     "digest_approved_arguments",
     "enforce_approval",

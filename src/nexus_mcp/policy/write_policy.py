@@ -351,10 +351,6 @@ class PathGate:
     def check_paths(self, operation: str, paths: Sequence[str]) -> None:
         check_write(self.policy, operation=operation, paths=paths)
 
-    def check_entry(self, path: str) -> None:
-        if is_path_disallowed(self.policy, path):
-            raise WritePolicyDeniedError(rule=RULE_DISALLOWED_SUBTREE)
-
 
 def is_path_disallowed(policy: WritePolicy | None, path: str) -> bool:
     """True when ``path`` (or an ancestor) matches a disallowed entry, defaults included."""

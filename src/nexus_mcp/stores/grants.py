@@ -95,15 +95,24 @@ class TupleStore(Protocol):
 class SqliteTupleStore:
     """``TupleStore`` on one SQLite file, safe across threads and processes."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
+        """Open the database at ``path``, creating its folder, file and schema if needed.
+
+        ``read_only`` is for inspection: it opens an existing database only, creates
+        nothing (no folder, no file, no schema) and refuses every write.
+        """
         self._path = Path(path)
+        self._read_only = read_only
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._create_schema(self._connection())
+            if read_only:
+                self._check_schema(self._connection())
+            else:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                self._create_schema(self._connection())
         except (OSError, sqlite3.Error) as exc:
             self.close()
             raise ConfigError(
@@ -252,18 +261,35 @@ class SqliteTupleStore:
             # check_same_thread=False only so close() may close it from another thread;
             # each connection is otherwise used by the thread that opened it.
             conn = sqlite3.connect(
-                self._path,
+                self._uri() if self._read_only else self._path,
                 timeout=BUSY_TIMEOUT_SECONDS,
                 isolation_level=None,
                 check_same_thread=False,
+                uri=self._read_only,
             )
             self._connections.append(conn)
+        if self._read_only:
+            conn.execute("PRAGMA query_only = ON")
         conn.execute("PRAGMA synchronous = NORMAL")
         self._local.conn = conn
         return conn
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self._connection())
+
+    def _uri(self) -> str:
+        # mode=rw never creates the file; query_only (above) refuses every write. Not
+        # mode=ro: a read-only connection cannot remove the WAL files it opens, so it
+        # would leave them behind, while this one's close checkpoints and removes them.
+        return self._path.absolute().as_uri() + "?mode=rw"
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version != SCHEMA_VERSION:
+            raise ConfigError(
+                f"{self._path}: not a grants database this server understands"
+                f" (schema {version}, expected {SCHEMA_VERSION})"
+            )
 
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA journal_mode = WAL")

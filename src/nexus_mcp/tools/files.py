@@ -24,6 +24,8 @@ from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import ConflictError, InvalidInputError
 from nexus_mcp.search import (
     CAP_RESULTS,
+    CAP_TIME,
+    SandboxStopped,
     ScanBudget,
     bounded,
     compile_glob,
@@ -31,6 +33,7 @@ from nexus_mcp.search import (
     grep_file,
     has_allowed_extension,
     is_binary,
+    line_finder,
 )
 from nexus_mcp.settings import Settings
 from nexus_mcp.workspace import CommitGuard, Workspace, guarded
@@ -263,7 +266,9 @@ def build_files_tools(
             budget = ScanBudget(caps)
             matches: list[str] = []
             with workspace.open_dir(target) as (dir_fd, base):
-                for found in bounded(workspace.walk_files(dir_fd, base), budget):
+                for found in bounded(
+                    workspace.walk_files(dir_fd, base, stop=budget.out_of_time), budget
+                ):
                     if matcher.match(found.below):
                         if len(matches) >= caps.max_results:
                             budget.cut(CAP_RESULTS)
@@ -290,36 +295,44 @@ def build_files_tools(
     ) -> GrepResult:
         """Search text files for a string or regex, within the workload caps of the server."""
         matcher = compile_matcher(pattern, regex=regex, case_sensitive=case_sensitive, caps=caps)
-        file_filter = compile_glob(glob) if glob is not None else None
+        file_filter = compile_glob(glob, field="glob") if glob is not None else None
         target = workspace.named(path)
 
         def scan() -> GrepResult:
             budget = ScanBudget(caps)
             files: list[GrepFile] = []
-            with workspace.open_dir(target) as (dir_fd, base):
-                for found_file in bounded(workspace.walk_files(dir_fd, base), budget):
-                    if not has_allowed_extension(found_file.relative, caps):
-                        continue
-                    if file_filter is not None and not file_filter.match(found_file.below):
-                        continue
-                    found = grep_file(found_file, matcher, caps)
-                    if not found or not found[0]:
-                        continue
-                    if len(files) >= caps.max_results:
-                        budget.cut(CAP_RESULTS)
-                        break
-                    lines, more = found
-                    if more:
-                        budget.cut("max_matches_per_file")
-                    files.append(
-                        GrepFile(
-                            path=found_file.relative,
-                            matches=[
-                                GrepLine(line_number=m.line_number, text=m.text) for m in lines
-                            ],
-                            more_in_file=more,
+            try:
+                with (
+                    workspace.open_dir(target) as (dir_fd, base),
+                    line_finder(matcher, regex=regex, caps=caps, deadline=budget.deadline) as find,
+                ):
+                    for found_file in bounded(
+                        workspace.walk_files(dir_fd, base, stop=budget.out_of_time), budget
+                    ):
+                        if not has_allowed_extension(found_file.relative, caps):
+                            continue
+                        if file_filter is not None and not file_filter.match(found_file.below):
+                            continue
+                        found = grep_file(workspace, found_file, find, caps)
+                        if not found or not found[0]:
+                            continue
+                        if len(files) >= caps.max_results:
+                            budget.cut(CAP_RESULTS)
+                            break
+                        lines, more = found
+                        if more:
+                            budget.cut("max_matches_per_file")
+                        files.append(
+                            GrepFile(
+                                path=found_file.relative,
+                                matches=[
+                                    GrepLine(line_number=m.line_number, text=m.text) for m in lines
+                                ],
+                                more_in_file=more,
+                            )
                         )
-                    )
+            except SandboxStopped:  # a regex ran past the time budget: its child was killed
+                budget.cut(CAP_TIME)
             return GrepResult(
                 files=files,
                 files_scanned=budget.files_scanned,

@@ -8,13 +8,18 @@ from pathlib import Path
 
 import jwt
 import pytest
+from fastmcp.utilities.tests import asgi_server
 
+from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.commands.approvals import add_parser
 from nexus_mcp.policy.approvals import (
     ApprovalKeys,
     ApprovalSettings,
     verify_approval_token,
 )
+from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
+from nexus_mcp.server import build_server
+from nexus_mcp.settings import Settings
 
 SECRET = "CANARY-cli-secret-0123456789abcdefghijkl"
 NEW_SECRET = "CANARY-new-secret-0123456789abcdefghijkl"
@@ -157,6 +162,9 @@ def test_tokens_from_a_rotated_out_key_verify_while_the_key_is_kept(
     [
         ["--args", "not json"],
         ["--args", "[1, 2]"],
+        ["--args", '{"path": NaN}'],  # Python reads NaN and Infinity; JSON has neither
+        ["--args", '{"n": [-Infinity]}'],
+        ["--args", '{"n": ' + "9" * 5000 + "}"],  # past Python's digit limit
         ["--args", "@/nonexistent/args.json"],
         ["--ttl", "600"],
         ["--config", "/nonexistent/nexus.yaml"],
@@ -214,3 +222,104 @@ def test_the_secret_is_never_printed(
     assert "error: " in printed
     assert SECRET not in printed
     assert NEW_SECRET not in printed
+
+
+# -- mint approves only a write tool of this server, as POST /approvals/mint does ---------
+
+MINT_ARGS = {"path": "scratch/a.txt", "content": "x"}
+HOSTILE_NAMES = [
+    "no_such_tool",
+    "NEXUS_WRITE_FILE",
+    "nexus_write_file ",
+    "nexus_write_file\u200b",
+    "../nexus_write_file",
+    "nexus/nexus_write_file",
+    "nexus_write_file\n",
+]
+
+
+def write_config(tmp_path: Path, extra: str = "") -> Path:
+    config = tmp_path / "nexus.yaml"
+    config.write_text(f"approvals:\n  secret: {SECRET}\n{extra}", encoding="utf-8")
+    return config
+
+
+def cli_mint(capsys: pytest.CaptureFixture[str], config: Path, tool: str) -> tuple[int, str, str]:
+    argv = ["approvals", "mint", "--config", str(config), "--tool", tool]
+    code = run([*argv, "--subject", "dev", "--approver", "alice", "--args", json.dumps(MINT_ARGS)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+async def test_mint_refuses_every_tool_the_mint_endpoint_refuses_with_the_same_answer(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = write_config(tmp_path)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    settings = Settings(mode="dev", transport="http", workspace=workspace, data_dir=tmp_path / "d")
+    server = build_server(settings, config_file=config, audit_sinks=[MemoryAuditSink()])
+    registry = load_registry_dir(default_registry_dir()).get("nexus")
+    assert registry is not None
+    tools = [entry.tool_name for entry in registry.entries] + HOSTILE_NAMES
+    try:
+        async with asgi_server(server.mcp) as running, running.http_client() as http:
+            for tool in tools:
+                response = await http.post(
+                    "/approvals/mint", json={"tool": tool, "arguments": MINT_ARGS}
+                )
+                capsys.readouterr()  # the server's own log lines
+                code, out, err = cli_mint(capsys, config, tool)
+                if response.status_code == 200:
+                    assert code == 0, tool
+                    assert out.count(".") == 2, tool  # a JWT
+                else:
+                    body = response.json()
+                    assert (response.status_code, body["code"]) == (400, "INVALID_INPUT"), tool
+                    assert (code, out) == (1, ""), tool
+                    assert err == f"error: {body['error']} ({body['code']})\n", tool
+    finally:
+        server.close()
+    write_tools = {e.tool_name for e in registry.entries if e.tool_class == "write"}
+    assert write_tools and write_tools < set(tools)
+
+
+@pytest.mark.parametrize("tool", ["nexus_read_file", "get_note_outline", *HOSTILE_NAMES])
+def test_mint_for_a_tool_that_is_not_a_write_tool_exits_1_and_prints_no_token(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tool: str
+) -> None:
+    code, out, err = cli_mint(capsys, write_config(tmp_path), tool)
+
+    assert (code, out) == (1, "")
+    assert err.endswith("(INVALID_INPUT)\n")
+
+
+def test_mint_asks_the_registry_the_config_file_names(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Another server id: its registry has no nexus_write_file, so nothing can be approved.
+    config = write_config(tmp_path, "registry:\n  server_id: elsewhere\n")
+
+    assert cli_mint(capsys, config, "nexus_write_file")[0] == 1
+    assert cli_mint(capsys, write_config(tmp_path), "nexus_write_file")[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--ttl", "5"], "--ttl"),
+        (["--ttl", "301"], "--ttl"),
+        (["--audience", ""], "--audience"),
+        (["--audience", "a" * 257], "--audience"),
+        (["--issuer", ""], "--issuer"),
+    ],
+)
+@pytest.mark.usefixtures("secret_env")
+def test_a_bad_flag_value_names_the_flag(
+    capsys: pytest.CaptureFixture[str], extra: list[str], flag: str
+) -> None:
+    assert run(["approvals", "mint", *BINDING, "--approver", "alice", *extra]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"error: {flag}: ")
+    assert "approvals." not in err and "NEXUS_MCP_" not in err

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
 
+from nexus_mcp.access import GrantedTools
 from nexus_mcp.commands.profiles import add_parser, default_grants_path
 from nexus_mcp.policy.grants import visible_tools
 from nexus_mcp.policy.profiles import load_profiles
@@ -92,7 +94,7 @@ def test_revoke_profile_removes_profile_grants_and_assignment_but_not_direct_gra
     data_dir: Path,
 ) -> None:
     run("profiles", "assign", "alice", "full")
-    run("profiles", "grant", "alice", "custom_tool")
+    run("profiles", "grant", "alice", "custom_tool", "--allow-unknown-tool")
 
     assert run("profiles", "revoke", "alice", "--profile") == 0
 
@@ -206,5 +208,166 @@ def test_default_database_lives_in_the_data_dir(
     assert default_grants_path() == data_dir / "grants.sqlite3"
 
     monkeypatch.delenv("NEXUS_MCP_DATA_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(data_dir.parent / "xdg"))
 
-    assert default_grants_path() == Path(".nexus-data") / "grants.sqlite3"
+    # The per-user data directory serve uses, never the current folder.
+    assert default_grants_path() == data_dir.parent / "xdg" / "nexus-mcp" / "grants.sqlite3"
+
+
+# -- grant: only tools a profile or a registered server has --------------------------------
+
+REGISTRIES = Path(__file__).resolve().parents[3] / "schemas" / "mcp" / "registries"
+
+
+def notes(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("note:")]
+
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    """Every file below ``folder`` with its bytes ({} when the folder does not exist)."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        "nexus_read_fil",  # a typo
+        "Nexus_read_file",  # tool names are case-sensitive
+        "nexus.read_file",
+        "nexus_read_file_",
+        "create_issue",  # a tool of a server that is not registered
+        "a" * 128,
+    ],
+)
+def test_granting_a_tool_no_profile_or_server_has_is_refused_and_creates_nothing(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], tool: str
+) -> None:
+    assert run("profiles", "grant", "alice", tool) == 1
+
+    err = capsys.readouterr().err
+    assert "NOT_FOUND" in err and "--allow-unknown-tool" in err
+    assert tool not in err
+    assert not data_dir.exists()
+
+
+def test_allow_unknown_tool_grants_a_tool_of_a_server_not_connected_yet(data_dir: Path) -> None:
+    assert run("profiles", "grant", "alice", "create_issue", "--allow-unknown-tool") == 0
+
+    assert stored_state(data_dir, "alice")[0] == {"create_issue"}
+
+
+def test_an_invalid_tool_name_is_refused_even_with_allow_unknown_tool(
+    data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("profiles", "grant", "alice", "../escape", "--allow-unknown-tool") == 1
+
+    assert "INVALID_INPUT" in capsys.readouterr().err
+    assert not data_dir.exists()
+
+
+def test_a_tool_only_a_registered_upstream_server_has_can_be_granted(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registries = tmp_path / "registries"
+    registries.mkdir()
+    (registries / "nexus.json").write_bytes((REGISTRIES / "nexus.json").read_bytes())
+    upstream = {
+        "schema_id": "talos.mcp.tool_registry",
+        "schema_version": "v1",
+        "server_id": "github",
+        "server_version": "1.0.0",
+        "tools": [{"tool_name": "create_issue", "tool_class": "write", "is_document_op": False}],
+    }
+    (registries / "github.json").write_text(json.dumps(upstream), encoding="utf-8")
+    monkeypatch.setenv("NEXUS_MCP_REGISTRY__DIRECTORY", str(registries))
+
+    assert run("profiles", "grant", "alice", "create_issue") == 0
+
+    assert stored_state(data_dir, "alice")[0] == {"create_issue"}
+
+
+def test_a_tool_only_a_profile_names_can_be_granted(data_dir: Path, tmp_path: Path) -> None:
+    profiles = tmp_path / "p.yaml"
+    profiles.write_text("default_profile: solo\nprofiles:\n  solo: {tools: [only_tool]}\n")
+
+    assert run("profiles", "grant", "alice", "only_tool", "--profiles", str(profiles)) == 0
+
+    assert stored_state(data_dir, "alice")[0] == {"only_tool"}
+
+
+# -- inspect: reads only, and notes only a real difference ---------------------------------
+
+
+@pytest.mark.parametrize("role", ["viewer", "admin", "no-such-role"])
+def test_inspect_without_a_database_creates_nothing_and_prints_no_note(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], role: str
+) -> None:
+    assert run("profiles", "inspect", "bob", "--role", role) == 0
+
+    out = capsys.readouterr().out
+    assert "(from role)" in out
+    assert notes(out) == []
+    assert not data_dir.exists()
+
+
+def test_inspect_of_a_db_path_that_does_not_exist_creates_neither_file_nor_folder(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    db = tmp_path / "absent" / "grants.sqlite3"
+
+    assert run("profiles", "inspect", "bob", "--db", str(db)) == 0
+
+    assert not db.parent.exists()
+    assert not data_dir.exists()
+
+
+def test_inspect_leaves_an_existing_database_exactly_as_it_was(
+    data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run("profiles", "assign", "alice", "coding")
+    run("profiles", "grant", "alice", "nexus_grep")
+    before = files_in(data_dir)
+
+    for subject in ("alice", "bob", "profile:full"):
+        assert run("profiles", "inspect", subject) == 0
+
+    assert files_in(data_dir) == before
+    assert notes(capsys.readouterr().out) == []
+
+
+def start_server_grants(db: Path, profiles_file: Path = REPO_CONFIG) -> None:
+    """What a server does with the grants database when it starts: write every profile."""
+    store = SqliteTupleStore(db)
+    try:
+        GrantedTools(store, load_profiles(profiles_file), write_tools=()).grant_profiles()
+    finally:
+        store.close()
+
+
+def test_inspect_prints_no_note_when_the_served_profiles_match_the_file(
+    data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start_server_grants(data_dir / "grants.sqlite3")
+    run("profiles", "assign", "alice", "minimal")
+    capsys.readouterr()
+
+    for argv in (("alice",), ("bob", "--role", "editor"), ("carol", "--role", "admin")):
+        assert run("profiles", "inspect", *argv) == 0
+        assert notes(capsys.readouterr().out) == []
+
+
+def test_inspect_notes_a_served_profile_that_differs_from_the_file(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start_server_grants(data_dir / "grants.sqlite3")
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(
+        "default_profile: minimal\nroles: {viewer: minimal}\n"
+        "profiles:\n  minimal: {tools: [nexus_read_file]}\n"
+    )
+
+    assert run("profiles", "inspect", "bob", "--role", "viewer", "--profiles", str(edited)) == 0
+
+    assert len(notes(capsys.readouterr().out)) == 1

@@ -154,3 +154,11 @@ def test_check_normalized_path_refuses_anything_not_already_safe(path: str) -> N
 def test_check_normalized_path_never_rewrites_a_path() -> None:
     assert check_normalized_path(": ") == ": "
     assert check_normalized_path(" a/b ") == " a/b "
+
+
+@pytest.mark.parametrize("raw", ["\ud800", "inbox/a\udfff.md", "\udcff.md", "a/\udc80/b.md"])
+def test_a_lone_surrogate_names_no_note_and_is_an_invalid_path(raw: str) -> None:
+    for check in (normalize_note_path, check_normalized_path):
+        with pytest.raises(UpstreamError) as caught:
+            check(raw)
+        assert caught.value.to_payload() == {"error": "Invalid path", "code": Code.UPSTREAM_ERROR}

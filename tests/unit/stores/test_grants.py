@@ -248,3 +248,82 @@ def test_the_database_uses_the_wal_journal(store: SqliteTupleStore) -> None:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         raw.close()
+
+
+# -- read_only: inspection that creates and changes nothing --------------------------------
+
+
+def test_read_only_on_a_missing_database_creates_neither_file_nor_folder(tmp_path: Path) -> None:
+    path = tmp_path / "absent" / "grants.sqlite3"
+
+    with pytest.raises(ConfigError):
+        SqliteTupleStore(path, read_only=True)
+
+    assert not path.parent.exists()
+
+
+@pytest.mark.parametrize("name", ["a b?c#d.sqlite3", "x%20y.sqlite3", "ünï.sqlite3"])
+def test_read_only_reads_what_a_writer_stored_whatever_the_file_name(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name
+    writer = SqliteTupleStore(path)
+    writer.write([viewer("alice", "nexus_grep")], ZONE)
+    writer.set_assignment("alice", "coding", ZONE)
+    writer.close()
+
+    reader = SqliteTupleStore(path, read_only=True)
+    try:
+        assert reader.check("alice", "viewer", "/tools/nexus_grep", ZONE)
+        assert reader.get_assignment("alice", ZONE) == "coding"
+        assert reader.list_subjects(ZONE) == ["alice"]
+    finally:
+        reader.close()
+
+
+def test_read_only_refuses_every_write_and_leaves_the_files_as_they_were(tmp_path: Path) -> None:
+    path = tmp_path / "grants.sqlite3"
+    writer = SqliteTupleStore(path)
+    writer.write([viewer("alice", "nexus_grep")], ZONE)
+    writer.close()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    reader = SqliteTupleStore(path, read_only=True)
+    try:
+        for attempt in (
+            lambda: reader.write([viewer("mallory", "nexus_grep")], ZONE),
+            lambda: reader.delete([viewer("alice", "nexus_grep")], ZONE),
+            lambda: reader.set_assignment("mallory", "full", ZONE),
+            lambda: reader.clear_assignment("alice", ZONE),
+        ):
+            with pytest.raises(sqlite3.Error):
+                attempt()
+    finally:
+        reader.close()
+
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_read_only_sees_a_live_writers_changes(tmp_path: Path) -> None:
+    path = tmp_path / "grants.sqlite3"
+    writer = SqliteTupleStore(path)
+    reader = SqliteTupleStore(path, read_only=True)
+    try:
+        writer.set_assignment("alice", "minimal", ZONE)
+        assert reader.get_assignment("alice", ZONE) == "minimal"
+    finally:
+        reader.close()
+        writer.close()
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database at all, just text\n"])
+def test_read_only_refuses_a_file_that_is_not_a_grants_database(
+    tmp_path: Path, content: bytes
+) -> None:
+    path = tmp_path / "grants.sqlite3"
+    path.write_bytes(content)
+
+    with pytest.raises(ConfigError):
+        SqliteTupleStore(path, read_only=True)
+
+    assert path.read_bytes() == content
