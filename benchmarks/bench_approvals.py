@@ -32,6 +32,9 @@ from nexus_mcp.policy.approvals import (
 )
 from nexus_mcp.policy.write_policy import WritePolicy, check_write, count_changed_lines
 from nexus_mcp.stores.nonces import MemoryNonceStore
+from results import Row, progress, report
+
+NAME = "bench_approvals"
 
 SECRET = b"benchmark-secret-0123456789abcdef-0123456789"
 KEYS = ApprovalKeys({"k1": SECRET}, "k1")
@@ -49,10 +52,14 @@ def time_median(function: Callable[[], Any], rounds: int, inner: int) -> float:
     return statistics.median(samples)
 
 
-def report(name: str, measured: float, baseline_name: str, baseline: float) -> None:
-    print(
-        f"{name:<34} {measured * 1e6:9.2f} us   {baseline_name:<26} {baseline * 1e6:9.2f} us"
-        f"   ratio {measured / baseline:8.3g}x"
+def row(name: str, measured: float, baseline_name: str, baseline: float) -> Row:
+    """No target: these show what each check costs beside the bare primitive it wraps."""
+    return Row(
+        measure=name,
+        baseline=baseline_name,
+        baseline_value=baseline * 1e6,
+        value=measured * 1e6,
+        unit="µs",
     )
 
 
@@ -63,7 +70,7 @@ def mint() -> str:
     )  # fmt: skip
 
 
-def bench_verify(rounds: int) -> None:
+def bench_verify(rounds: int) -> Row:
     token = mint()
 
     def ours() -> None:
@@ -74,11 +81,11 @@ def bench_verify(rounds: int) -> None:
     def bare() -> None:
         jwt.decode(token, SECRET, algorithms=["HS256"], audience="nexus-mcp")
 
-    report("verify_approval_token", time_median(ours, rounds, 200),
-           "jwt.decode", time_median(bare, rounds, 200))  # fmt: skip
+    return row("verify_approval_token", time_median(ours, rounds, 200),
+               "bare jwt.decode", time_median(bare, rounds, 200))  # fmt: skip
 
 
-def bench_enforce(rounds: int) -> None:
+def bench_enforce(rounds: int) -> Row:
     tokens = [mint() for _ in range(rounds * 100)]
     store = MemoryNonceStore(maxsize=len(tokens) + 1)
     feed = iter(tokens)
@@ -100,8 +107,8 @@ def bench_enforce(rounds: int) -> None:
         )
 
     measured = time_median(run_ours, rounds, 1) / 100
-    report("enforce_approval (verify+consume)", measured,
-           "verify_approval_token", time_median(verify_only, rounds, 100))  # fmt: skip
+    return row("enforce_approval (verify + spend nonce)", measured,
+               "verify_approval_token", time_median(verify_only, rounds, 100))  # fmt: skip
 
 
 async def _repeat(function: Callable[[], Any], times: int) -> None:
@@ -109,7 +116,7 @@ async def _repeat(function: Callable[[], Any], times: int) -> None:
         await function()
 
 
-def bench_nonces(rounds: int) -> None:
+def bench_nonces(rounds: int) -> Row:
     store = MemoryNonceStore(maxsize=200_000, clock=lambda: 0.0)
     for i in range(100_000):
         store.consume(f"live-{i}", 1e9)
@@ -122,11 +129,11 @@ def bench_nonces(rounds: int) -> None:
     def baseline() -> None:
         plain.add(f"new-{next(counter)}")
 
-    report("MemoryNonceStore.consume (100k)", time_median(ours, rounds, 500),
-           "set.add", time_median(baseline, rounds, 500))  # fmt: skip
+    return row("MemoryNonceStore.consume, 100k live", time_median(ours, rounds, 500),
+               "set.add", time_median(baseline, rounds, 500))  # fmt: skip
 
 
-def bench_write_policy(rounds: int) -> None:
+def bench_write_policy(rounds: int) -> Row:
     policy = WritePolicy.model_validate(
         {
             "allowed_paths": ["notes/**", "src/**/*.py", "docs/*.md", "data/**/*.csv", "tmp/*"],
@@ -142,11 +149,11 @@ def bench_write_policy(rounds: int) -> None:
     def baseline() -> None:
         all(path.startswith("notes/") for path in paths)
 
-    report("check_write (rename)", time_median(ours, rounds, 500),
-           "str.startswith", time_median(baseline, rounds, 500))  # fmt: skip
+    return row("check_write (rename, 5 globs)", time_median(ours, rounds, 500),
+               "str.startswith", time_median(baseline, rounds, 500))  # fmt: skip
 
 
-def bench_changed_lines(rounds: int) -> None:
+def bench_changed_lines(rounds: int) -> Row:
     old = [f"line {i}\n" for i in range(3000)]
     new = [f"line {i}\n" if i % 3 else f"edited {i}\n" for i in range(3000)]
     old_text, new_text = "".join(old), "".join(new)
@@ -158,19 +165,21 @@ def bench_changed_lines(rounds: int) -> None:
         matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
         sum(max(i2 - i1, j2 - j1) for _, i1, i2, j1, j2 in matcher.get_opcodes())
 
-    report("count_changed_lines (3k lines)", time_median(ours, max(3, rounds // 5), 5),
-           "difflib opcodes", time_median(baseline, max(3, rounds // 5), 1))  # fmt: skip
+    return row("count_changed_lines (3k lines)", time_median(ours, max(3, rounds // 5), 5),
+               "difflib opcodes", time_median(baseline, max(3, rounds // 5), 1))  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=15)
     rounds = parser.parse_args().rounds
-    bench_verify(rounds)
-    bench_enforce(rounds)
-    bench_nonces(rounds)
-    bench_write_policy(rounds)
-    bench_changed_lines(rounds)
+    rows = []
+    for bench in (bench_verify, bench_enforce, bench_nonces, bench_write_policy):
+        progress(NAME, f"{bench.__name__}: {rounds} rounds")
+        rows.append(bench(rounds))
+    progress(NAME, "bench_changed_lines (difflib is slow: about 10 s)")
+    rows.append(bench_changed_lines(rounds))
+    report(NAME, rows)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,13 @@ from pydantic import BaseModel
 
 from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.logs import configure_logging
 from nexus_mcp.principal import Principal
 from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
+from results import Row, progress, report
 
+NAME = "bench_list_tools"
 TOOLS = 1_000
 PROFILE_TOOLS = 30
 ROUNDS = 300
@@ -64,6 +67,7 @@ async def median_us(
 
 
 async def run() -> None:
+    progress(NAME, f"{TOOLS} tools, {ROUNDS} lists per measure")
     tools = [make_tool(i) for i in range(TOOLS)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -109,24 +113,36 @@ async def run() -> None:
         step_cached_us = await median_us(filter_step)
         step_cold_us = await median_us(filter_step, before=access.forget)
         server.close()
-    print(
-        f"server-side tools/list, {TOOLS} registered tools, {PROFILE_TOOLS}-tool profile (medians of {ROUNDS})"
-    )
-    print(f"  bare FastMCP (lists all {TOOLS})        {bare_us:9.0f} us")
-    print(
-        f"  nexus whole list, cached visible set    {cached_us:9.0f} us   ratio to bare {cached_us / bare_us:.2f}x"
-    )
-    print(
-        f"  nexus whole list, cold (SQLite read)    {cold_us:9.0f} us   ratio to bare {cold_us / bare_us:.2f}x"
-    )
-    print(
-        f"  namespace filter step, cached           {step_cached_us:9.1f} us   (target < {CACHED_TARGET_US:.0f} us)"
-    )
-    print(
-        f"  namespace filter step, cold             {step_cold_us:9.1f} us   (target < {COLD_TARGET_US:.0f} us)"
+    listing = f"tools/list, {TOOLS:,} tools, {PROFILE_TOOLS}-tool profile"
+    bare = f"bare FastMCP listing all {TOOLS:,}"
+    report(
+        NAME,
+        [
+            Row(f"{listing}, cached visible set", bare, bare_us, cached_us, "µs"),
+            Row(f"{listing}, cold (grants from SQLite)", bare, bare_us, cold_us, "µs"),
+            Row(
+                "namespace step over the real tool objects, cached",
+                "-",
+                None,
+                step_cached_us,
+                "µs",
+                target_kind="value_max",
+                target=CACHED_TARGET_US,
+            ),
+            Row(
+                "namespace step over the real tool objects, cold",
+                "-",
+                None,
+                step_cold_us,
+                "µs",
+                target_kind="value_max",
+                target=COLD_TARGET_US,
+            ),
+        ],
     )
 
 
 if __name__ == "__main__":
+    configure_logging("ERROR")  # the server's JSON logs are not the result
     asyncio.run(run())
     sys.exit(0)

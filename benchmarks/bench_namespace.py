@@ -1,6 +1,6 @@
 """Benchmark the tool namespace hot path: grant lookup, visible-tools cache, list filtering.
 
-Run: ``python benchmarks/bench_namespace.py``. Prints per-operation medians in microseconds
+Run: ``python benchmarks/bench_namespace.py``. Reports per-operation medians in microseconds
 with the baseline measured in the same run, and the targets from issue 4:
 
 - ``list_objects`` for one subject among 100,000 tuples, SQL prefix range on the primary
@@ -26,6 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from nexus_mcp.policy.grants import PROFILE_RELATION, visible_tools
 from nexus_mcp.policy.visibility import VisibleToolsCache, filter_visible
 from nexus_mcp.stores.grants import RelationTuple, SqliteTupleStore
+from results import Row, progress, report
+
+NAME = "bench_namespace"
 
 ZONE = "default"
 SUBJECTS = 2_000
@@ -78,26 +81,18 @@ def populate(store: SqliteTupleStore) -> None:
     store.write(batch, ZONE)
 
 
-def report(name: str, value_us: float, baseline_us: float | None = None, target: float = 0) -> None:
-    line = f"  {name:<58} {value_us:>10.2f} us"
-    if baseline_us is not None:
-        line += f"   ({baseline_us / value_us:>6.1f}x faster than baseline)"
-    if target:
-        line += f"   target < {target:.0f} us: {'PASS' if value_us < target else 'FAIL'}"
-    print(line)
-
-
 def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "grants.sqlite3"
         store = SqliteTupleStore(path)
         try:
-            populate(store)
             total = SUBJECTS * (TOOLS_PER_SUBJECT + FILES_PER_SUBJECT)
+            progress(NAME, f"writing {total:,} tuples")
+            populate(store)
             subject = f"agent-{SUBJECTS // 2:05d}"
             raw = sqlite3.connect(path)
 
-            print(f"list_objects, one subject among {total:,} tuples (median per call)")
+            progress(NAME, "list_objects: SQL prefix range, client-side filter, full scan")
             indexed = measure_us(lambda: store.list_objects(subject, PROFILE_RELATION, ZONE))
             client_side = measure_us(
                 lambda: [
@@ -112,11 +107,6 @@ def main() -> int:
                 batches=21,
             )
             assert len(store.list_objects(subject, PROFILE_RELATION, ZONE)) == TOOLS_PER_SUBJECT
-            report("SQL prefix range on the primary key", indexed)
-            report("baseline: all objects, prefix filtered client-side", client_side)
-            report("baseline: forced full scan", full_scan)
-            print(f"  ratio client-side / SQL prefix: {client_side / indexed:.2f}x")
-            print(f"  ratio full scan / SQL prefix:   {full_scan / indexed:.1f}x")
             raw.close()
 
             listed = [f"tool_{t:04d}" for t in range(LISTED_TOOLS)]
@@ -136,34 +126,40 @@ def main() -> int:
                 return filter_visible(listed, visible, read_only=False, write_tools=write_tools)
 
             assert len(cached_request()) == TOOLS_PER_SUBJECT
-            print(
-                f"\ntools/list filtering: {LISTED_TOOLS} listed tools,"
-                f" {TOOLS_PER_SUBJECT}-tool profile (median per request)"
-            )
-            get_only = measure_us(lambda: cache.get(subject, ZONE))
-            granted = cache.get(subject, ZONE)
-            filter_only = measure_us(
-                lambda: filter_visible(listed, granted, read_only=False, write_tools=write_tools)
-            )
-            read_only = measure_us(
-                lambda: filter_visible(
-                    listed, cache.get(subject, ZONE), read_only=True, write_tools=write_tools
-                )
-            )
+            progress(NAME, f"visible-tools cache and filter over {LISTED_TOOLS} names")
             cached = measure_us(cached_request)
             cold = measure_us(cold_request, batch=20)
             uncached = measure_us(uncached_request, batch=20)
-            report("VisibleToolsCache.get, cached", get_only)
-            report("filter_visible alone", filter_only)
-            report("cached get + filter_visible (read-only caller)", read_only)
-            report("cached get + filter_visible", cached, uncached, CACHED_TARGET_US)
-            report("cold get (after invalidate) + filter_visible", cold, None, COLD_TARGET_US)
-            report("baseline: store lookup on every request + filter", uncached)
-            print(f"  cache metrics: {cache.metrics()}")
-            ok = cached < CACHED_TARGET_US and cold < COLD_TARGET_US
         finally:
             store.close()
-    return 0 if ok else 1
+    tuples = f"one subject among {total:,} tuples"
+    filtering = f"{LISTED_TOOLS} names, {TOOLS_PER_SUBJECT}-tool profile"
+    report(
+        NAME,
+        [
+            Row(f"list_objects, {tuples}", "client-side prefix filter", client_side, indexed, "µs"),
+            Row(f"list_objects, {tuples}", "forced full scan", full_scan, indexed, "µs"),
+            Row(
+                f"VisibleToolsCache.get + filter_visible, {filtering}, cached",
+                "store lookup per request",
+                uncached,
+                cached,
+                "µs",
+                target_kind="value_max",
+                target=CACHED_TARGET_US,
+            ),
+            Row(
+                f"same, cold (after invalidate), {filtering}",
+                "store lookup per request",
+                uncached,
+                cold,
+                "µs",
+                target_kind="value_max",
+                target=COLD_TARGET_US,
+            ),
+        ],
+    )
+    return 0
 
 
 if __name__ == "__main__":

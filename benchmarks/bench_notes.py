@@ -2,9 +2,9 @@
 
 Runs the SectionSource builder in memory (frontmatter split + build on a string) and
 through the local vault backend (a real file in a temp dir), side by side with the
-baseline of a bare markdown-it-py CommonMark parse of the same text. Prints medians,
-MB/s, the ratio to the baseline, and the cost per KB for each size: a flat per-KB cost
-across sizes shows the time grows linearly with note size.
+baseline of a bare markdown-it-py CommonMark parse of the same text. Reports medians
+and the ratio to the baseline for each size, and the builder's cost per KB at the
+largest size against the smallest: a flat per-KB cost shows the time grows linearly.
 
     python benchmarks/bench_notes.py
 """
@@ -24,6 +24,12 @@ from markdown_it import MarkdownIt
 from nexus_mcp.notes import LocalVaultBackend, NoteSource, build_section_source, read_note_view
 from nexus_mcp.notes.frontmatter import parse_note_frontmatter
 from nexus_mcp.principal import Principal
+from results import Row, progress, report
+
+NAME = "bench_notes"
+# Linear: the builder's cost per KB at 100x the size stays within this factor of its cost
+# per KB on the smallest note (quadratic growth would be ~100x).
+LINEAR_TOLERANCE = 2.0
 
 SIZES = ((10_000, 50, 15), (100_000, 500, 7), (1_000_000, 5_000, 5))  # chars, headings, runs
 CALLER = Principal(subject="bench", vault_id="bench-vault", user_id="bench-user")
@@ -79,20 +85,17 @@ def median_seconds(func: Callable[[], object], runs: int) -> float:
 
 def main() -> None:
     baseline_parser = MarkdownIt("commonmark")
-    print(
-        f"{'size':>10} {'heads':>6} {'measure':<22} {'median ms':>10} "
-        f"{'MB/s':>7} {'ms/KB':>7} {'x base':>7}"
-    )
+    rows: list[Row] = []
+    per_kb: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         backend = LocalVaultBackend(root)
         for chars, headings, runs in SIZES:
+            progress(NAME, f"{chars:,} characters, {headings:,} headings: {runs} runs each")
             content = generate_note(chars, headings)
             (root / f"note-{chars}.md").write_text(content, encoding="utf-8")
             _, body = parse_note_frontmatter(content)
             assert len(body) == chars
-            megabytes = len(content.encode("utf-8")) / 1e6
-            kilobytes = chars / 1000
 
             def in_memory(content: str = content) -> object:
                 fm, text = parse_note_frontmatter(content)
@@ -108,18 +111,35 @@ def main() -> None:
 
             result = in_memory()
             assert isinstance(result, dict) and result["sections"]
-            base = median_seconds(baseline, runs)
-            for label, func in (
-                ("baseline markdown-it", baseline),
-                ("builder in memory", in_memory),
-                ("local vault backend", through_vault),
-            ):
-                seconds = base if func is baseline else median_seconds(func, runs)
-                print(
-                    f"{chars:>10} {headings:>6} {label:<22} {seconds * 1000:>10.1f} "
-                    f"{megabytes / seconds:>7.2f} {seconds * 1000 / kilobytes:>7.3f} "
-                    f"{seconds / base:>7.2f}"
+            base_ms = median_seconds(baseline, runs) * 1000
+            memory_ms = median_seconds(in_memory, runs) * 1000
+            vault_ms = median_seconds(through_vault, runs) * 1000
+            size = f"{chars:,} chars, {headings:,} headings"
+            for label, value in (("in memory", memory_ms), ("through the local vault", vault_ms)):
+                rows.append(
+                    Row(
+                        measure=f"get_section_source {label}, {size}",
+                        baseline="bare markdown-it parse",
+                        baseline_value=base_ms,
+                        value=value,
+                        unit="ms",
+                    )
                 )
+            per_kb[chars] = memory_ms / (chars / 1000)
+    smallest, largest = min(per_kb), max(per_kb)
+    rows.append(
+        Row(
+            measure=f"builder cost per KB, {largest:,} vs {smallest:,} chars (linear)",
+            baseline=f"{smallest:,} chars",
+            baseline_value=per_kb[smallest],
+            value=per_kb[largest],
+            unit="ms/KB",
+            target_kind="ratio_max",
+            target=LINEAR_TOLERANCE,
+            note="linear in note size: the cost per KB stays flat as the note grows 100x",
+        )
+    )
+    report(NAME, rows)
 
 
 if __name__ == "__main__":
