@@ -173,14 +173,6 @@ class ResolvedPath:
 
 
 @dataclass(frozen=True)
-class ListedEntry:
-    """One entry of a listing: its real workspace-relative path and its ``lstat``."""
-
-    relative: str
-    info: os.stat_result
-
-
-@dataclass(frozen=True)
 class TreeFile:
     """A regular-file candidate found by ``Workspace.walk_files``; open it with ``open_file``."""
 
@@ -248,12 +240,6 @@ class Workspace:
         # No gate, no writes: a workspace built without a write policy refuses them.
         self._gate = gate
 
-    def is_hidden(self, real: Path) -> bool:
-        """True for server state (or anything inside a hidden folder)."""
-        if not self.hidden:
-            return False
-        return any(is_within(hidden, real) for hidden in self.hidden)
-
     def holds_hidden(self, real: Path) -> bool:
         """True when removing or moving ``real`` would take server state with it."""
         return any(is_within(real, hidden) for hidden in self.hidden)
@@ -295,9 +281,6 @@ class Workspace:
         if target.absolute == self.root or not target.relative:
             raise InvalidPathError(reason="root")
         return target
-
-    def relative_of(self, absolute: Path) -> str:
-        return absolute.relative_to(self.root).as_posix()
 
     def touched_paths(self, targets: Sequence[str]) -> list[str]:
         """The real paths a write naming ``targets`` would touch, for the write policy.
@@ -868,7 +851,6 @@ __all__ = [
     "MAX_PATH_LENGTH",
     "MAX_SUBTREE_ENTRIES",
     "CommitGuard",
-    "ListedEntry",
     "ResolvedPath",
     "TreeFile",
     "Workspace",

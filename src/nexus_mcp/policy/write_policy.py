@@ -22,7 +22,7 @@ always apply, whatever the configuration says. Operations that act on a whole su
 (``rmdir``, ``rename``, both source and destination) are also denied on any ancestor
 of an anchored disallowed entry: renaming ``ci`` to ``.github`` would otherwise create
 ``.github/workflows``. Entries starting with ``**`` cannot be checked that way without
-the filesystem; a recursive tool should call ``is_path_disallowed`` per entry.
+the filesystem: the workspace judges every entry of a folder it removes or moves.
 """
 
 from __future__ import annotations
