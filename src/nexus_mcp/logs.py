@@ -47,7 +47,7 @@ import threading
 from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TextIO, cast
 
 import structlog
 
@@ -255,9 +255,21 @@ def ensure_logging() -> None:
         return
     structlog.configure(
         processors=json_processors(),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # PrintLogger only calls write and flush, which is all _CurrentStderr has.
+        logger_factory=structlog.PrintLoggerFactory(cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=False,
     )
+
+
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is when a line is written, not when logging was set up: an
+    embedding application (or a test harness) may replace and close the stream it had."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def json_processors() -> list[Any]:
