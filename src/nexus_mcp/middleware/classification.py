@@ -20,8 +20,8 @@ from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools import ToolResult
-from mcp_types import TextContent
-from pydantic import BaseModel, ValidationError
+from mcp_types import ContentBlock, TextContent
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from nexus_mcp.calls import (
     ARG_IDEMPOTENCY_KEY,
@@ -114,9 +114,8 @@ class ClassificationMiddleware(Middleware):
         except BaseException as exc:
             await asyncio.to_thread(self._release, claim, state, exc)
             raise
-        record = {"structured": result.structured_content, "meta": result.meta or {}}
         await asyncio.to_thread(
-            self.store.complete, claim, json.dumps(record, separators=(",", ":"))
+            self.store.complete, claim, json.dumps(to_record(result), separators=(",", ":"))
         )
         return result
 
@@ -167,16 +166,40 @@ def _is_refusal(exc: BaseException) -> bool:
     return isinstance(error, NexusError) and error.code not in _UNKNOWN_OUTCOME_CODES
 
 
+_CONTENT = TypeAdapter(list[ContentBlock])
+
+
+def to_record(result: ToolResult) -> dict[str, Any]:
+    """What a completed write's record keeps: the whole result, as the caller got it.
+
+    An ``isError`` result (an upstream tool's own error answer) is recorded as what it is,
+    and replays as that same error, never as a success.
+    """
+    return {
+        "content": _CONTENT.dump_python(
+            list(result.content), mode="json", by_alias=True, exclude_none=True
+        ),
+        "structured": result.structured_content,
+        "meta": result.meta or {},
+        "is_error": bool(result.is_error),
+    }
+
+
 def replay_result(claim: Claim) -> ToolResult:
     record = json.loads(claim.result_json or "{}")
-    structured = record.get("structured") or {}
+    structured = record.get("structured")
     meta = dict(record.get("meta") or {})
     meta[META_REPLAYED] = True
     meta.setdefault(META_TOOL_EFFECT, {})
-    text = json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
-    return ToolResult(
-        content=[TextContent(type="text", text=text)], structured_content=structured, meta=meta
-    )
+    if "content" in record:
+        content = _CONTENT.validate_python(record["content"])
+    else:  # a record written before the whole result was kept
+        structured = structured or {}
+        text = json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
+        content = [TextContent(type="text", text=text)]
+    if record.get("is_error"):
+        return ToolResult(content=content, meta=meta, is_error=True)
+    return ToolResult(content=content, structured_content=structured, meta=meta)
 
 
 __all__ = ["META_REPLAYED", "ClassificationMiddleware", "replay_result"]
