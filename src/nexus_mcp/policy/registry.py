@@ -246,7 +246,10 @@ def list_registry_files(directory: Path) -> list[Path]:
     """The ``*.json`` registry files of a directory, sorted; an empty or missing dir refuses."""
     if not directory.is_dir():
         raise ConfigError(f"registry directory {directory} does not exist")
-    files = sorted(p for p in directory.glob("*.json") if p.is_file())
+    # ``<server_id>.lock.json`` beside a registry is its upstream's pin file (pins.py).
+    files = sorted(
+        p for p in directory.glob("*.json") if p.is_file() and not p.name.endswith(".lock.json")
+    )
     if not files:
         raise ConfigError(f"registry directory {directory} holds no *.json registry")
     return files
@@ -256,8 +259,26 @@ def load_registry_dir(
     directory: Path,
     *,
     pins: Mapping[str, tuple[str | None, str | None]] | None = None,
+    upstream_directory: Path | None = None,
 ) -> RegistrySet:
-    return load_registry_set(list_registry_files(directory), pins=pins)
+    """The registries of ``directory`` and, when it is another folder, those of
+    ``upstream_directory`` (upstream servers' registries; it may hold none yet)."""
+    files = list_registry_files(directory)
+    if upstream_directory is not None and upstream_directory.resolve() != directory.resolve():
+        if not upstream_directory.is_dir():
+            raise ConfigError(f"registry directory {upstream_directory} does not exist")
+        files += sorted(
+            p
+            for p in upstream_directory.glob("*.json")
+            if p.is_file() and not p.name.endswith(".lock.json")
+        )
+    return load_registry_set(files, pins=pins)
+
+
+def upstream_registry_dir(directory: Path | None, upstream_directory: Path | None) -> Path:
+    """Where upstream registries and their pin files live: the upstream directory when
+    set, else the registry directory, else the shipped one."""
+    return upstream_directory or directory or default_registry_dir()
 
 
 def check_risk_parity(
@@ -367,4 +388,5 @@ __all__ = [
     "load_registry_set",
     "read_registry_file",
     "schema_path",
+    "upstream_registry_dir",
 ]

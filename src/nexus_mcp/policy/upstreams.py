@@ -1,0 +1,413 @@
+"""The ``upstreams:`` section: which MCP servers nexus-mcp fronts, and on what terms.
+
+One entry per upstream server (seed 002's MCP tool provider: per-server allowlist, an
+auth strategy, bounded timeouts and retries). Validated once at start-up; every problem is
+listed at once, by location, never with the value that was given. Secrets are references
+only (``{env: NAME}`` or ``{file: PATH}``); an inline secret is refused in production and
+warned about in dev. Resolved secrets live in ``SecretStr`` and never reach a log line.
+
+No FastMCP here: ``providers/upstream.py`` turns a ``UpstreamConfig`` into a connection.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.write_policy import WriteDecision
+
+CONFIG_LOCATION = "upstreams"
+# MCP's tool-name rule (DESIGN.md, Registry): the exposed name must satisfy it too.
+TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+SERVER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+# Headers an upstream credential may not set: they belong to the transport or to MCP.
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "accept",
+        "connection",
+        "transfer-encoding",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "cookie",
+    }
+)
+META_KEY_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.-]*/)?[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+RULE_UPSTREAM_NO_POLICY = "upstream_no_policy"
+RULE_UPSTREAM_TOOL_NOT_ALLOWED = "upstream_tool_not_allowed"
+RULE_ALLOWED = "allowed"
+
+INLINE_CREDENTIAL_WARNING = "an inline secret in the configuration file (dev only; use an env ref)"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SecretRef(_Model):
+    """A secret by reference: an environment variable or a file (first line, trimmed)."""
+
+    env: StrictStr | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of 'env' or 'file'")
+        return self
+
+
+SecretValue = SecretRef | StrictStr  # a plain string is an inline secret: dev only
+
+
+class Credentials(_Model):
+    """The gateway's own credential for an HTTP upstream (never the caller's)."""
+
+    type: Literal["none", "bearer", "header", "mtls"] = "none"
+    token: SecretValue | None = None  # bearer
+    header: StrictStr | None = None  # header: its name
+    value: SecretValue | None = None  # header: its value
+    cert_file: Path | None = None  # mtls: client certificate (PEM)
+    key_file: Path | None = None  # mtls: its private key (PEM)
+    ca_file: Path | None = None  # any: the CA bundle that verifies the upstream
+
+    @model_validator(mode="after")
+    def _fields_for_type(self) -> Credentials:
+        needed = {
+            "none": (),
+            "bearer": ("token",),
+            "header": ("header", "value"),
+            "mtls": ("cert_file", "key_file"),
+        }[self.type]
+        missing = [name for name in needed if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"type {self.type!r} needs {', '.join(missing)}")
+        extra = [
+            name
+            for name in ("token", "header", "value", "cert_file", "key_file")
+            if name not in needed and getattr(self, name) is not None
+        ]
+        if extra:
+            raise ValueError(f"type {self.type!r} does not take {', '.join(extra)}")
+        if self.header is not None:
+            if not HEADER_NAME_RE.match(self.header):
+                raise ValueError("header is not a valid HTTP header name")
+            if self.header.lower() in RESERVED_HEADERS:
+                raise ValueError("header names a header the transport owns")
+        return self
+
+
+class Timeouts(_Model):
+    connect_seconds: float = Field(default=10.0, gt=0, le=300)
+    call_seconds: float = Field(default=25.0, gt=0, le=3600)
+
+
+class RetryPolicy(_Model):
+    """Read-class calls only, transport failures only (the gateway never retries a write)."""
+
+    attempts: int = Field(default=2, ge=1, le=10)  # total tries, the first included
+    backoff_seconds: float = Field(default=0.2, ge=0, le=30)
+    max_total_seconds: float = Field(default=10.0, gt=0, le=600)
+
+
+class Reconnect(_Model):
+    """Bounded exponential backoff with full jitter while an upstream is down."""
+
+    initial_seconds: float = Field(default=0.5, gt=0, le=60)
+    max_seconds: float = Field(default=30.0, gt=0, le=3600)
+
+
+class Forwarding(_Model):
+    """Upstream-to-client requests nexus may relay; all off (an upstream's sampling
+    request is a prompt-injection channel into the caller's model)."""
+
+    sampling: StrictBool = False
+    elicitation: StrictBool = False
+    roots: StrictBool = False
+
+
+class IdentityMeta(_Model):
+    """``_meta`` keys under which the caller's identity is passed upstream (never as a
+    credential). Unset fields are not sent."""
+
+    subject: StrictStr | None = Field(default=None, pattern=META_KEY_RE.pattern)
+    role: StrictStr | None = Field(default=None, pattern=META_KEY_RE.pattern)
+
+
+class UpstreamWritePolicy(_Model):
+    """Which write-class tools of this upstream may run, and whether they need approval."""
+
+    allowed_tools: tuple[StrictStr, ...] = ()
+    require_approval: StrictBool = True
+    approval_mode: Literal["token", "elicit"] = "token"
+
+
+class UpstreamConfig(_Model):
+    server_id: Annotated[StrictStr, Field(pattern=SERVER_ID_RE.pattern)]
+    transport: Literal["stdio", "http"]
+    # stdio
+    command: StrictStr | None = None
+    args: tuple[StrictStr, ...] = ()
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)  # not for secrets
+    secret_env: dict[StrictStr, SecretRef] = Field(default_factory=dict)
+    cwd: Path | None = None
+    # http
+    url: StrictStr | None = None
+    credentials: Credentials = Credentials()
+    timeouts: Timeouts = Timeouts()
+    retry: RetryPolicy = RetryPolicy()
+    reconnect: Reconnect = Reconnect()
+    tools: tuple[StrictStr, ...] | None = None  # allowlist; None: every classified tool
+    prefix: StrictStr | None = None  # default "<server_id>_"
+    forward: Forwarding = Forwarding()
+    identity_meta: IdentityMeta = IdentityMeta()
+    shared: StrictBool = False  # one session for every principal: stateless servers only
+    when_down: Literal["refuse", "hide"] = "refuse"
+    idle_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    max_sessions: int = Field(default=32, ge=1, le=10_000)
+    write_policy: UpstreamWritePolicy | None = None
+
+    @model_validator(mode="after")
+    def _transport_fields(self) -> UpstreamConfig:
+        if self.transport == "stdio":
+            if not self.command:
+                raise ValueError("transport 'stdio' needs command")
+            if self.url is not None:
+                raise ValueError("transport 'stdio' does not take url")
+            if self.credentials.type != "none":
+                raise ValueError("transport 'stdio' takes no credentials (use secret_env)")
+        else:
+            if not self.url or not re.match(r"^https?://[^\s/]+", self.url):
+                raise ValueError("transport 'http' needs an http:// or https:// url")
+            if self.command is not None or self.args or self.env or self.secret_env:
+                raise ValueError("transport 'http' does not take command, args or env")
+            if self.cwd is not None:
+                raise ValueError("transport 'http' does not take cwd")
+        for name in (*self.env, *self.secret_env):
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError("env names must be [A-Za-z_][A-Za-z0-9_]*")
+        if self.prefix is not None and not re.match(r"^[A-Za-z0-9_.-]{0,64}$", self.prefix):
+            raise ValueError("prefix may hold only [A-Za-z0-9_.-], at most 64 characters")
+        for tool in (*(self.tools or ()), *self._policy_tools()):
+            if not TOOL_NAME_RE.match(tool):
+                raise ValueError("a tool name does not follow MCP's tool-name rule")
+        return self
+
+    def _policy_tools(self) -> tuple[str, ...]:
+        return self.write_policy.allowed_tools if self.write_policy is not None else ()
+
+    @property
+    def name_prefix(self) -> str:
+        return self.prefix if self.prefix is not None else f"{self.server_id}_"
+
+    def exposed_name(self, tool_name: str) -> str | None:
+        """The name callers see, or None when it would break MCP's tool-name rule."""
+        name = self.name_prefix + tool_name
+        return name if TOOL_NAME_RE.match(name) else None
+
+    def allows(self, tool_name: str) -> bool:
+        """The per-server allowlist (seed 002): a tool not listed is never exposed."""
+        return self.tools is None or tool_name in self.tools
+
+    def endpoint(self) -> tuple[str, ...]:
+        """What the upstream is, for target identities (never a secret)."""
+        if self.transport == "http":
+            return ("http", str(self.url))
+        return ("stdio", str(self.command), *self.args, str(self.cwd or ""))
+
+
+class _UpstreamsDocument(_Model):
+    upstreams: tuple[UpstreamConfig, ...]
+
+
+@dataclass(frozen=True)
+class UpstreamsConfig:
+    """Every configured upstream, in configuration order; empty when none is."""
+
+    servers: tuple[UpstreamConfig, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def get(self, server_id: str) -> UpstreamConfig | None:
+        return next((s for s in self.servers if s.server_id == server_id), None)
+
+
+def load_upstreams(raw: Any, *, mode: str, native_server_id: str) -> UpstreamsConfig:
+    """Validate the section; every problem is listed with its location, none with a value."""
+    if raw is None:
+        return UpstreamsConfig()
+    if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
+        raise ConfigError(f"invalid configuration: {CONFIG_LOCATION} must be a list")
+    try:
+        document = _UpstreamsDocument.model_validate({"upstreams": list(raw)})
+    except ValidationError as exc:
+        raise ConfigError(describe_errors(exc)) from None
+    problems: list[str] = []
+    warnings: list[str] = []
+    seen_ids: dict[str, int] = {}
+    seen_prefixes: dict[str, int] = {}
+    for position, server in enumerate(document.upstreams):
+        where = f"{CONFIG_LOCATION}[{position}]"
+        if server.server_id == native_server_id:
+            problems.append(f"{where}.server_id: the native server's id")
+        if server.server_id in seen_ids:
+            problems.append(
+                f"{where}.server_id: also used by {CONFIG_LOCATION}[{seen_ids[server.server_id]}]"
+            )
+        seen_ids.setdefault(server.server_id, position)
+        prefix = server.name_prefix
+        for other, other_position in seen_prefixes.items():
+            if prefix.startswith(other) or other.startswith(prefix):
+                problems.append(
+                    f"{where}.prefix: overlaps the prefix of {CONFIG_LOCATION}[{other_position}]"
+                    " (exposed names could collide)"
+                )
+        seen_prefixes.setdefault(prefix, position)
+        for location in _inline_secrets(server):
+            if mode != "dev":
+                problems.append(f"{where}.{location}: inline secrets are refused in prod")
+            else:
+                warnings.append(f"{where}.{location}: {INLINE_CREDENTIAL_WARNING}")
+    if problems:
+        count = f"{len(problems)} error" + ("s" if len(problems) > 1 else "")
+        raise ConfigError(
+            f"invalid {CONFIG_LOCATION} configuration ({count}):\n  " + "\n  ".join(problems)
+        )
+    return UpstreamsConfig(document.upstreams, tuple(warnings))
+
+
+def _inline_secrets(server: UpstreamConfig) -> list[str]:
+    return [
+        f"credentials.{name}"
+        for name in ("token", "value")
+        if isinstance(getattr(server.credentials, name), str)
+    ]
+
+
+def resolve_secret(value: SecretValue, environ: Mapping[str, str]) -> SecretStr:
+    """The secret behind a reference; a missing one stops start-up, naming the reference."""
+    if isinstance(value, str):
+        return SecretStr(value)
+    if value.env is not None:
+        found = environ.get(value.env)
+        if not found:
+            raise ConfigError(f"secret reference env:{value.env} is not set")
+        return SecretStr(found)
+    assert value.file is not None
+    try:
+        text = value.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"secret reference file:{value.file} cannot be read ({type(exc).__name__})"
+        ) from None
+    secret = text.strip()
+    if not secret:
+        raise ConfigError(f"secret reference file:{value.file} is empty")
+    return SecretStr(secret)
+
+
+@dataclass(frozen=True)
+class ResolvedSecrets:
+    """An upstream's secrets, resolved once at start-up; ``repr`` shows none of them."""
+
+    headers: Mapping[str, SecretStr] = field(default_factory=dict)
+    env: Mapping[str, SecretStr] = field(default_factory=dict)
+
+    def values(self) -> list[str]:
+        """Every secret value, for redaction checks (tests, fixtures verify)."""
+        return [s.get_secret_value() for s in (*self.headers.values(), *self.env.values())]
+
+
+def resolve_secrets(server: UpstreamConfig, environ: Mapping[str, str]) -> ResolvedSecrets:
+    headers: dict[str, SecretStr] = {}
+    creds = server.credentials
+    if creds.type == "bearer" and creds.token is not None:
+        token = resolve_secret(creds.token, environ).get_secret_value()
+        headers["Authorization"] = SecretStr(f"Bearer {token}")
+    elif creds.type == "header" and creds.header is not None and creds.value is not None:
+        headers[creds.header] = resolve_secret(creds.value, environ)
+    if creds.type == "mtls":
+        for name in ("cert_file", "key_file"):
+            path = getattr(creds, name)
+            if not path.is_file():
+                raise ConfigError(f"upstream {server.server_id}: credentials.{name} is not a file")
+    if creds.ca_file is not None and not creds.ca_file.is_file():
+        raise ConfigError(f"upstream {server.server_id}: credentials.ca_file is not a file")
+    env = {name: resolve_secret(ref, environ) for name, ref in server.secret_env.items()}
+    return ResolvedSecrets(headers, env)
+
+
+def decide_upstream_write(server: UpstreamConfig, tool_name: str, *, mode: str) -> WriteDecision:
+    """Deny by default: a write-class upstream tool runs only when the upstream's policy
+    names it. Dev without a policy section allows it without approval (as the workspace's
+    dev fallback does), and start-up says so."""
+    policy = server.write_policy
+    if policy is None:
+        if mode == "dev":
+            return WriteDecision(True, RULE_ALLOWED, False, "token")
+        return WriteDecision(False, RULE_UPSTREAM_NO_POLICY)
+    if tool_name not in policy.allowed_tools:
+        return WriteDecision(False, RULE_UPSTREAM_TOOL_NOT_ALLOWED)
+    return WriteDecision(True, RULE_ALLOWED, policy.require_approval, policy.approval_mode)
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """Locations and pydantic's messages only: no input values (they may be secrets)."""
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        location = ""
+        for part in error["loc"]:
+            if part == "upstreams" and not location:
+                location = CONFIG_LOCATION
+            elif isinstance(part, int):
+                location += f"[{part}]"
+            elif str(part).startswith("function-after") or str(part) in ("str", "SecretRef"):
+                continue
+            else:
+                location += f".{part}"
+        lines.append(f"{location or CONFIG_LOCATION}: {error['msg']}")
+    unique = list(dict.fromkeys(lines))
+    count = f"{len(unique)} error" + ("s" if len(unique) > 1 else "")
+    return f"invalid {CONFIG_LOCATION} configuration ({count}):\n  " + "\n  ".join(unique)
+
+
+__all__ = [
+    "CONFIG_LOCATION",
+    "RULE_UPSTREAM_NO_POLICY",
+    "RULE_UPSTREAM_TOOL_NOT_ALLOWED",
+    "TOOL_NAME_RE",
+    "Credentials",
+    "Forwarding",
+    "IdentityMeta",
+    "Reconnect",
+    "ResolvedSecrets",
+    "RetryPolicy",
+    "SecretRef",
+    "Timeouts",
+    "UpstreamConfig",
+    "UpstreamWritePolicy",
+    "UpstreamsConfig",
+    "decide_upstream_write",
+    "describe_errors",
+    "load_upstreams",
+    "resolve_secret",
+    "resolve_secrets",
+]
