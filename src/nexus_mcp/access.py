@@ -88,6 +88,17 @@ class GrantedTools:
         self._recent: dict[tuple[Any, ...], tuple[float, int, frozenset[str]]] = {}
         self._lock = threading.Lock()
         self._errors = 0
+        # The tools that exist now (native ones and the upstream tools exposed at this
+        # moment); None: every granted name. A grant never makes a tool exist.
+        self._available: frozenset[str] | None = None
+
+    def set_tools(self, available: frozenset[str], write_tools: frozenset[str]) -> None:
+        """The tools that exist and which of them write, after an upstream's list changed."""
+        if available == self._available and write_tools == self.write_tools:
+            return
+        self._available = available
+        self.write_tools = write_tools
+        self.cache.new_generation()  # no recent visible set is reused
 
     def grant_profiles(self) -> None:
         """Write every profile's tool tuples (only where they differ): eager, at start-up."""
@@ -161,6 +172,8 @@ class GrantedTools:
         visible = self.cache.get(profile_subject(name), self.zone) | self.cache.get(
             principal.subject, self.zone
         )
+        if self._available is not None:
+            visible &= self._available
         if principal.read_only:
             visible -= self.write_tools
         missing_scopes = [t for t, s in self.required_scopes.items() if not s <= principal.scopes]

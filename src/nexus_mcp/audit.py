@@ -52,6 +52,8 @@ AUDIT_FIELDS = (
     "tool_call_id",
     "correlation_id",
     "tool",
+    "server_id",
+    "upstream_tool",
     "subject",
     "role",
     "risk",
@@ -76,6 +78,8 @@ AUDIT_FIELDS = (
     "policy_rule",
     "idempotency",
     "facts",
+    "pinned_sha256",
+    "seen_sha256",
     "ts",
 )
 _FIELD_SET = frozenset(AUDIT_FIELDS)

@@ -50,6 +50,9 @@ class CallState:
     correlation_id: str = ""
     started_at: float = field(default_factory=time.perf_counter)
     principal: Principal | None = None
+    # Set for a tool of an upstream server: its server_id and its own name for the tool.
+    server_id: str | None = None
+    upstream_tool: str | None = None
     args_digest: str | None = None
     risk: str | None = None
     tool_class: str | None = None

@@ -67,6 +67,14 @@ class ToolCatalog:
         self._entries[name] = entry
         self._document_frequency.update(set(entry.name_tokens) | set(entry.description_tokens))
 
+    def remove(self, name: str) -> None:
+        entry = self._entries.pop(name, None)
+        if entry is not None:
+            self._document_frequency.subtract(
+                set(entry.name_tokens) | set(entry.description_tokens)
+            )
+            self._document_frequency += Counter()  # drop the terms no entry has any more
+
     def get(self, name: str) -> CatalogEntry | None:
         return self._entries.get(name)
 

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "nexus_mcp.commands.approvals",
     "nexus_mcp.commands.audit",
     "nexus_mcp.commands.call",
+    "nexus_mcp.commands.upstream",
 )
 
 

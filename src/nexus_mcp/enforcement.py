@@ -64,6 +64,9 @@ class RegistryEnforcer:
         self.server_id = server_id
         self.mode = mode
         self.contracts = contracts
+        # Exposed name -> (server_id, the server's own tool name) for tools of upstream
+        # servers (providers/upstream.py); any other name is this server's own tool.
+        self.routes: dict[str, tuple[str, str]] = {}
         # Each contract's MCP hints, derived once (contracts never change once declared).
         self._hints: dict[str, Mapping[str, Any]] = {}
 
@@ -75,16 +78,28 @@ class RegistryEnforcer:
             self._hints[tool_name] = hints
         return hints
 
+    def route(self, tool_name: str) -> tuple[str, str]:
+        """``{server_id, tool_name}`` as the registry knows the tool (seed 000)."""
+        return self.routes.get(tool_name) or (self.server_id, tool_name)
+
     def classify(self, state: CallState) -> Classification:
         principal = state.principal
-        hints = self._hints_for(state.tool_name)
+        routed = self.routes.get(state.tool_name)
+        if routed is not None:
+            server_id, registry_name = routed
+            state.server_id, state.upstream_tool = routed
+            # An upstream's annotations are its own claims: never evidence of a read.
+            hints: Mapping[str, Any] = {}
+        else:
+            server_id, registry_name = self.server_id, state.tool_name
+            hints = self._hints_for(state.tool_name)
         declared = state.meta.get(META_TOOL_CLASS)
         if declared is not None and not isinstance(declared, str):
             raise InvalidInputError(field=META_TOOL_CLASS)
         classification = classify_call(
             self.registry,
-            server_id=self.server_id,
-            tool_name=state.tool_name,
+            server_id=server_id,
+            tool_name=registry_name,
             mode=self.mode,
             caller_read_only=principal.read_only if principal is not None else True,
             declared_class=declared,
@@ -145,11 +160,12 @@ class RegistryEnforcer:
         return check_read_documents(self.read_spec(classification), structured)
 
     def effect(self, state: CallState, check: DocumentCheck | None) -> dict[str, Any]:
+        server_id, tool_name = self.route(state.tool_name)
         return build_tool_effect(
             check,
             tool_call_id=state.tool_call_id,
-            server_id=self.server_id,
-            tool_name=state.tool_name,
+            server_id=server_id,
+            tool_name=tool_name,
             tool_class=state.tool_class or "write",  # type: ignore[arg-type]
         )
 

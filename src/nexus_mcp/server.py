@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,7 @@ from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.chain import ChainLayers, build_middleware
 from nexus_mcp.decorator import (
     ConnectorCheck,
-    NexusTool,
     ToolContract,
-    bind_tool,
     build_arguments_model,
     contract_of,
 )
@@ -69,8 +67,17 @@ from nexus_mcp.policy.registry import (
     check_risk_parity,
     default_registry_dir,
     load_registry_dir,
+    upstream_registry_dir,
 )
-from nexus_mcp.policy.write_policy import PathGate, WritePolicyConfig, load_write_policy_config
+from nexus_mcp.policy.upstreams import load_upstreams
+from nexus_mcp.policy.write_policy import (
+    PathGate,
+    WriteDecision,
+    WritePolicyConfig,
+    load_write_policy_config,
+)
+from nexus_mcp.providers.gateway import UpstreamGateway
+from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.settings import Settings, config_sections
 from nexus_mcp.state import (
     grants_path,
@@ -119,8 +126,6 @@ NO_PRINCIPAL_HTTP_HINT = (
     "'dev_principal.subject' (NEXUS_MCP_DEV_PRINCIPAL__SUBJECT)"
 )
 
-ToolFunction = Callable[..., Awaitable[Any]]
-
 
 @dataclass
 class Runtime:
@@ -145,6 +150,7 @@ class Runtime:
     argument_models: dict[str, type[BaseModel]] = field(default_factory=dict)
     connector_checks: list[ConnectorCheck] = field(default_factory=list)
     verifier: TokenVerifier | None = None
+    upstreams: UpstreamGateway | None = None
     identity: IdentityResolver = field(init=False)  # one resolver for MCP and plain routes
     _registry_summary: dict[str, Any] | None = None
 
@@ -173,6 +179,11 @@ class Runtime:
         if claims is not None:
             state.pending_approval = None
             spend_approval(claims, self.nonces)
+
+    def upstream_policy(self, server_id: str, tool_name: str) -> WriteDecision:
+        if self.upstreams is None:
+            return WriteDecision(False, "upstream_no_policy")
+        return self.upstreams.decide_write(server_id, tool_name)
 
     def close(self) -> None:
         self.audit_log.close()
@@ -277,19 +288,38 @@ def build_server(
         registry, server_id=settings.registry.server_id, mode=settings.mode, contracts=contracts
     )
     approval_keys, approval_settings = load_approvals(sections, environ, settings, write_policies)
+    upstream_config = load_upstreams(
+        sections.get("upstreams"), mode=settings.mode, native_server_id=settings.registry.server_id
+    )
+    upstreams = (
+        UpstreamGateway.build(
+            upstream_config,
+            settings=settings,
+            registry=registry,
+            registry_dir=upstream_registry_dir(
+                settings.registry.directory, settings.registry.upstream_directory
+            ),
+            native_tools=contracts,
+            environ=environ,
+        )
+        if upstream_config.servers
+        else None
+    )
     warn_about_replicas(settings, approval_keys)
     prepare_state(settings)  # one line naming the setting, not a store's traceback
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
+    audit_log = AuditLog(sinks)
     grants = SqliteTupleStore(grants_path(settings))
     profiles = load_profiles(
-        settings.profiles.file or default_profiles_path(), known_tools=contracts
+        settings.profiles.file or default_profiles_path(),
+        known_tools=[*contracts, *(upstreams.known_names() if upstreams else ())],
     )
     write_tools = [name for name, c in contracts.items() if c.tool_class == "write"]
     runtime = Runtime(
         settings=settings,
         config_file=config_file,
         workspace=workspace,
-        audit_log=AuditLog(sinks),
+        audit_log=audit_log,
         registry=registry,
         enforcer=enforcer,
         idempotency=SqliteIdempotencyStore(
@@ -316,6 +346,7 @@ def build_server(
         argument_models={contract_of(fn).name: build_arguments_model(fn) for fn in functions},
         connector_checks=[RegistryConnectorCheck(enforcer)],
         verifier=build_verifier(settings) if settings.transport == "http" else None,
+        upstreams=upstreams,
     )
     late["access"] = runtime.access
     runtime.access.grant_profiles()
@@ -335,6 +366,7 @@ def build_server(
         settings.server_name,
         instructions=INSTRUCTIONS,
         version=__version__,
+        lifespan=upstreams.lifespan if upstreams is not None else None,
         middleware=build_middleware(build_layers(runtime, trail)),
         auth=runtime.verifier,
         mask_error_details=True,
@@ -343,18 +375,19 @@ def build_server(
     )
     index = ToolIndex(mcp)  # by-name lookup for tools/call, FastMCP's innermost transform
     mcp.add_transform(index)
-    for fn in functions:
-        contract = contract_of(fn)
-        bound = bind_tool(
-            fn,
-            checks=runtime.connector_checks,
-            build_effect=runtime.build_effect,
-            on_started=trail.started,
-            before_run=runtime.before_run,
-        )
-        tool = NexusTool.bind(bound, contract, runtime.argument_models[contract.name])
-        mcp.add_tool(tool)
-        index.add(tool)
+    register_native_tools(
+        mcp,
+        index,
+        functions,
+        argument_models=runtime.argument_models,
+        checks=runtime.connector_checks,
+        build_effect=runtime.build_effect,
+        on_started=trail.started,
+        before_run=runtime.before_run,
+    )
+    if upstreams is not None:
+        upstreams.bind(runtime, catalog, trail)
+        mcp.add_provider(upstreams.provider)
     _add_health_routes(mcp, runtime)
     add_approval_routes(mcp, runtime)
     log.info(
@@ -413,10 +446,11 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             approval_settings=runtime.approval_settings,
             nonce_store=runtime.nonces,
             stateless_http=settings.stateless_http,
-            connector_tools=frozenset(runtime.contracts),
+            connector_tools=runtime.contracts,
             enforcer=runtime.enforcer,
             elicit_profiles=frozenset(settings.approvals_elicit_profiles),
             profile_of=runtime.access.select,
+            upstream_policy=runtime.upstream_policy,
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
         limits=LimitsMiddleware(
@@ -480,7 +514,11 @@ def idempotency_lease(settings: Settings) -> float:
 
 def load_registry(settings: Settings) -> RegistrySet:
     pins = {sid: (pin.version, pin.digest) for sid, pin in settings.registry.pins.items()}
-    return load_registry_dir(settings.registry.directory or default_registry_dir(), pins=pins)
+    return load_registry_dir(
+        settings.registry.directory or default_registry_dir(),
+        pins=pins,
+        upstream_directory=settings.registry.upstream_directory,
+    )
 
 
 def check_registry_parity(
@@ -550,13 +588,23 @@ def _add_health_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
 
     @mcp.custom_route("/readyz", methods=["GET"])
     async def readyz(_request: Request) -> JSONResponse:
+        upstream_status: dict[str, Any] = {}
+        status = "ready"
+        if runtime.upstreams is not None:
+            summaries = runtime.upstreams.summary()
+            upstream_status["upstreams"] = summaries
+            # The gateway serves on while an upstream is down or has quarantined tools;
+            # it says which, by name, so an operator sees it (never a tool's text).
+            if any(s["state"] != "ready" or s["quarantined"] for s in summaries.values()):
+                status = "degraded"
         return JSONResponse(
             {
-                "status": "ready",
+                "status": status,
                 "version": __version__,
                 "mode": runtime.settings.mode,
                 "tools": len(runtime.contracts),
                 "registry": runtime.registry_info(),
+                **upstream_status,
             }
         )
 

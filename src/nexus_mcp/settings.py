@@ -140,6 +140,11 @@ class RegistrySettings(_Section):
     directory: Path | None = Field(
         default=None, description="registry files (*.json); default: shipped"
     )
+    # Registries and pin files (``<server_id>.lock.json``) of upstream servers, when kept
+    # apart from the native registry; default: ``directory``.
+    upstream_directory: Path | None = Field(
+        default=None, description="upstream registries and pins; default: directory"
+    )
     server_id: str = "nexus"
     pins: dict[str, RegistryPin] = Field(default_factory=dict)
     idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
@@ -344,7 +349,7 @@ def load_settings(
         _yaml_data.reset(token)
 
 
-EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals"})
+EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals", "upstreams"})
 
 
 def describe_validation_error(

@@ -44,6 +44,7 @@ from nexus_mcp.principal import Principal
 KIND_FOLDER = "folder"
 KIND_CANISTER = "canister"
 KIND_MISSING_VAULT = "missing-vault"
+KIND_UPSTREAM = "upstream"
 RULE_UNKNOWN_TARGET = "unknown_target"
 REASON_TARGET_UNAVAILABLE = "target_unavailable"
 
@@ -79,6 +80,11 @@ def identify_canister_vault(base_url: str, vault_id: str | None) -> str:
     return to_target_id(KIND_CANISTER, base_url.rstrip("/"), vault_id or "")
 
 
+def identify_upstream(server_id: str, endpoint: tuple[str, ...]) -> str:
+    """An upstream MCP server: its id and what it is (URL, or command, args and folder)."""
+    return to_target_id(KIND_UPSTREAM, server_id, *endpoint)
+
+
 def identify_missing_vault(vault_id: str) -> str:
     """A vault that does not exist yet: named apart from every folder, so nothing matches."""
     return to_target_id(KIND_MISSING_VAULT, vault_id)
@@ -95,6 +101,13 @@ class ToolTargets:
     def __init__(self, by_toolset: Mapping[str, TargetOf], toolset_of: Mapping[str, str]) -> None:
         self._by_toolset = dict(by_toolset)
         self._toolset_of = dict(toolset_of)
+
+    def add_toolset(self, toolset: str, target_of: TargetOf) -> None:
+        self._by_toolset[toolset] = target_of
+
+    def add_tool(self, tool_name: str, toolset: str) -> None:
+        """A tool that joined after start-up (an upstream server's)."""
+        self._toolset_of[tool_name] = toolset
 
     def has_target(self, tool_name: str) -> bool:
         return self._toolset_of.get(tool_name) in self._by_toolset
@@ -114,5 +127,6 @@ __all__ = [
     "identify_canister_vault",
     "identify_folder",
     "identify_missing_vault",
+    "identify_upstream",
     "to_target_id",
 ]

@@ -13,7 +13,8 @@ It answers only what FastMCP would answer, and passes everything else on unchang
   local provider as it is now, so a tool removed or replaced since is never answered
   from the index;
 - only a plain lookup: no version constraint, no hashed app-tool lookup in progress, no
-  provider beside the local one, no transform on the local provider;
+  provider beside the local one but providers whose names are disjoint from it, no
+  transform on the local provider;
 - it is the server's innermost transform (added before any other), so transforms added
   later still see its answer, and FastMCP's ``get_tool`` still applies session
   transforms, the enabled check and component auth after it, as for any lookup.
@@ -45,8 +46,14 @@ class ToolIndex(Transform):
 
     def _plain_lookup(self) -> bool:
         server = self._server
+        # Other providers may sit beside the local one only when they say their names
+        # never collide with it (the upstream provider: server.py refuses a prefix that
+        # could), so the local provider's answer is the answer.
         return (
-            len(server.providers) == 1
+            all(
+                provider is self._local or getattr(provider, "disjoint_from_local", False)
+                for provider in server.providers
+            )
             and not self._local.transforms
             and hashed_lookup_target(server) is None
         )

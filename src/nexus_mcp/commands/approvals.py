@@ -42,7 +42,8 @@ from nexus_mcp.policy.approvals import (
 )
 from nexus_mcp.policy.hashing import first_unrepresentable
 from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
-from nexus_mcp.settings import load_settings
+from nexus_mcp.policy.upstreams import load_upstreams
+from nexus_mcp.settings import config_sections, load_settings
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -153,8 +154,23 @@ def registry_tool_class(config: str | None, tool: str) -> str | None:
     so this is the class the server's own mint endpoint checks.
     """
     settings = load_settings(Path(config) if config else None)
-    registries = load_registry_dir(settings.registry.directory or default_registry_dir())
-    entry = registries.lookup(settings.registry.server_id, tool)
+    registries = load_registry_dir(
+        settings.registry.directory or default_registry_dir(),
+        upstream_directory=settings.registry.upstream_directory,
+    )
+    server_id, name = settings.registry.server_id, tool
+    # A tool of an upstream server is named by its exposed name (prefix + its own name).
+    upstreams = load_upstreams(
+        config_sections(Path(config) if config else None).get("upstreams"),
+        mode=settings.mode,
+        native_server_id=settings.registry.server_id,
+    )
+    for upstream in upstreams.servers:
+        prefix = upstream.name_prefix
+        if tool.startswith(prefix) and upstream.allows(tool[len(prefix) :]):
+            server_id, name = upstream.server_id, tool[len(prefix) :]
+            break
+    entry = registries.lookup(server_id, name)
     return entry.tool_class if entry is not None else None
 
 

@@ -10,7 +10,7 @@ check passed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -30,6 +30,7 @@ from nexus_mcp.policy.approvals import (
 from nexus_mcp.policy.write_policy import (
     SUBTREE_OPERATIONS,
     TOOL_OPERATIONS,
+    WriteDecision,
     WritePolicy,
     WritePolicyConfig,
     check_write,
@@ -81,11 +82,14 @@ class ApprovalMiddleware(Middleware):
         approval_settings: ApprovalSettings,
         nonce_store: NonceStore,
         stateless_http: bool,
-        connector_tools: frozenset[str] = frozenset(),
+        connector_tools: Container[str] = frozenset(),
         enforcer: RegistryEnforcer | None = None,
         elicit_profiles: frozenset[str] = frozenset(),
         profile_of: Callable[[Principal], str | None] | None = None,
+        upstream_policy: Callable[[str, str], WriteDecision] | None = None,
     ) -> None:
+        # Write policy for tools of upstream servers: (server_id, tool) -> decision.
+        self.upstream_policy = upstream_policy
         self.connector_tools = connector_tools
         self.enforcer = enforcer
         self.elicit_profiles = elicit_profiles
@@ -107,10 +111,13 @@ class ApprovalMiddleware(Middleware):
             self.enforcer.ensure_classified(state)  # the write policy never depends on layer 5
         if state.tool_class != "write":
             return await call_next(context)
-        policy = self.policies.policy_for_workspace()
         try:
-            # Path resolution and a folder's walk are file-system work: off the event loop.
-            decision = await asyncio.to_thread(self._decide, policy, state)
+            if state.server_id is not None:
+                decision = self._decide_upstream(state)
+            else:
+                policy = self.policies.policy_for_workspace()
+                # Path resolution and a folder's walk are file-system work: off the loop.
+                decision = await asyncio.to_thread(self._decide, policy, state)
         except WritePolicyDeniedError as exc:
             state.policy_decision, state.policy_rule = "denied", str(exc.facts.get("rule"))
             raise
@@ -127,6 +134,15 @@ class ApprovalMiddleware(Middleware):
             else:
                 raise ApprovalRequiredError(reason="elicitation_unavailable")
         return await call_next(context)
+
+    def _decide_upstream(self, state: CallState) -> WriteDecision:
+        """An upstream's own write policy: deny by default (``policy/upstreams.py``)."""
+        if self.upstream_policy is None or state.upstream_tool is None:
+            raise WritePolicyDeniedError(rule="upstream_no_policy")
+        decision = self.upstream_policy(str(state.server_id), state.upstream_tool)
+        if not decision.allowed:
+            raise WritePolicyDeniedError(rule=decision.rule)
+        return decision
 
     def _decide(self, policy: WritePolicy | None, state: CallState) -> Any:
         operation = TOOL_OPERATIONS.get(state.tool_name)
@@ -208,11 +224,15 @@ class ApprovalMiddleware(Middleware):
     async def _confirm(self, context: MiddlewareContext[Any], state: CallState) -> None:
         ctx = context.fastmcp_context
         assert ctx is not None
-        operation = TOOL_OPERATIONS.get(state.tool_name, "write")
-        paths = ", ".join(target_paths(operation, state.arguments))
+        if state.server_id is not None:
+            question = f"Approve a call of {state.tool_name} (upstream {state.server_id})?"
+        else:
+            operation = TOOL_OPERATIONS.get(state.tool_name, "write")
+            paths = ", ".join(target_paths(operation, state.arguments))
+            question = f"Approve {operation} of {paths} by {state.tool_name}?"
         answer = await asyncio.wait_for(
             ctx.elicit(
-                f"Approve {operation} of {paths} by {state.tool_name}?",
+                question,
                 response_type=["approve", "deny"],
             ),
             timeout=120,

@@ -39,6 +39,7 @@ from nexus_mcp.middleware.envelope import to_wire_error
 from nexus_mcp.policy.hashing import fingerprint_arguments
 
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"
+OUTCOME_TOOL_ERROR = "TOOL_ERROR"
 MAX_LOGGED_VALUE_CHARS = 256
 _INPUT_CODES = frozenset({Code.INVALID_INPUT, Code.INVALID_PATH})
 _APPROVAL_FIELDS = (
@@ -94,6 +95,9 @@ class AuditTrail:
             "correlation_id": state.correlation_id,
             "tool": state.tool_name if contract is not None else "(unregistered)",
         }
+        if state.server_id is not None:
+            record["server_id"] = state.server_id
+            record["upstream_tool"] = state.upstream_tool
         principal = state.principal
         if principal is not None:
             record["subject"] = principal.log_subject
@@ -214,8 +218,11 @@ class AuditMiddleware(Middleware):
                 error = NexusError("cancelled")
             self.trail.finished(state, outcome=str(error.code), error=error)
             raise
-        self.trail.finished(state, outcome=OUTCOME_OK)
+        # An upstream tool's own error answer (``isError``) is its result, not a refusal;
+        # the audit still tells it from a success.
+        is_error = getattr(result, "is_error", False) is True
+        self.trail.finished(state, outcome=OUTCOME_TOOL_ERROR if is_error else OUTCOME_OK)
         return result
 
 
-__all__ = ["OUTCOME_UNKNOWN_TOOL", "AuditMiddleware", "AuditTrail"]
+__all__ = ["OUTCOME_TOOL_ERROR", "OUTCOME_UNKNOWN_TOOL", "AuditMiddleware", "AuditTrail"]

@@ -121,6 +121,11 @@ class VisibleToolsCache:
         with self._lock:
             self._counters["hits"] += 1
 
+    def new_generation(self) -> None:
+        """No recent answer built on the old generation is reused; entries stay."""
+        with self._lock:
+            self._generation += 1
+
     def invalidate(self, subject: str | None = None) -> None:
         """Forget one subject's entries (all zones) or everything; call after a grant change."""
         with self._lock:

@@ -1,0 +1,267 @@
+"""``nexus-mcp upstream``: the upstream MCP servers of a configuration, their tools and pins.
+
+nexus-mcp upstream list  --config FILE           servers, state, tools, class, pin state
+nexus-mcp upstream check --config FILE SERVER    connect, list, diff against registry and
+                                                 pins; exit 1 on drift
+nexus-mcp upstream pin   --config FILE SERVER [--tool T] [--yes]
+                                                 show the diff, then write the pins
+
+Each command connects the way ``serve`` would (the same ``UpstreamServer``), as the
+gateway itself (no caller's identity), and lists the tools; nothing is called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.pins import PinState, load_pins, lock_path, write_pins
+from nexus_mcp.policy.registry import (
+    RegistrySet,
+    default_registry_dir,
+    load_registry_dir,
+    upstream_registry_dir,
+)
+from nexus_mcp.policy.upstreams import UpstreamsConfig, load_upstreams, resolve_secrets
+from nexus_mcp.settings import config_sections, load_settings
+
+EXIT_OK = 0
+EXIT_DRIFT = 1
+EXIT_USAGE = 2
+
+_COLUMNS = ("server", "state", "tool", "exposed as", "class", "pin", "status")
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "upstream", help="upstream MCP servers: list, check and pin their tool definitions"
+    )
+    commands = parser.add_subparsers(dest="upstream_command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="the YAML configuration with upstreams:")
+    common.add_argument("--mode", choices=("dev", "prod"), default=None)
+    common.add_argument("--registry-dir", type=Path, default=None, metavar="DIR")
+
+    listing = commands.add_parser("list", parents=[common], help="every upstream and its tools")
+    listing.set_defaults(func=run_list)
+
+    check = commands.add_parser(
+        "check", parents=[common], help="diff an upstream's tools against registry and pins"
+    )
+    check.add_argument("server", metavar="SERVER", help="an upstream's server_id")
+    check.set_defaults(func=run_check)
+
+    pin = commands.add_parser("pin", parents=[common], help="pin an upstream's tool definitions")
+    pin.add_argument("server", metavar="SERVER", help="an upstream's server_id")
+    pin.add_argument("--tool", action="append", default=None, metavar="T", help="only this tool")
+    pin.add_argument("--yes", action="store_true", help="write without asking (no terminal)")
+    pin.set_defaults(func=run_pin)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    try:
+        context = _load(args)
+    except ConfigError as exc:
+        return _refuse(str(exc))
+    rows: list[Sequence[str]] = []
+    for server_id in context.server_ids:
+        rows.extend(_rows(asyncio.run(_inspect(context, server_id))))
+    if not rows:
+        print("no upstreams configured")
+        return EXIT_OK
+    _print_table(_COLUMNS, rows)
+    return EXIT_OK
+
+
+def run_check(args: argparse.Namespace) -> int:
+    try:
+        context = _load(args, server_id=args.server)
+    except ConfigError as exc:
+        return _refuse(str(exc))
+    report = asyncio.run(_inspect(context, args.server))
+    _print_table(_COLUMNS, _rows(report))
+    drift = _drift(report)
+    if report["state"] != "ready":
+        print(f"{args.server}: could not connect ({report['failure']})", file=sys.stderr)
+        return EXIT_DRIFT
+    if drift:
+        print(f"{args.server}: {len(drift)} tool(s) drifted: {', '.join(drift)}", file=sys.stderr)
+        return EXIT_DRIFT
+    print(f"{args.server}: every listed tool is classified and pinned")
+    return EXIT_OK
+
+
+def run_pin(args: argparse.Namespace) -> int:
+    try:
+        context = _load(args, server_id=args.server)
+    except ConfigError as exc:
+        return _refuse(str(exc))
+    report = asyncio.run(_inspect(context, args.server))
+    if report["state"] != "ready":
+        return _refuse(f"{args.server}: could not connect ({report['failure']})")
+    tools: dict[str, dict[str, Any]] = report["tools"]
+    wanted = set(args.tool) if args.tool else {n for n, t in tools.items() if t["allowed"]}
+    unknown = sorted(wanted - set(tools))
+    if unknown:
+        return _refuse(f"{args.server} does not list: {', '.join(unknown)}")
+    changes = {
+        name: tools[name]["sha256"]
+        for name in sorted(wanted)
+        if tools[name]["pin"] != PinState.PINNED
+    }
+    _print_table(_COLUMNS, _rows(report, only=set(wanted)))
+    if not changes:
+        print(f"{args.server}: nothing to pin")
+        return EXIT_OK
+    for name, digest in changes.items():
+        before = tools[name]["pinned"] or "(none)"
+        print(f"  {name}: {before} -> {digest}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            return _refuse("no terminal to confirm on: pass --yes to write the pins")
+        answer = input(f"write {len(changes)} pin(s) to {context.lock_file(args.server)}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not written")
+            return EXIT_DRIFT
+    pins = load_pins(context.registry_dir, args.server).with_pins(changes)
+    path = write_pins(pins)
+    print(f"wrote {len(changes)} pin(s) to {path}")
+    return EXIT_OK
+
+
+class _Context:
+    def __init__(
+        self, config: UpstreamsConfig, registry_dir: Path, mode: str, registry: RegistrySet
+    ) -> None:
+        self.registry = registry
+        self.config = config
+        self.registry_dir = registry_dir
+        self.mode = mode
+
+    @property
+    def server_ids(self) -> list[str]:
+        return [s.server_id for s in self.config.servers]
+
+    def lock_file(self, server_id: str) -> Path:
+        return lock_path(self.registry_dir, server_id)
+
+
+def load_registry(settings: Any) -> RegistrySet:
+    from nexus_mcp.server import load_registry as load_served_registry
+
+    return load_served_registry(settings)
+
+
+def _load(args: argparse.Namespace, server_id: str | None = None) -> _Context:
+    overrides: dict[str, Any] = {"mode": args.mode}
+    settings = load_settings(args.config, overrides)
+    registry_dir = args.registry_dir or upstream_registry_dir(
+        settings.registry.directory, settings.registry.upstream_directory
+    )
+    config = load_upstreams(
+        config_sections(args.config).get("upstreams"),
+        mode=settings.mode,
+        native_server_id=settings.registry.server_id,
+    )
+    if server_id is not None and config.get(server_id) is None:
+        raise ConfigError(f"no upstream {server_id!r} in the configuration")
+    registry = load_registry(settings)
+    if args.registry_dir is not None:
+        registry = load_registry_dir(
+            settings.registry.directory or default_registry_dir(), upstream_directory=registry_dir
+        )
+    return _Context(config, registry_dir, settings.mode, registry)
+
+
+async def _inspect(context: _Context, server_id: str) -> dict[str, Any]:
+    """Connect as the gateway, list, and say what serve would decide for every tool."""
+    from nexus_mcp.providers.upstream import UpstreamServer  # FastMCP: only when connecting
+
+    upstream = context.config.get(server_id)
+    assert upstream is not None
+    registry = context.registry
+    server = UpstreamServer(
+        upstream,
+        secrets=resolve_secrets(upstream, os.environ),
+        registry=registry,
+        registry_dir=context.registry_dir,
+        mode=context.mode,
+        on_change=lambda _server: None,
+    )
+    try:
+        await server.start()
+        await server.wait_first_attempt(upstream.timeouts.connect_seconds + 1)
+        tools = {
+            name: {
+                "exposed": view.exposed_name or "-",
+                "class": view.entry.tool_class if view.entry is not None else "unclassified",
+                "pin": view.pin_state,
+                "pinned": server.pins.digests.get(name),
+                "sha256": view.digest,
+                "status": view.status,
+                "allowed": view.status != "not_allowed",
+            }
+            for name, view in sorted(server.views.items())
+        }
+        missing = sorted(set(server.pins.digests) - set(server.views))
+        return {
+            "server_id": server_id,
+            "state": server.state,
+            "failure": server.last_failure,
+            "tools": tools,
+            "missing": missing,
+        }
+    finally:
+        await server.close()
+
+
+def _drift(report: dict[str, Any]) -> list[str]:
+    drifted = [
+        name
+        for name, tool in report["tools"].items()
+        if tool["allowed"] and (tool["pin"] != PinState.PINNED or tool["class"] == "unclassified")
+    ]
+    return drifted + [f"{name} (pinned, no longer listed)" for name in report["missing"]]
+
+
+def _rows(report: dict[str, Any], only: set[str] | None = None) -> list[Sequence[str]]:
+    rows: list[Sequence[str]] = []
+    for name, tool in report["tools"].items():
+        if only is not None and name not in only:
+            continue
+        rows.append(
+            (
+                report["server_id"],
+                report["state"],
+                name,
+                tool["exposed"],
+                tool["class"],
+                str(tool["pin"]),
+                tool["status"],
+            )
+        )
+    for name in report["missing"]:
+        rows.append((report["server_id"], report["state"], name, "-", "-", "missing", "-"))
+    if not rows:
+        rows.append((report["server_id"], report["state"], "-", "-", "-", "-", "-"))
+    return rows
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def _refuse(message: str) -> int:
+    print(f"nexus-mcp upstream: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+__all__ = ["add_parser"]
