@@ -1,0 +1,255 @@
+"""Building gateways for the upstream tests: registries, pins, profiles and configuration.
+
+The upstreams are real processes: ``tests/support/upstream_server.py`` (a FastMCP server
+written here, which records what it receives) over stdio or streamable HTTP, and the
+reference filesystem server from npm (``tests/clients``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.cli import main as cli_main
+from nexus_mcp.server import NexusServer, build_server
+from nexus_mcp.settings import load_settings
+
+from .servers import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+UPSTREAM_SCRIPT = REPO / "tests" / "support" / "upstream_server.py"
+SHIPPED_PROFILES = REPO / "config" / "tool_profiles.yaml"
+FS_SERVER = (
+    REPO
+    / "tests"
+    / "clients"
+    / "node_modules"
+    / "@modelcontextprotocol"
+    / "server-filesystem"
+    / "dist"
+    / "index.js"
+)
+
+# The test server's tools and their registry classes.
+UP_TOOLS: dict[str, str] = {
+    "echo": "read",
+    "add": "read",
+    "count_writes": "read",
+    "recall": "read",
+    "slow": "read",
+    "fail_tool": "read",
+    "rpc_error": "read",
+    "huge": "read",
+    "whoami": "read",
+    "mutate": "read",
+    "crash": "read",
+    "ask_sampling": "read",
+    "write_note": "write",
+    "remember": "write",
+}
+
+
+def write_registry(
+    directory: Path,
+    server_id: str,
+    tools: Mapping[str, str],
+    *,
+    documents: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Path:
+    entries = []
+    for name, tool_class in tools.items():
+        spec = (documents or {}).get(name)
+        entry: dict[str, Any] = {
+            "tool_name": name,
+            "tool_class": tool_class,
+            "is_document_op": spec is not None,
+        }
+        if spec is not None:
+            entry["document_spec"] = dict(spec)
+        entries.append(entry)
+    path = directory / f"{server_id}.json"
+    path.write_text(
+        json.dumps(
+            {
+                "schema_id": "talos.mcp.tool_registry",
+                "schema_version": "v1",
+                "server_id": server_id,
+                "server_version": "1.0.0",
+                "tools": entries,
+            },
+            indent=2,
+        )
+    )
+    return path
+
+
+def stdio_upstream(
+    server_id: str = "up", *, record: Path | None = None, variant: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    args = [str(UPSTREAM_SCRIPT), "--transport", "stdio"]
+    if record is not None:
+        args += ["--record", str(record)]
+    if variant is not None:
+        args += ["--variant", variant]
+    return {
+        "server_id": server_id,
+        "transport": "stdio",
+        "command": sys.executable,
+        "args": args,
+        **extra,
+    }
+
+
+def http_upstream(server_id: str, url: str, **extra: Any) -> dict[str, Any]:
+    return {"server_id": server_id, "transport": "http", "url": url, **extra}
+
+
+def fs_upstream(root: Path, server_id: str = "fs", **extra: Any) -> dict[str, Any]:
+    return {
+        "server_id": server_id,
+        "transport": "stdio",
+        "command": shutil.which("node") or "node",
+        "args": [str(FS_SERVER), str(root)],
+        **extra,
+    }
+
+
+@dataclass
+class Gateway:
+    """A configuration on disk: the YAML file, the upstream registry folder, profiles."""
+
+    root: Path
+    config_file: Path
+    registry_dir: Path
+    profiles_file: Path
+    data_dir: Path
+    workspace: Path
+    audit: MemoryAuditSink = field(default_factory=MemoryAuditSink)
+    built: list[NexusServer] = field(default_factory=list)
+
+    def pin(self, server_id: str, *tools: str) -> int:
+        args = ["upstream", "pin", server_id, "--config", str(self.config_file), "--yes"]
+        for tool in tools:
+            args += ["--tool", tool]
+        return cli_main(args)
+
+    def check(self, server_id: str) -> int:
+        return cli_main(["upstream", "check", server_id, "--config", str(self.config_file)])
+
+    def build(self, env: Mapping[str, str] | None = None, **overrides: Any) -> NexusServer:
+        values: dict[str, Any] = {"workspace": self.workspace, "data_dir": self.data_dir}
+        values.update(overrides)
+        settings = load_settings(self.config_file, values)
+        server = build_server(
+            settings, config_file=self.config_file, audit_sinks=[self.audit], env=env
+        )
+        self.built.append(server)
+        return server
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        records = [dict(e.record) for e in self.audit.events]
+        return [r for r in records if kind is None or r.get("event") == kind]
+
+
+def make_gateway(
+    root: Path,
+    upstreams: list[dict[str, Any]],
+    *,
+    mode: str = "prod",
+    registries: Mapping[str, Mapping[str, str]] | None = None,
+    documents: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    grant: Mapping[str, list[str]] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Gateway:
+    """A gateway configuration under ``root``: one registry per upstream (``registries``,
+    default: the test server's classes), profiles granting upstream tools, prod mode."""
+    root.mkdir(parents=True, exist_ok=True)
+    registry_dir = root / "upstream-registries"
+    registry_dir.mkdir(exist_ok=True)
+    for upstream in upstreams:
+        sid = upstream["server_id"]
+        tools = (registries or {}).get(sid, UP_TOOLS)
+        write_registry(registry_dir, sid, tools, documents=(documents or {}).get(sid))
+    profiles = yaml.safe_load(SHIPPED_PROFILES.read_text())
+    for profile, names in (grant or {}).items():
+        profiles["profiles"][profile]["tools"] = [*profiles["profiles"][profile]["tools"], *names]
+    profiles_file = root / "profiles.yaml"
+    profiles_file.write_text(yaml.safe_dump(profiles))
+    workspace = root / "ws"
+    workspace.mkdir(exist_ok=True)
+    config = {
+        "mode": mode,
+        "subject": "alice",
+        "role": "admin",
+        "registry": {"upstream_directory": str(registry_dir)},
+        "profiles": {"file": str(profiles_file)},
+        "upstreams": upstreams,
+        **(extra or {}),
+    }
+    config_file = root / "nexus.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    return Gateway(
+        root=root,
+        config_file=config_file,
+        registry_dir=registry_dir,
+        profiles_file=profiles_file,
+        data_dir=root / "data",
+        workspace=workspace,
+    )
+
+
+def all_up_tools(prefix: str = "up_") -> list[str]:
+    return [prefix + name for name in UP_TOOLS]
+
+
+def read_record(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def http_upstream_process(
+    record: Path | None = None, *, variant: str | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The test server over streamable HTTP on a loopback port; yields its MCP URL."""
+    port = free_port()
+    args = [sys.executable, str(UPSTREAM_SCRIPT), "--transport", "http", "--port", str(port)]
+    if record is not None:
+        args += ["--record", str(record)]
+    if variant is not None:
+        args += ["--variant", variant]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("upstream test server exited early")
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=0.5)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("upstream test server did not listen") from None
+                time.sleep(0.1)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
