@@ -7,6 +7,7 @@ reference filesystem server from npm (``tests/clients``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import shutil
@@ -56,6 +57,8 @@ UP_TOOLS: dict[str, str] = {
     "mutate": "read",
     "crash": "read",
     "ask_sampling": "read",
+    "ask_roots": "read",
+    "ask_elicit": "read",
     "write_note": "write",
     "remember": "write",
 }
@@ -143,10 +146,10 @@ class Gateway:
         args = ["upstream", "pin", server_id, "--config", str(self.config_file), "--yes"]
         for tool in tools:
             args += ["--tool", tool]
-        return cli_main(args)
+        return run_cli(args)
 
     def check(self, server_id: str) -> int:
-        return cli_main(["upstream", "check", server_id, "--config", str(self.config_file)])
+        return run_cli(["upstream", "check", server_id, "--config", str(self.config_file)])
 
     def build(self, env: Mapping[str, str] | None = None, **overrides: Any) -> NexusServer:
         values: dict[str, Any] = {"workspace": self.workspace, "data_dir": self.data_dir}
@@ -208,6 +211,13 @@ def make_gateway(
         data_dir=root / "data",
         workspace=workspace,
     )
+
+
+def run_cli(args: list[str]) -> int:
+    """``nexus-mcp ARGS`` in this process, on a thread of its own: the command runs its
+    own event loop, which cannot nest inside an async test's."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(cli_main, args).result()
 
 
 def all_up_tools(prefix: str = "up_") -> list[str]:

@@ -162,6 +162,21 @@ def build(record: str | None, variant: str | None) -> FastMCP[Any]:
         )
         return {"text": getattr(result.content, "text", None)}
 
+    @mcp.tool(annotations={"readOnlyHint": True})
+    async def ask_roots(ctx: Context) -> dict[str, Any]:
+        """Ask the client for its roots."""
+        listed = await ctx.session.list_roots()
+        return {"roots": [str(root.uri) for root in listed.roots]}
+
+    @mcp.tool(annotations={"readOnlyHint": True})
+    async def ask_elicit(ctx: Context) -> dict[str, Any]:
+        """Ask the user (form elicitation)."""
+        answer = await ctx.session.elicit_form(
+            "Your name?",
+            {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+        )
+        return {"action": answer.action, "content": answer.content}
+
     return mcp
 
 

@@ -34,7 +34,8 @@ import os
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import warnings
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -47,6 +48,7 @@ from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
+from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import TextContent, ToolAnnotations
 
 from nexus_mcp.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
@@ -56,6 +58,7 @@ from nexus_mcp.errors import NexusError, UpstreamError
 from nexus_mcp.ids import new_id
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.classification import DEV_MODE
+from nexus_mcp.policy.hashing import to_canonical_json
 from nexus_mcp.policy.pins import PinFile, PinState, definition_digest, load_pins, lock_path
 from nexus_mcp.policy.registry import RegistrySet, ToolEntry
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
@@ -70,6 +73,7 @@ SHARED_SESSION = ("__shared__",)
 # (never for one known to be down): a desktop client lists once, right after starting.
 FIRST_LIST_WAIT_SECONDS = 3.0
 MAX_RESULT_BYTES_DEFAULT = 10 * 1024 * 1024
+MAX_TOOLS_PER_UPSTREAM = 1000  # more are ignored, with a warning
 
 EVENT_DEFINITION_CHANGED = "tool_definition_changed"
 EVENT_UNPINNED = "tool_unpinned"
@@ -228,8 +232,8 @@ class UpstreamServer:
         self._reaper: asyncio.Task[None] | None = None
         self._first_attempt: asyncio.Event | None = None
         self._backoff = config.reconnect.initial_seconds
-        self._refreshing = False
-        self._refresh_again = False
+        self._refreshing: set[SessionKey] = set()
+        self._refresh_again: set[SessionKey] = set()
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -448,18 +452,34 @@ class UpstreamServer:
     # -- tool definitions -------------------------------------------------------------
 
     def schedule_refresh(self, key: SessionKey) -> None:
-        """``notifications/tools/list_changed`` from one session: list again on it."""
+        """``notifications/tools/list_changed`` from one session: list again on it.
+
+        At most one listing per session runs at a time and at most one more is queued, so
+        an upstream that floods notifications costs one tools/list after another, never
+        a pile of them.
+        """
         if self._loop is None:
             return
 
         async def refresh() -> None:
-            session = self._sessions.get(key)
-            if session is None or not session.alive:
-                return
-            with contextlib.suppress(Exception):
-                await self._list_on(session, authoritative=key == GATEWAY_SESSION)
+            while True:
+                session = self._sessions.get(key)
+                if session is not None and session.alive:
+                    with contextlib.suppress(Exception):
+                        await self._list_on(session, authoritative=key == GATEWAY_SESSION)
+                if key not in self._refresh_again:
+                    break
+                self._refresh_again.discard(key)
+            self._refreshing.discard(key)
 
-        self._loop.call_soon_threadsafe(lambda: self._spawn(refresh()))
+        def start() -> None:
+            if key in self._refreshing:
+                self._refresh_again.add(key)
+                return
+            self._refreshing.add(key)
+            self._spawn(refresh())
+
+        self._loop.call_soon_threadsafe(start)
 
     async def _list_on(self, session: _Session, *, authoritative: bool) -> None:
         try:
@@ -471,7 +491,11 @@ class UpstreamServer:
         except Exception:  # noqa: BLE001 - an upstream's failure, never its text
             raise UpstreamFailure("error", "list_failed") from None
         definitions = {}
-        for tool in listed:
+        if len(listed) > MAX_TOOLS_PER_UPSTREAM:
+            log.warning(
+                "upstream_too_many_tools", server_id=self.server_id, kept=MAX_TOOLS_PER_UPSTREAM
+            )
+        for tool in listed[:MAX_TOOLS_PER_UPSTREAM]:
             wire = tool.model_dump(mode="json", by_alias=True, exclude_none=False)
             definitions[tool.name] = wire
         self.evaluate(definitions, authoritative=authoritative)
@@ -681,28 +705,31 @@ class UpstreamServer:
         ctx = self._caller_for(key, "sampling")
         # The upstream's messages and limits only; never "include_context" (that would
         # hand it the caller's other servers' context) nor its free-form metadata.
-        return await ctx.session.create_message(
-            messages=list(params.messages),
-            max_tokens=params.max_tokens,
-            system_prompt=params.system_prompt,
-            temperature=params.temperature,
-            stop_sequences=params.stop_sequences,
-            model_preferences=params.model_preferences,
-            related_request_id=ctx.request_id,
-        )
+        with _relay_failure("sampling"):
+            return await ctx.session.create_message(
+                messages=list(params.messages),
+                max_tokens=params.max_tokens,
+                system_prompt=params.system_prompt,
+                temperature=params.temperature,
+                stop_sequences=params.stop_sequences,
+                model_preferences=params.model_preferences,
+                related_request_id=ctx.request_id,
+            )
 
     async def relay_elicitation(self, key: SessionKey, params: Any) -> Any:
         ctx = self._caller_for(key, "elicitation")
         schema = getattr(params, "requested_schema", None)
         if schema is None:
             raise RuntimeError("elicitation refused: only form elicitation is relayed")
-        return await ctx.session.elicit_form(
-            params.message, schema, related_request_id=ctx.request_id
-        )
+        with _relay_failure("elicitation"):
+            return await ctx.session.elicit_form(
+                params.message, schema, related_request_id=ctx.request_id
+            )
 
     async def relay_roots(self, key: SessionKey) -> list[Any]:
         ctx = self._caller_for(key, "roots")
-        listed = await ctx.session.list_roots()
+        with _relay_failure("roots"):
+            listed = await ctx.session.list_roots()
         return list(listed.roots)
 
     def summary(self) -> dict[str, Any]:
@@ -743,13 +770,39 @@ class UpstreamServer:
             log.warning("upstream_audit_failed", server_id=self.server_id, event=event)
 
 
-def _caller_context() -> Any:
-    """The FastMCP context of the tools/call being served, when there is one."""
+@contextlib.contextmanager
+def _relay_failure(kind: str) -> Iterator[None]:
+    """What the upstream learns when the caller cannot answer: that, and nothing of why.
+
+    Sampling, elicitation and roots are the handshake era's (the 2026-07-28 era has no
+    back-channel for them); the SDK's deprecation warning says so on every relay.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            yield
+    except Exception:  # noqa: BLE001 - never the caller's error text
+        raise RuntimeError(f"{kind} is not available") from None
+
+
+@dataclass(frozen=True)
+class _Caller:
+    """The caller's MCP session and the id of its tools/call, taken in the caller's task
+    (FastMCP's context finds the session through the request being served, which the
+    upstream's relay request, arriving on another task, is not)."""
+
+    session: Any
+    request_id: Any
+
+
+def _caller_context() -> _Caller | None:
+    """The caller of the tools/call being served, when there is one with a session."""
     from fastmcp.server.dependencies import get_context
 
     try:
-        return get_context()
-    except RuntimeError:
+        ctx = get_context()
+        return _Caller(ctx.session, ctx.request_id)
+    except Exception:  # noqa: BLE001 - no request, or no session: nothing to relay to
         return None
 
 
@@ -782,8 +835,10 @@ def _is_transport_failure(exc: BaseException) -> bool:
 def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
     """A FastMCP client for one session, with only the gateway's own credentials.
 
-    Sampling, elicitation and roots handlers are never installed: the client does not
-    advertise them, so an upstream's request for them is refused by the SDK.
+    Sampling, elicitation and roots handlers are installed only where the upstream's
+    ``forward`` section allows them; otherwise the client does not advertise them and the
+    SDK refuses an upstream's request for them. An allowed request is relayed only to the
+    caller whose call is in flight on this very session (``_caller_for``).
     """
     config = server.config
     handler = _ListChanged(lambda: server.schedule_refresh(key))
@@ -984,30 +1039,22 @@ class _Result:
 
 
 def _to_result(raw: Any, max_bytes: int) -> _Result:
-    """The upstream's CallToolResult, checked for shape and size (never echoed)."""
+    """The upstream's CallToolResult, checked for shape and size (never echoed).
+
+    The size is that of the content blocks and ``structuredContent`` as JSON, whatever
+    their kind (text, images, embedded resources); over ``limits.max_read_bytes`` the
+    result is refused, never truncated.
+    """
     try:
         content = list(raw.content or [])
         structured = raw.structured_content
         is_error = bool(raw.is_error)
-        size = 0
-        for item in content:
-            text = getattr(item, "text", None)
-            data = getattr(item, "data", None)
-            size += len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0
-            size += len(data) if isinstance(data, str) else 0
         if structured is not None and not isinstance(structured, dict):
-            raise UpstreamFailure("error", "bad_result")
-    except UpstreamFailure:
+            raise TypeError("structuredContent is not an object")
+        dumped = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in content]
+        size = len(to_canonical_json([dumped, structured]))
+    except Exception:  # noqa: BLE001 - an upstream's malformed answer, never echoed
         raise UpstreamFailure("error", "bad_result").to_error() from None
-    except Exception:  # noqa: BLE001
-        raise UpstreamFailure("error", "bad_result").to_error() from None
-    if structured is not None:
-        from nexus_mcp.policy.hashing import to_canonical_json
-
-        try:
-            size += len(to_canonical_json(structured))
-        except (TypeError, ValueError):
-            raise UpstreamFailure("error", "bad_result").to_error() from None
     if size > max_bytes:
         raise UpstreamFailure("error", "result_too_large").to_error()
     if is_error:
