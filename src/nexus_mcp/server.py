@@ -431,7 +431,10 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
         envelope=EnvelopeMiddleware(settings.limits.max_request_bytes),
         audit=AuditMiddleware(trail),
         identity=IdentityMiddleware(runtime.identity),
-        namespace=ToolNamespaceMiddleware(runtime.access),
+        namespace=ToolNamespaceMiddleware(
+            runtime.access,
+            warm_up=runtime.upstreams.provider if runtime.upstreams is not None else None,
+        ),
         classification=ClassificationMiddleware(
             runtime.enforcer,
             runtime.idempotency,

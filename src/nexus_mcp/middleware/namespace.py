@@ -39,9 +39,24 @@ def unknown_tool(name: str) -> FastMCPNotFoundError:
     return FastMCPNotFoundError(f"Unknown tool: {name!r}")
 
 
+class WarmUp(Protocol):
+    """Tools that may still be arriving right after start-up (upstream servers)."""
+
+    def warming(self) -> bool: ...
+
+    async def warm_up(self) -> None: ...
+
+
 class ToolNamespaceMiddleware(Middleware):
-    def __init__(self, namespace: Namespace) -> None:
+    def __init__(self, namespace: Namespace, warm_up: WarmUp | None = None) -> None:
         self.namespace = namespace
+        self.warm_up = warm_up
+
+    async def _settle(self) -> None:
+        # Right after start-up only: the set of tools that exist may still be growing.
+        warm_up = self.warm_up
+        if warm_up is not None and warm_up.warming():
+            await warm_up.warm_up()
 
     def _visible(self, principal: Principal | None) -> frozenset[str]:
         if principal is None:
@@ -56,6 +71,7 @@ class ToolNamespaceMiddleware(Middleware):
     async def on_list_tools(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
+        await self._settle()
         tools: Sequence[Any] = await call_next(context)
         visible = self._visible(current_principal())
         kept = [tool for tool in tools if tool.name in visible]
@@ -66,6 +82,7 @@ class ToolNamespaceMiddleware(Middleware):
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
         name = str(context.message.name)
+        await self._settle()
         if name not in self._visible(current_principal()):
             state = current_call()
             if state is not None:

@@ -72,6 +72,7 @@ SHARED_SESSION = ("__shared__",)
 # How long the first tools/list after start-up may wait for upstreams still connecting
 # (never for one known to be down): a desktop client lists once, right after starting.
 FIRST_LIST_WAIT_SECONDS = 3.0
+WARM_UP_WINDOW_SECONDS = 60.0
 MAX_RESULT_BYTES_DEFAULT = 10 * 1024 * 1024
 MAX_TOOLS_PER_UPSTREAM = 1000  # more are ignored, with a warning
 
@@ -262,6 +263,10 @@ class UpstreamServer:
 
     async def start(self) -> None:
         self._bind_loop()
+
+    @property
+    def first_attempt_done(self) -> bool:
+        return self._first_attempt is not None and self._first_attempt.is_set()
 
     async def wait_first_attempt(self, timeout: float) -> None:
         self._bind_loop()
@@ -1079,6 +1084,7 @@ class UpstreamProvider(Provider):
         super().__init__()
         self.servers = list(servers)
         self._started = time.monotonic()
+        self._warm = False
 
     async def start(self) -> None:
         for server in self.servers:
@@ -1089,18 +1095,35 @@ class UpstreamProvider(Provider):
             with contextlib.suppress(Exception):
                 await server.close()
 
+    def warming(self) -> bool:
+        """True while some upstream is on its first connection, within the start-up window
+        (or this event loop has not started the upstreams yet)."""
+        if self._warm:
+            return False
+        loop = asyncio.get_running_loop()
+        if any(server._loop is not loop for server in self.servers):
+            return True
+        if time.monotonic() - self._started > WARM_UP_WINDOW_SECONDS or all(
+            server.first_attempt_done for server in self.servers
+        ):
+            self._warm = True
+            return False
+        return True
+
+    async def warm_up(self) -> None:
+        """Right after start-up, let upstreams still on their first connection finish it,
+        together, for at most ``FIRST_LIST_WAIT_SECONDS``: a client lists (or calls) once,
+        right after it starts the server. A server known to be down is never waited for,
+        and after the window nothing ever waits here."""
+        if not self.warming():
+            return
+        await asyncio.gather(*(s.wait_first_attempt(FIRST_LIST_WAIT_SECONDS) for s in self.servers))
+
     async def _list_tools(self) -> list[Tool]:
-        if time.monotonic() - self._started < 60:
-            # Right after start-up, give upstreams still on their first connection a
-            # moment, together, bounded; a server known to be down is never waited for.
-            await asyncio.gather(
-                *(s.wait_first_attempt(FIRST_LIST_WAIT_SECONDS) for s in self.servers)
-            )
-        else:
-            for server in self.servers:
-                server._bind_loop()
+        await self.warm_up()
         tools: list[Tool] = []
         for server in self.servers:
+            server._bind_loop()
             tools.extend(server.visible_tools().values())
         return tools
 
