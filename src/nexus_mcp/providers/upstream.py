@@ -1,5 +1,8 @@
 """Upstream MCP servers as tool providers (seed 002's MCP tool provider; DESIGN.md, Gateway).
 
+This module holds ``UpstreamServer``; its sessions are in ``upstream_sessions.py``, its
+tools and the FastMCP provider in ``upstream_tools.py``.
+
 One ``UpstreamServer`` per configured upstream. It owns the connections to that server and
 decides which of its tools callers may see; the chain decides who may call them, exactly
 as for native tools. Its ``UpstreamTool`` objects are ordinary FastMCP tools whose ``run``
@@ -30,49 +33,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
-import ssl
 import time
-import warnings
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
-import httpx2
 from fastmcp import Client
-from fastmcp.client.messages import MessageHandler
-from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
-from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
-from fastmcp.server.providers import Provider
-from fastmcp.tools import Tool, ToolResult
-from fastmcp.utilities.versions import VersionSpec
-from mcp.shared.exceptions import MCPDeprecationWarning
-from mcp_types import TextContent, ToolAnnotations
 
 from nexus_mcp.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
-from nexus_mcp.calls import META_TOOL_EFFECT, PLUMBING_ARGS, CallState, current_call
-from nexus_mcp.decorator import ConnectorCheck, ConnectorRefusal, ToolContract
-from nexus_mcp.errors import NexusError, UpstreamError
+from nexus_mcp.calls import CallState
+from nexus_mcp.decorator import ConnectorCheck, ToolContract
 from nexus_mcp.ids import new_id
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.classification import DEV_MODE
-from nexus_mcp.policy.hashing import to_canonical_json
 from nexus_mcp.policy.pins import PinFile, PinState, definition_digest, load_pins, lock_path
-from nexus_mcp.policy.registry import RegistrySet, ToolEntry
+from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.principal import Principal
+from nexus_mcp.providers.upstream_sessions import (
+    GATEWAY_SESSION,
+    SessionKey,
+    UpstreamFailure,
+    UpstreamSession,
+    build_client,
+    caller_context,
+    is_transport_failure,
+    relay_failure,
+)
+from nexus_mcp.providers.upstream_tools import (
+    FIRST_LIST_WAIT_SECONDS,
+    UPSTREAM_TOOLSET_PREFIX,
+    ToolView,
+    UpstreamProvider,
+    UpstreamTool,
+)
 
 log = get_logger(__name__)
 
-UPSTREAM_TOOLSET_PREFIX = "upstream:"
-GATEWAY_SESSION = ("__gateway__",)
-SHARED_SESSION = ("__shared__",)
-# How long the first tools/list after start-up may wait for upstreams still connecting
-# (never for one known to be down): a desktop client lists once, right after starting.
-FIRST_LIST_WAIT_SECONDS = 3.0
-WARM_UP_WINDOW_SECONDS = 60.0
 MAX_RESULT_BYTES_DEFAULT = 10 * 1024 * 1024
 MAX_TOOLS_PER_UPSTREAM = 1000  # more are ignored, with a warning
 
@@ -82,103 +80,6 @@ EVENT_UPSTREAM_DOWN = "upstream_down"
 EVENT_UPSTREAM_UP = "upstream_up"
 
 ServerState = Literal["starting", "ready", "degraded"]
-SessionKey = tuple[str, ...]
-
-
-class UpstreamFailure(Exception):
-    """A failure of the upstream or the way to it; ``kind`` picks the fixed message."""
-
-    def __init__(self, kind: Literal["unavailable", "timeout", "error"], reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
-
-    @property
-    def transport(self) -> bool:
-        return self.kind == "unavailable"
-
-    def to_error(self) -> UpstreamError:
-        message = {
-            "unavailable": "Upstream unavailable",
-            "timeout": "Upstream timeout",
-            "error": "Upstream error",
-        }[self.kind]
-        return UpstreamError(message, outcome=f"upstream_{self.kind}", reason=self.reason)
-
-
-@dataclass(frozen=True)
-class ToolView:
-    """What nexus decided about one tool an upstream lists."""
-
-    upstream_name: str
-    exposed_name: str | None
-    definition: Mapping[str, Any]
-    digest: str
-    entry: ToolEntry | None  # registry classification; None: unclassified
-    pin_state: PinState
-    status: Literal["exposed", "quarantined", "unclassified", "not_allowed", "bad_name"]
-    reason: str | None = None
-
-    @property
-    def tool_class(self) -> str:
-        return self.entry.tool_class if self.entry is not None else "write"
-
-
-class _ListChanged(MessageHandler):
-    def __init__(self, on_change: Callable[[], None]) -> None:
-        self._on_change = on_change
-
-    async def on_tool_list_changed(self, message: Any) -> None:
-        self._on_change()
-
-
-@dataclass
-class _Session:
-    """One live MCP session to the upstream, run by its own task (anyio scopes are
-    entered and left by the same task); calls are made from the callers' tasks."""
-
-    key: SessionKey
-    client: Client[Any]
-    task: asyncio.Task[None] | None = None
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    failed: BaseException | None = None
-    busy: int = 0
-    last_used: float = field(default_factory=time.monotonic)
-    closed: bool = False
-    on_lost: Callable[[], None] | None = None
-    # The FastMCP contexts of the callers whose calls are in flight on this session: an
-    # upstream's sampling, elicitation or roots request is relayed to the latest (only
-    # where the configuration allows it).
-    callers: list[Any] = field(default_factory=list)
-
-    @property
-    def alive(self) -> bool:
-        return self.ready.is_set() and not self.closed and self.failed is None
-
-    async def run(self) -> None:
-        try:
-            async with self.client:
-                self.ready.set()
-                await self.stop.wait()
-        except BaseException as exc:  # noqa: BLE001 - recorded; the caller decides
-            self.failed = exc
-        finally:
-            lost = not self.stop.is_set() and self.ready.is_set() and not self.closed
-            self.closed = True
-            self.ready.set()
-            if lost and self.on_lost is not None:
-                self.on_lost()
-
-    async def close(self) -> None:
-        self.closed = True
-        self.stop.set()
-        if self.task is not None and not self.task.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self.task), timeout=5.0)
-            except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
-                self.task.cancel()
-
 
 ConnectorHooks = tuple[
     list[ConnectorCheck],
@@ -224,7 +125,7 @@ class UpstreamServer:
         self.seen: dict[str, set[str]] = {}
         self.tools: dict[str, UpstreamTool] = {}  # exposed name -> tool
         self.hooks: ConnectorHooks | None = None
-        self._sessions: dict[SessionKey, _Session] = {}
+        self._sessions: dict[SessionKey, UpstreamSession] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._key_locks: dict[SessionKey, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -299,9 +200,9 @@ class UpstreamServer:
             principal.user_id or "",
         )
 
-    async def _open(self, key: SessionKey) -> _Session:
+    async def _open(self, key: SessionKey) -> UpstreamSession:
         client = self._client_factory(self, key)
-        session = _Session(key, client)
+        session = UpstreamSession(key, client)
         session.task = self._spawn(session.run())
         try:
             await asyncio.wait_for(session.ready.wait(), self.config.timeouts.connect_seconds)
@@ -312,7 +213,7 @@ class UpstreamServer:
             raise UpstreamFailure("unavailable", "connect_failed")
         return session
 
-    async def _session_for(self, key: SessionKey) -> _Session:
+    async def _session_for(self, key: SessionKey) -> UpstreamSession:
         self._bind_loop()
         session = self._sessions.get(key)
         if session is not None and session.alive:
@@ -384,7 +285,7 @@ class UpstreamServer:
         self._sessions.pop(victim.key, None)
         self._spawn(victim.close())
 
-    async def _drop(self, session: _Session) -> None:
+    async def _drop(self, session: UpstreamSession) -> None:
         if self._sessions.get(session.key) is session:
             self._sessions.pop(session.key, None)
         await session.close()
@@ -412,7 +313,7 @@ class UpstreamServer:
         while True:
             try:
                 await self._session_for(GATEWAY_SESSION)
-            except (UpstreamFailure, NexusError, Exception):  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - down, whatever the way: retried below
                 self._degraded("connect_failed")
             else:
                 self._up()
@@ -486,7 +387,7 @@ class UpstreamServer:
 
         self._loop.call_soon_threadsafe(start)
 
-    async def _list_on(self, session: _Session, *, authoritative: bool) -> None:
+    async def _list_on(self, session: UpstreamSession, *, authoritative: bool) -> None:
         try:
             listed = await asyncio.wait_for(
                 session.client.list_tools(), self.config.timeouts.connect_seconds
@@ -668,7 +569,7 @@ class UpstreamServer:
     ) -> Any:
         session = await self._session_for(key)
         session.busy += 1
-        caller = _caller_context() if self._relays else None
+        caller = caller_context() if self._relays else None
         if caller is not None:
             session.callers.append(caller)
         try:
@@ -679,7 +580,7 @@ class UpstreamServer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - classified, never echoed
-            if not session.alive or _is_transport_failure(exc):
+            if not session.alive or is_transport_failure(exc):
                 await self._drop(session)
                 self._connection_failed(key)
                 raise UpstreamFailure("unavailable", "transport_failure") from None
@@ -710,7 +611,7 @@ class UpstreamServer:
         ctx = self._caller_for(key, "sampling")
         # The upstream's messages and limits only; never "include_context" (that would
         # hand it the caller's other servers' context) nor its free-form metadata.
-        with _relay_failure("sampling"):
+        with relay_failure("sampling"):
             return await ctx.session.create_message(
                 messages=list(params.messages),
                 max_tokens=params.max_tokens,
@@ -726,14 +627,14 @@ class UpstreamServer:
         schema = getattr(params, "requested_schema", None)
         if schema is None:
             raise RuntimeError("elicitation refused: only form elicitation is relayed")
-        with _relay_failure("elicitation"):
+        with relay_failure("elicitation"):
             return await ctx.session.elicit_form(
                 params.message, schema, related_request_id=ctx.request_id
             )
 
     async def relay_roots(self, key: SessionKey) -> list[Any]:
         ctx = self._caller_for(key, "roots")
-        with _relay_failure("roots"):
+        with relay_failure("roots"):
             listed = await ctx.session.list_roots()
         return list(listed.roots)
 
@@ -775,42 +676,6 @@ class UpstreamServer:
             log.warning("upstream_audit_failed", server_id=self.server_id, event=event)
 
 
-@contextlib.contextmanager
-def _relay_failure(kind: str) -> Iterator[None]:
-    """What the upstream learns when the caller cannot answer: that, and nothing of why.
-
-    Sampling, elicitation and roots are the handshake era's (the 2026-07-28 era has no
-    back-channel for them); the SDK's deprecation warning says so on every relay.
-    """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", MCPDeprecationWarning)
-            yield
-    except Exception:  # noqa: BLE001 - never the caller's error text
-        raise RuntimeError(f"{kind} is not available") from None
-
-
-@dataclass(frozen=True)
-class _Caller:
-    """The caller's MCP session and the id of its tools/call, taken in the caller's task
-    (FastMCP's context finds the session through the request being served, which the
-    upstream's relay request, arriving on another task, is not)."""
-
-    session: Any
-    request_id: Any
-
-
-def _caller_context() -> _Caller | None:
-    """The caller of the tools/call being served, when there is one with a session."""
-    from fastmcp.server.dependencies import get_context
-
-    try:
-        ctx = get_context()
-        return _Caller(ctx.session, ctx.request_id)
-    except Exception:  # noqa: BLE001 - no request, or no session: nothing to relay to
-        return None
-
-
 def _mtime(path: Path) -> float | None:
     try:
         return path.stat().st_mtime_ns
@@ -818,325 +683,8 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _is_transport_failure(exc: BaseException) -> bool:
-    import anyio
-
-    transport_errors: tuple[type[BaseException], ...] = (
-        anyio.ClosedResourceError,
-        anyio.BrokenResourceError,
-        anyio.EndOfStream,
-        ConnectionError,
-        OSError,
-        httpx2.TransportError,
-    )
-    if isinstance(exc, transport_errors):
-        return True
-    error = getattr(exc, "error", None)
-    code = getattr(error, "code", None)
-    # The SDK reports a closed connection as an MCP error with code -32000 or CONNECTION_CLOSED
-    return code in (-32000,) and "closed" in str(getattr(error, "message", "")).lower()
-
-
-def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
-    """A FastMCP client for one session, with only the gateway's own credentials.
-
-    Sampling, elicitation and roots handlers are installed only where the upstream's
-    ``forward`` section allows them; otherwise the client does not advertise them and the
-    SDK refuses an upstream's request for them. An allowed request is relayed only to the
-    caller whose call is in flight on this very session (``_caller_for``).
-    """
-    config = server.config
-    handler = _ListChanged(lambda: server.schedule_refresh(key))
-    transport: StdioTransport | StreamableHttpTransport
-    if config.transport == "stdio":
-        env = dict(config.env)
-        env.update({k: v.get_secret_value() for k, v in server.secrets.env.items()})
-        # The SDK starts the subprocess with a small default environment (PATH, HOME,
-        # ...) plus ``env``: nothing of nexus's own environment (its secrets) is inherited.
-        transport = StdioTransport(
-            command=str(config.command),
-            args=list(config.args),
-            env=env,
-            cwd=str(config.cwd) if config.cwd is not None else None,
-            keep_alive=False,
-            log_file=Path(os.devnull),
-        )
-    else:
-        headers = {k: v.get_secret_value() for k, v in server.secrets.headers.items()}
-        creds = config.credentials
-        verify: ssl.SSLContext | bool = True
-        if creds.type == "mtls" or creds.ca_file is not None:
-            context = ssl.create_default_context(
-                cafile=str(creds.ca_file) if creds.ca_file is not None else None
-            )
-            if creds.type == "mtls":
-                assert creds.cert_file is not None and creds.key_file is not None
-                context.load_cert_chain(str(creds.cert_file), str(creds.key_file))
-            verify = context
-
-        def factory(**kwargs: Any) -> httpx2.AsyncClient:
-            # Exactly the headers given here: the caller's are never merged in
-            # (forward_incoming_headers stays off), and redirects are not followed,
-            # so a credential never leaves for another origin.
-            kwargs["follow_redirects"] = False
-            kwargs["verify"] = verify
-            return httpx2.AsyncClient(**kwargs)
-
-        transport = StreamableHttpTransport(
-            str(config.url), headers=headers, httpx_client_factory=cast(Any, factory)
-        )
-    forward = config.forward
-    relays: dict[str, Any] = {}
-    if forward.sampling:
-
-        async def sampling(_messages: Any, params: Any, _context: Any) -> Any:
-            return await server.relay_sampling(key, params)
-
-        relays["sampling_handler"] = sampling
-    if forward.elicitation:
-
-        async def elicitation(_message: Any, _type: Any, params: Any, _context: Any) -> Any:
-            return await server.relay_elicitation(key, params)
-
-        relays["elicitation_handler"] = elicitation
-    if forward.roots:
-
-        async def roots(_context: Any) -> list[Any]:
-            return await server.relay_roots(key)
-
-        relays["roots"] = roots
-    return Client(
-        transport,
-        name=f"nexus-mcp/{config.server_id}",
-        message_handler=handler,
-        **relays,
-        mode="legacy",  # the handshake era: one session that lasts, as reuse needs
-        timeout=config.timeouts.call_seconds,
-        init_timeout=config.timeouts.connect_seconds,
-    )
-
-
-class UpstreamTool(Tool):
-    """An upstream tool as FastMCP holds it; ``run`` is the connector of an upstream call."""
-
-    _server: Any = None
-    _view: Any = None
-
-    @classmethod
-    def for_view(cls, server: UpstreamServer, view: ToolView) -> UpstreamTool:
-        definition = view.definition
-        annotations = definition.get("annotations")
-        tool = cls(
-            name=view.exposed_name or view.upstream_name,
-            title=definition.get("title"),
-            description=definition.get("description"),
-            parameters=definition.get("inputSchema") or {"type": "object"},
-            output_schema=definition.get("outputSchema"),
-            annotations=ToolAnnotations(**_annotations_for(view, annotations)),
-            meta={
-                "nexus": {
-                    "server_id": server.server_id,
-                    "upstream_tool": view.upstream_name,
-                    "risk": view.tool_class,
-                    "sha256": view.digest,
-                }
-            },
-            tags={UPSTREAM_TOOLSET_PREFIX + server.server_id},
-        )
-        tool._server = server
-        tool._view = view
-        return tool
-
-    @property
-    def view(self) -> ToolView:
-        return self._view  # type: ignore[no-any-return]
-
-    @view.setter
-    def view(self, value: ToolView) -> None:
-        self._view = value
-
-    async def run(self, arguments: dict[str, Any], context: Any = None) -> ToolResult:
-        server: UpstreamServer = self._server
-        view: ToolView = self._view
-        state = current_call()
-        current = server.visible_tools().get(self.name)
-        if state is None or state.principal is None or current is not self:
-            # Reached without the chain, or quarantined since it was looked up: the
-            # answer a hidden or missing tool gets.
-            raise FastMCPNotFoundError(f"Unknown tool: {self.name!r}")
-        hooks = server.hooks
-        assert hooks is not None, "the composition root binds the connector hooks"
-        checks, build_effect, on_started, before_run = hooks
-        contract = server.contract_for(view)
-        try:
-            for check in checks:
-                check.before(contract, state, arguments)
-            before_run(contract, state)
-            state.executed = True
-            on_started(contract, state)
-            try:
-                raw = await server.forward(
-                    state,
-                    view.upstream_name,
-                    _upstream_arguments(arguments, view),
-                    retryable=state.tool_class == "read",
-                )
-            except UpstreamFailure as failure:
-                raise failure.to_error() from None
-            result = _to_result(raw, server.max_result_bytes)
-            if not result.is_error:
-                for check in checks:
-                    check.after(contract, state, result.document)
-            effect = build_effect(contract, state)
-        except NexusError as exc:
-            raise ConnectorRefusal(exc) from exc
-        state.effect = effect
-        if result.is_error:
-            return ToolResult(
-                content=result.content, meta={META_TOOL_EFFECT: dict(effect)}, is_error=True
-            )
-        return ToolResult(
-            content=result.content,
-            structured_content=result.structured,
-            meta={META_TOOL_EFFECT: dict(effect)},
-        )
-
-
-def _upstream_arguments(arguments: dict[str, Any], view: ToolView) -> dict[str, Any]:
-    """The arguments the upstream gets: nexus's call plumbing (idempotency key, approval
-    token) stays here, unless the upstream's own schema declares such an argument."""
-    schema = view.definition.get("inputSchema")
-    declared = schema.get("properties") if isinstance(schema, Mapping) else None
-    own = set(declared) if isinstance(declared, Mapping) else set()
-    if not (PLUMBING_ARGS & arguments.keys()):
-        return arguments
-    return {k: v for k, v in arguments.items() if k not in PLUMBING_ARGS or k in own}
-
-
-def _annotations_for(view: ToolView, annotations: Any) -> dict[str, Any]:
-    """The upstream's hints, except the ones nexus decides: read-only only when the
-    registry says read; never idempotent or non-destructive on the upstream's word."""
-    hints = dict(annotations) if isinstance(annotations, Mapping) else {}
-    allowed = {k: v for k, v in hints.items() if k in ("title", "openWorldHint")}
-    read = view.tool_class == "read"
-    allowed["readOnlyHint"] = read
-    allowed["destructiveHint"] = not read
-    allowed["idempotentHint"] = read
-    return allowed
-
-
-@dataclass(frozen=True)
-class _Result:
-    content: list[Any]
-    structured: dict[str, Any] | None
-    is_error: bool
-
-    @property
-    def document(self) -> dict[str, Any]:
-        """What the registry's read pointers resolve in for an upstream tool: the result
-        object (``/structuredContent/...``, ``/content/0/text``)."""
-        return {
-            "content": [
-                c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in self.content
-            ],
-            "structuredContent": self.structured,
-        }
-
-
-def _to_result(raw: Any, max_bytes: int) -> _Result:
-    """The upstream's CallToolResult, checked for shape and size (never echoed).
-
-    The size is that of the content blocks and ``structuredContent`` as JSON, whatever
-    their kind (text, images, embedded resources); over ``limits.max_read_bytes`` the
-    result is refused, never truncated.
-    """
-    try:
-        content = list(raw.content or [])
-        structured = raw.structured_content
-        is_error = bool(raw.is_error)
-        if structured is not None and not isinstance(structured, dict):
-            raise TypeError("structuredContent is not an object")
-        dumped = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in content]
-        size = len(to_canonical_json([dumped, structured]))
-    except Exception:  # noqa: BLE001 - an upstream's malformed answer, never echoed
-        raise UpstreamFailure("error", "bad_result").to_error() from None
-    if size > max_bytes:
-        raise UpstreamFailure("error", "result_too_large").to_error()
-    if is_error:
-        # Its text is the tool's output, like a native tool's; an error result carries
-        # no structuredContent (DESIGN.md, Error envelope).
-        content = [c for c in content if isinstance(c, TextContent)] or [
-            TextContent(type="text", text="")
-        ]
-        return _Result(content, None, True)
-    return _Result(content, structured, False)
-
-
-class UpstreamProvider(Provider):
-    """FastMCP's ``Provider`` for every upstream's exposed tools (one enforcement path:
-    the server's middleware chain runs for these tools exactly as for native ones)."""
-
-    # Its names never collide with the local provider's (``server.py`` refuses a prefix
-    # that could), so the ToolIndex may answer native lookups without asking it.
-    disjoint_from_local = True
-
-    def __init__(self, servers: Iterable[UpstreamServer]) -> None:
-        super().__init__()
-        self.servers = list(servers)
-        self._started = time.monotonic()
-        self._warm = False
-
-    async def start(self) -> None:
-        for server in self.servers:
-            await server.start()
-
-    async def close(self) -> None:
-        for server in self.servers:
-            with contextlib.suppress(Exception):
-                await server.close()
-
-    def warming(self) -> bool:
-        """True while some upstream is on its first connection, within the start-up window
-        (or this event loop has not started the upstreams yet)."""
-        if self._warm:
-            return False
-        loop = asyncio.get_running_loop()
-        if any(server._loop is not loop for server in self.servers):
-            return True
-        if time.monotonic() - self._started > WARM_UP_WINDOW_SECONDS or all(
-            server.first_attempt_done for server in self.servers
-        ):
-            self._warm = True
-            return False
-        return True
-
-    async def warm_up(self) -> None:
-        """Right after start-up, let upstreams still on their first connection finish it,
-        together, for at most ``FIRST_LIST_WAIT_SECONDS``: a client lists (or calls) once,
-        right after it starts the server. A server known to be down is never waited for,
-        and after the window nothing ever waits here."""
-        if not self.warming():
-            return
-        await asyncio.gather(*(s.wait_first_attempt(FIRST_LIST_WAIT_SECONDS) for s in self.servers))
-
-    async def _list_tools(self) -> list[Tool]:
-        await self.warm_up()
-        tools: list[Tool] = []
-        for server in self.servers:
-            server._bind_loop()
-            tools.extend(server.visible_tools().values())
-        return tools
-
-    async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        for server in self.servers:
-            server._bind_loop()
-            tool = server.visible_tools().get(name)
-            if tool is not None:
-                return tool
-        return None
-
-
 __all__ = [
+    "FIRST_LIST_WAIT_SECONDS",
     "UPSTREAM_TOOLSET_PREFIX",
     "ToolView",
     "UpstreamFailure",

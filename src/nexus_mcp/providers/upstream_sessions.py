@@ -1,0 +1,260 @@
+"""Connections to an upstream MCP server: one FastMCP ``Client`` per session.
+
+``build_client`` makes the client for one session with only the gateway's own
+credentials (FastMCP's ``Client`` and transports, used as they are; see ``upstream.py``
+for why not its ``ProxyTool``). ``UpstreamSession`` runs it on a task of its own, since
+anyio scopes are entered and left by one task while calls come from the callers' tasks.
+``UpstreamFailure`` is how anything going wrong on the way is classified, never echoed.
+An upstream's own requests (sampling, elicitation, roots) are relayed only where the
+configuration allows it, through the helpers at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import httpx2
+from fastmcp import Client
+from fastmcp.client.messages import MessageHandler
+from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
+from mcp.shared.exceptions import MCPDeprecationWarning
+
+from nexus_mcp.errors import UpstreamError
+
+if TYPE_CHECKING:
+    from nexus_mcp.providers.upstream import UpstreamServer
+
+GATEWAY_SESSION = ("__gateway__",)
+SessionKey = tuple[str, ...]
+
+
+class UpstreamFailure(Exception):
+    """A failure of the upstream or the way to it; ``kind`` picks the fixed message."""
+
+    def __init__(self, kind: Literal["unavailable", "timeout", "error"], reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+    @property
+    def transport(self) -> bool:
+        return self.kind == "unavailable"
+
+    def to_error(self) -> UpstreamError:
+        message = {
+            "unavailable": "Upstream unavailable",
+            "timeout": "Upstream timeout",
+            "error": "Upstream error",
+        }[self.kind]
+        return UpstreamError(message, outcome=f"upstream_{self.kind}", reason=self.reason)
+
+
+class _ListChanged(MessageHandler):
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self._on_change = on_change
+
+    async def on_tool_list_changed(self, message: Any) -> None:
+        self._on_change()
+
+
+@dataclass
+class UpstreamSession:
+    """One live MCP session to the upstream, run by its own task (anyio scopes are
+    entered and left by the same task); calls are made from the callers' tasks."""
+
+    key: SessionKey
+    client: Client[Any]
+    task: asyncio.Task[None] | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    failed: BaseException | None = None
+    busy: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    closed: bool = False
+    on_lost: Callable[[], None] | None = None
+    # The FastMCP contexts of the callers whose calls are in flight on this session: an
+    # upstream's sampling, elicitation or roots request is relayed to the latest (only
+    # where the configuration allows it).
+    callers: list[Any] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        return self.ready.is_set() and not self.closed and self.failed is None
+
+    async def run(self) -> None:
+        try:
+            async with self.client:
+                self.ready.set()
+                await self.stop.wait()
+        except BaseException as exc:  # noqa: BLE001 - recorded; the caller decides
+            self.failed = exc
+        finally:
+            lost = not self.stop.is_set() and self.ready.is_set() and not self.closed
+            self.closed = True
+            self.ready.set()
+            if lost and self.on_lost is not None:
+                self.on_lost()
+
+    async def close(self) -> None:
+        self.closed = True
+        self.stop.set()
+        if self.task is not None and not self.task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self.task), timeout=5.0)
+            except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
+                self.task.cancel()
+
+
+@contextlib.contextmanager
+def relay_failure(kind: str) -> Iterator[None]:
+    """What the upstream learns when the caller cannot answer: that, and nothing of why.
+
+    Sampling, elicitation and roots are the handshake era's (the 2026-07-28 era has no
+    back-channel for them); the SDK's deprecation warning says so on every relay.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            yield
+    except Exception:  # noqa: BLE001 - never the caller's error text
+        raise RuntimeError(f"{kind} is not available") from None
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The caller's MCP session and the id of its tools/call, taken in the caller's task
+    (FastMCP's context finds the session through the request being served, which the
+    upstream's relay request, arriving on another task, is not)."""
+
+    session: Any
+    request_id: Any
+
+
+def caller_context() -> Caller | None:
+    """The caller of the tools/call being served, when there is one with a session."""
+    from fastmcp.server.dependencies import get_context
+
+    try:
+        ctx = get_context()
+        return Caller(ctx.session, ctx.request_id)
+    except Exception:  # noqa: BLE001 - no request, or no session: nothing to relay to
+        return None
+
+
+def is_transport_failure(exc: BaseException) -> bool:
+    import anyio
+
+    transport_errors: tuple[type[BaseException], ...] = (
+        anyio.ClosedResourceError,
+        anyio.BrokenResourceError,
+        anyio.EndOfStream,
+        ConnectionError,
+        OSError,
+        httpx2.TransportError,
+    )
+    if isinstance(exc, transport_errors):
+        return True
+    error = getattr(exc, "error", None)
+    code = getattr(error, "code", None)
+    # The SDK reports a closed connection as an MCP error with code -32000 or CONNECTION_CLOSED
+    return code in (-32000,) and "closed" in str(getattr(error, "message", "")).lower()
+
+
+def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
+    """A FastMCP client for one session, with only the gateway's own credentials.
+
+    Sampling, elicitation and roots handlers are installed only where the upstream's
+    ``forward`` section allows them; otherwise the client does not advertise them and the
+    SDK refuses an upstream's request for them. An allowed request is relayed only to the
+    caller whose call is in flight on this very session (``_caller_for``).
+    """
+    config = server.config
+    handler = _ListChanged(lambda: server.schedule_refresh(key))
+    transport: StdioTransport | StreamableHttpTransport
+    if config.transport == "stdio":
+        env = dict(config.env)
+        env.update({k: v.get_secret_value() for k, v in server.secrets.env.items()})
+        # The SDK starts the subprocess with a small default environment (PATH, HOME,
+        # ...) plus ``env``: nothing of nexus's own environment (its secrets) is inherited.
+        transport = StdioTransport(
+            command=str(config.command),
+            args=list(config.args),
+            env=env,
+            cwd=str(config.cwd) if config.cwd is not None else None,
+            keep_alive=False,
+            log_file=Path(os.devnull),
+        )
+    else:
+        headers = {k: v.get_secret_value() for k, v in server.secrets.headers.items()}
+        creds = config.credentials
+        verify: ssl.SSLContext | bool = True
+        if creds.type == "mtls" or creds.ca_file is not None:
+            context = ssl.create_default_context(
+                cafile=str(creds.ca_file) if creds.ca_file is not None else None
+            )
+            if creds.type == "mtls":
+                assert creds.cert_file is not None and creds.key_file is not None
+                context.load_cert_chain(str(creds.cert_file), str(creds.key_file))
+            verify = context
+
+        def factory(**kwargs: Any) -> httpx2.AsyncClient:
+            # Exactly the headers given here: the caller's are never merged in
+            # (forward_incoming_headers stays off), and redirects are not followed,
+            # so a credential never leaves for another origin.
+            kwargs["follow_redirects"] = False
+            kwargs["verify"] = verify
+            return httpx2.AsyncClient(**kwargs)
+
+        transport = StreamableHttpTransport(
+            str(config.url), headers=headers, httpx_client_factory=cast(Any, factory)
+        )
+    forward = config.forward
+    relays: dict[str, Any] = {}
+    if forward.sampling:
+
+        async def sampling(_messages: Any, params: Any, _context: Any) -> Any:
+            return await server.relay_sampling(key, params)
+
+        relays["sampling_handler"] = sampling
+    if forward.elicitation:
+
+        async def elicitation(_message: Any, _type: Any, params: Any, _context: Any) -> Any:
+            return await server.relay_elicitation(key, params)
+
+        relays["elicitation_handler"] = elicitation
+    if forward.roots:
+
+        async def roots(_context: Any) -> list[Any]:
+            return await server.relay_roots(key)
+
+        relays["roots"] = roots
+    return Client(
+        transport,
+        name=f"nexus-mcp/{config.server_id}",
+        message_handler=handler,
+        **relays,
+        mode="legacy",  # the handshake era: one session that lasts, as reuse needs
+        timeout=config.timeouts.call_seconds,
+        init_timeout=config.timeouts.connect_seconds,
+    )
+
+
+__all__ = [
+    "GATEWAY_SESSION",
+    "SessionKey",
+    "UpstreamFailure",
+    "UpstreamSession",
+    "build_client",
+    "caller_context",
+    "is_transport_failure",
+    "relay_failure",
+]

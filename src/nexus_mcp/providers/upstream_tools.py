@@ -1,0 +1,288 @@
+"""Upstream tools as FastMCP holds them, and the provider that lists them.
+
+``UpstreamTool.run`` is the connector of an upstream call (DESIGN.md step 9): the same
+connector checks as ``@nexus_tool`` (classification and documents against the same loaded
+registry object), the approval spend and the audit start, then the call goes upstream on
+the caller's session. ``UpstreamProvider`` is FastMCP's ``Provider`` extension point for
+every upstream's exposed tools; the server's middleware chain runs for them exactly as
+for native tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
+from fastmcp.server.providers import Provider
+from fastmcp.tools import Tool, ToolResult
+from fastmcp.utilities.versions import VersionSpec
+from mcp_types import TextContent, ToolAnnotations
+
+from nexus_mcp.calls import META_TOOL_EFFECT, PLUMBING_ARGS, current_call
+from nexus_mcp.decorator import ConnectorRefusal
+from nexus_mcp.errors import NexusError
+from nexus_mcp.policy.hashing import to_canonical_json
+from nexus_mcp.policy.pins import PinState
+from nexus_mcp.policy.registry import ToolEntry
+from nexus_mcp.providers.upstream_sessions import UpstreamFailure
+
+if TYPE_CHECKING:
+    from nexus_mcp.providers.upstream import UpstreamServer
+
+UPSTREAM_TOOLSET_PREFIX = "upstream:"
+# How long the first tools/list after start-up may wait for upstreams still connecting
+# (never for one known to be down): a desktop client lists once, right after starting.
+FIRST_LIST_WAIT_SECONDS = 3.0
+WARM_UP_WINDOW_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class ToolView:
+    """What nexus decided about one tool an upstream lists."""
+
+    upstream_name: str
+    exposed_name: str | None
+    definition: Mapping[str, Any]
+    digest: str
+    entry: ToolEntry | None  # registry classification; None: unclassified
+    pin_state: PinState
+    status: Literal["exposed", "quarantined", "unclassified", "not_allowed", "bad_name"]
+    reason: str | None = None
+
+    @property
+    def tool_class(self) -> str:
+        return self.entry.tool_class if self.entry is not None else "write"
+
+
+class UpstreamTool(Tool):
+    """An upstream tool as FastMCP holds it; ``run`` is the connector of an upstream call."""
+
+    _server: Any = None
+    _view: Any = None
+
+    @classmethod
+    def for_view(cls, server: UpstreamServer, view: ToolView) -> UpstreamTool:
+        definition = view.definition
+        annotations = definition.get("annotations")
+        tool = cls(
+            name=view.exposed_name or view.upstream_name,
+            title=definition.get("title"),
+            description=definition.get("description"),
+            parameters=definition.get("inputSchema") or {"type": "object"},
+            output_schema=definition.get("outputSchema"),
+            annotations=ToolAnnotations(**_annotations_for(view, annotations)),
+            meta={
+                "nexus": {
+                    "server_id": server.server_id,
+                    "upstream_tool": view.upstream_name,
+                    "risk": view.tool_class,
+                    "sha256": view.digest,
+                }
+            },
+            tags={UPSTREAM_TOOLSET_PREFIX + server.server_id},
+        )
+        tool._server = server
+        tool._view = view
+        return tool
+
+    @property
+    def view(self) -> ToolView:
+        return self._view  # type: ignore[no-any-return]
+
+    @view.setter
+    def view(self, value: ToolView) -> None:
+        self._view = value
+
+    async def run(self, arguments: dict[str, Any], context: Any = None) -> ToolResult:
+        server: UpstreamServer = self._server
+        view: ToolView = self._view
+        state = current_call()
+        current = server.visible_tools().get(self.name)
+        if state is None or state.principal is None or current is not self:
+            # Reached without the chain, or quarantined since it was looked up: the
+            # answer a hidden or missing tool gets.
+            raise FastMCPNotFoundError(f"Unknown tool: {self.name!r}")
+        hooks = server.hooks
+        assert hooks is not None, "the composition root binds the connector hooks"
+        checks, build_effect, on_started, before_run = hooks
+        contract = server.contract_for(view)
+        try:
+            for check in checks:
+                check.before(contract, state, arguments)
+            before_run(contract, state)
+            state.executed = True
+            on_started(contract, state)
+            try:
+                raw = await server.forward(
+                    state,
+                    view.upstream_name,
+                    _upstream_arguments(arguments, view),
+                    retryable=state.tool_class == "read",
+                )
+            except UpstreamFailure as failure:
+                raise failure.to_error() from None
+            result = _to_result(raw, server.max_result_bytes)
+            if not result.is_error:
+                for check in checks:
+                    check.after(contract, state, result.document)
+            effect = build_effect(contract, state)
+        except NexusError as exc:
+            raise ConnectorRefusal(exc) from exc
+        state.effect = effect
+        if result.is_error:
+            return ToolResult(
+                content=result.content, meta={META_TOOL_EFFECT: dict(effect)}, is_error=True
+            )
+        return ToolResult(
+            content=result.content,
+            structured_content=result.structured,
+            meta={META_TOOL_EFFECT: dict(effect)},
+        )
+
+
+def _upstream_arguments(arguments: dict[str, Any], view: ToolView) -> dict[str, Any]:
+    """The arguments the upstream gets: nexus's call plumbing (idempotency key, approval
+    token) stays here, unless the upstream's own schema declares such an argument."""
+    schema = view.definition.get("inputSchema")
+    declared = schema.get("properties") if isinstance(schema, Mapping) else None
+    own = set(declared) if isinstance(declared, Mapping) else set()
+    if not (PLUMBING_ARGS & arguments.keys()):
+        return arguments
+    return {k: v for k, v in arguments.items() if k not in PLUMBING_ARGS or k in own}
+
+
+def _annotations_for(view: ToolView, annotations: Any) -> dict[str, Any]:
+    """The upstream's hints, except the ones nexus decides: read-only only when the
+    registry says read; never idempotent or non-destructive on the upstream's word."""
+    hints = dict(annotations) if isinstance(annotations, Mapping) else {}
+    allowed = {k: v for k, v in hints.items() if k in ("title", "openWorldHint")}
+    read = view.tool_class == "read"
+    allowed["readOnlyHint"] = read
+    allowed["destructiveHint"] = not read
+    allowed["idempotentHint"] = read
+    return allowed
+
+
+@dataclass(frozen=True)
+class _Result:
+    content: list[Any]
+    structured: dict[str, Any] | None
+    is_error: bool
+
+    @property
+    def document(self) -> dict[str, Any]:
+        """What the registry's read pointers resolve in for an upstream tool: the result
+        object (``/structuredContent/...``, ``/content/0/text``)."""
+        return {
+            "content": [
+                c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in self.content
+            ],
+            "structuredContent": self.structured,
+        }
+
+
+def _to_result(raw: Any, max_bytes: int) -> _Result:
+    """The upstream's CallToolResult, checked for shape and size (never echoed).
+
+    The size is that of the content blocks and ``structuredContent`` as JSON, whatever
+    their kind (text, images, embedded resources); over ``limits.max_read_bytes`` the
+    result is refused, never truncated.
+    """
+    try:
+        content = list(raw.content or [])
+        structured = raw.structured_content
+        is_error = bool(raw.is_error)
+        if structured is not None and not isinstance(structured, dict):
+            raise TypeError("structuredContent is not an object")
+        dumped = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in content]
+        size = len(to_canonical_json([dumped, structured]))
+    except Exception:  # noqa: BLE001 - an upstream's malformed answer, never echoed
+        raise UpstreamFailure("error", "bad_result").to_error() from None
+    if size > max_bytes:
+        raise UpstreamFailure("error", "result_too_large").to_error()
+    if is_error:
+        # Its text is the tool's output, like a native tool's; an error result carries
+        # no structuredContent (DESIGN.md, Error envelope).
+        content = [c for c in content if isinstance(c, TextContent)] or [
+            TextContent(type="text", text="")
+        ]
+        return _Result(content, None, True)
+    return _Result(content, structured, False)
+
+
+class UpstreamProvider(Provider):
+    """FastMCP's ``Provider`` for every upstream's exposed tools (one enforcement path:
+    the server's middleware chain runs for these tools exactly as for native ones)."""
+
+    # Its names never collide with the local provider's (``server.py`` refuses a prefix
+    # that could), so the ToolIndex may answer native lookups without asking it.
+    disjoint_from_local = True
+
+    def __init__(self, servers: Iterable[UpstreamServer]) -> None:
+        super().__init__()
+        self.servers = list(servers)
+        self._started = time.monotonic()
+        self._warm = False
+
+    async def start(self) -> None:
+        for server in self.servers:
+            await server.start()
+
+    async def close(self) -> None:
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                await server.close()
+
+    def warming(self) -> bool:
+        """True while some upstream is on its first connection, within the start-up window
+        (or this event loop has not started the upstreams yet)."""
+        if self._warm:
+            return False
+        loop = asyncio.get_running_loop()
+        if any(server._loop is not loop for server in self.servers):
+            return True
+        if time.monotonic() - self._started > WARM_UP_WINDOW_SECONDS or all(
+            server.first_attempt_done for server in self.servers
+        ):
+            self._warm = True
+            return False
+        return True
+
+    async def warm_up(self) -> None:
+        """Right after start-up, let upstreams still on their first connection finish it,
+        together, for at most ``FIRST_LIST_WAIT_SECONDS``: a client lists (or calls) once,
+        right after it starts the server. A server known to be down is never waited for,
+        and after the window nothing ever waits here."""
+        if not self.warming():
+            return
+        await asyncio.gather(*(s.wait_first_attempt(FIRST_LIST_WAIT_SECONDS) for s in self.servers))
+
+    async def _list_tools(self) -> list[Tool]:
+        await self.warm_up()
+        tools: list[Tool] = []
+        for server in self.servers:
+            server._bind_loop()
+            tools.extend(server.visible_tools().values())
+        return tools
+
+    async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
+        for server in self.servers:
+            server._bind_loop()
+            tool = server.visible_tools().get(name)
+            if tool is not None:
+                return tool
+        return None
+
+
+__all__ = [
+    "FIRST_LIST_WAIT_SECONDS",
+    "UPSTREAM_TOOLSET_PREFIX",
+    "ToolView",
+    "UpstreamProvider",
+    "UpstreamTool",
+]
