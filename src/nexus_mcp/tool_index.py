@@ -11,7 +11,8 @@ It answers only what FastMCP would answer, and passes everything else on unchang
 
 - only names the composition root registered (``add``), looked up under their key in the
   local provider as it is now, so a tool removed or replaced since is never answered
-  from the index;
+  from the index; any other name is first asked of the providers whose names are
+  disjoint from the local one's (the upstream tools), each through its own lookup;
 - only a plain lookup: no version constraint, no hashed app-tool lookup in progress, no
   provider beside the local one but providers whose names are disjoint from it, no
   transform on the local provider;
@@ -61,12 +62,21 @@ class ToolIndex(Transform):
     async def get_tool(
         self, name: str, call_next: GetToolNext, *, version: VersionSpec | None = None
     ) -> Tool | None:
-        key = self._keys.get(name)
-        if key is not None and version is None and self._plain_lookup():
-            # The local provider's own storage, by key: what its scan would find.
-            tool = self._local._get_component(key)
-            if isinstance(tool, Tool) and tool.name == name:
-                return tool
+        if version is None and self._plain_lookup():
+            key = self._keys.get(name)
+            if key is not None:
+                # The local provider's own storage, by key: what its scan would find.
+                tool = self._local._get_component(key)
+                if isinstance(tool, Tool) and tool.name == name:
+                    return tool
+            else:
+                # Not a native name: ask the providers whose names are disjoint from the
+                # local one's (upstream tools) directly, before any local scan.
+                for provider in self._server.providers:
+                    if provider is not self._local:
+                        found = await provider.get_tool(name)
+                        if found is not None:
+                            return found
         return await call_next(name, version=version)
 
 
