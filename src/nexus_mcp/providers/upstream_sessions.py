@@ -243,7 +243,6 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
         message_handler=handler,
         **relays,
         mode="legacy",  # the handshake era: one session that lasts, as reuse needs
-        timeout=config.timeouts.call_seconds,
         init_timeout=config.timeouts.connect_seconds,
     )
 

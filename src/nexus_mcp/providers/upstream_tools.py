@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 UPSTREAM_TOOLSET_PREFIX = "upstream:"
 # How long the first tools/list after start-up may wait for upstreams still connecting
 # (never for one known to be down): a desktop client lists once, right after starting.
-FIRST_LIST_WAIT_SECONDS = 3.0
+# Each upstream is waited for at most its own connect timeout, and never longer than this.
+FIRST_LIST_WAIT_SECONDS = 10.0
 WARM_UP_WINDOW_SECONDS = 60.0
 
 
@@ -255,9 +256,9 @@ class UpstreamProvider(Provider):
 
     async def warm_up(self) -> None:
         """Right after start-up, let upstreams still on their first connection finish it,
-        together, for at most ``FIRST_LIST_WAIT_SECONDS``: a client lists (or calls) once,
-        right after it starts the server. A server known to be down is never waited for,
-        and after the window nothing ever waits here."""
+        together, each for at most its connect timeout (``FIRST_LIST_WAIT_SECONDS`` at
+        most): a client lists (or calls) once, right after it starts the server. A server
+        known to be down is never waited for; after the window nothing waits here."""
         if not self.warming():
             return
         await asyncio.gather(*(s.wait_first_attempt(FIRST_LIST_WAIT_SECONDS) for s in self.servers))
