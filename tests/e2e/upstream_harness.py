@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from nexus_mcp.audit import MemoryAuditSink
@@ -56,6 +56,7 @@ UP_TOOLS: dict[str, str] = {
     "whoami": "read",
     "mutate": "read",
     "crash": "read",
+    "garbage": "read",
     "ask_sampling": "read",
     "ask_roots": "read",
     "ask_elicit": "read",
@@ -220,6 +221,21 @@ def run_cli(args: list[str]) -> int:
         return pool.submit(cli_main, args).result()
 
 
+def wait_listening(port: int, proc: subprocess.Popen[bytes], seconds: float = 20) -> None:
+    """Until something accepts connections on the port (bounded)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError("upstream test server exited early")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError("upstream test server did not listen") from None
+            time.sleep(0.1)
+
+
 def all_up_tools(prefix: str = "up_") -> list[str]:
     return [prefix + name for name in UP_TOOLS]
 
@@ -232,29 +248,32 @@ def read_record(path: Path) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def http_upstream_process(
-    record: Path | None = None, *, variant: str | None = None
+    record: Path | None = None,
+    *,
+    variant: str | None = None,
+    port: int | None = None,
+    tls: Mapping[str, Path] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """The test server over streamable HTTP on a loopback port; yields its MCP URL."""
-    port = free_port()
+    """The test server over streamable HTTP on a loopback port; yields its MCP URL.
+
+    ``tls``: ``cert``, ``key`` and optionally ``client_ca`` (client certificates required).
+    """
+    port = port or free_port()
     args = [sys.executable, str(UPSTREAM_SCRIPT), "--transport", "http", "--port", str(port)]
     if record is not None:
         args += ["--record", str(record)]
     if variant is not None:
         args += ["--variant", variant]
+    scheme = "http"
+    if tls is not None:
+        scheme = "https"
+        args += ["--tls-cert", str(tls["cert"]), "--tls-key", str(tls["key"])]
+        if "client_ca" in tls:
+            args += ["--tls-client-ca", str(tls["client_ca"])]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/mcp"
+    url = f"{scheme}://127.0.0.1:{port}/mcp"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError("upstream test server exited early")
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/", timeout=0.5)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("upstream test server did not listen") from None
-                time.sleep(0.1)
+        wait_listening(port, proc)
         yield url, proc
     finally:
         proc.terminate()

@@ -3,6 +3,10 @@
     python tests/support/upstream_server.py --transport stdio|http [--port N]
         [--record FILE] [--variant NAME]
 
+Over HTTP it serves streamable HTTP at ``http://127.0.0.1:PORT/mcp`` and prints
+``READY PORT`` to stderr once the socket listens (``--port 0``, the default, picks a free
+port). Over stdio it prints nothing to stdout but JSON-RPC (``garbage`` aside).
+
 It records every request it receives (``--record``: one JSON line each, with the HTTP
 headers it saw, the request ``_meta``, the environment canary and its pid), so a test can
 prove what did and did not reach it. ``--variant`` changes ``echo``'s description (a
@@ -16,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 from typing import Any
 
@@ -45,8 +50,12 @@ def build(record: str | None, variant: str | None) -> FastMCP[Any]:
     class Recorder(Middleware):
         async def on_request(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
             message = context.message
-            params = getattr(message, "params", None) or message
-            meta = getattr(params, "meta", None)
+            meta: Any = None
+            ctx = context.fastmcp_context
+            request = ctx.request_context if ctx is not None else None
+            if request is not None and request.meta is not None:
+                raw = request.meta
+                meta = raw.model_dump() if hasattr(raw, "model_dump") else dict(raw)
             try:
                 headers = get_http_headers(include_all=True)
             except Exception:
@@ -56,9 +65,7 @@ def build(record: str | None, variant: str | None) -> FastMCP[Any]:
                     "method": context.method,
                     "tool": getattr(message, "name", None),
                     "arguments": getattr(message, "arguments", None),
-                    "meta": meta
-                    if isinstance(meta, dict)
-                    else (meta.model_dump() if hasattr(meta, "model_dump") else None),
+                    "meta": meta,
                     "headers": {k.lower(): v for k, v in (headers or {}).items()},
                     "env_canary": os.environ.get("NEXUS_TEST_CANARY"),
                     "pid": os.getpid(),
@@ -154,6 +161,18 @@ def build(record: str | None, variant: str | None) -> FastMCP[Any]:
         os._exit(1)
 
     @mcp.tool(annotations={"readOnlyHint": True})
+    async def garbage() -> dict[str, Any]:
+        """Write a non-JSON line to stdout, then answer normally.
+
+        Meaningful over stdio only (where stdout is the JSON-RPC channel): the line reaches
+        the client's transport between messages. Over HTTP it goes to the process's stdout
+        and the call is a plain success.
+        """
+        sys.stdout.buffer.write(b"this is not JSON-RPC\n")
+        sys.stdout.buffer.flush()
+        return {"ok": True}
+
+    @mcp.tool(annotations={"readOnlyHint": True})
     async def ask_sampling(ctx: Context) -> dict[str, Any]:
         """Ask the client's model (sampling)."""
         result = await ctx.session.create_message(
@@ -186,14 +205,46 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--record", default=None)
     parser.add_argument("--variant", default=None)
+    parser.add_argument("--tls-cert", default=None, help="HTTPS: the server's certificate")
+    parser.add_argument("--tls-key", default=None, help="HTTPS: its key")
+    parser.add_argument("--tls-client-ca", default=None, help="HTTPS: require client certs")
     args = parser.parse_args()
     mcp = build(args.record, args.variant)
     if args.transport == "stdio":
         mcp.run(transport="stdio", show_banner=False)
+    elif args.tls_cert:
+        import ssl
+
+        import uvicorn
+
+        uvicorn.run(
+            mcp.http_app(),
+            host="127.0.0.1",
+            port=args.port,
+            log_level="error",
+            ssl_certfile=args.tls_cert,
+            ssl_keyfile=args.tls_key,
+            ssl_ca_certs=args.tls_client_ca,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if args.tls_client_ca else ssl.CERT_NONE,
+        )
     else:
-        print(f"READY {args.port}", file=sys.stderr, flush=True)
-        mcp.run(
-            transport="http", host="127.0.0.1", port=args.port, show_banner=False, log_level="ERROR"
+        # Bind (and listen) first, so --port 0 gets an ephemeral port and READY is true
+        # when printed: connections queue in the backlog until uvicorn accepts them.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", args.port))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        print(f"READY {port}", file=sys.stderr, flush=True)
+        asyncio.run(
+            mcp.run_http_async(
+                transport="http",
+                host="127.0.0.1",
+                port=port,
+                show_banner=False,
+                log_level="ERROR",
+                sockets=[sock],
+            )
         )
 
 
