@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,8 @@ class Runtime:
     targets: ToolTargets
     contracts: dict[str, ToolContract] = field(default_factory=dict)
     argument_models: dict[str, type[BaseModel]] = field(default_factory=dict)
+    # Argument checks of tools without a model (upstream tools, by exposed name).
+    argument_checks: dict[str, Callable[[Mapping[str, Any]], None]] = field(default_factory=dict)
     connector_checks: list[ConnectorCheck] = field(default_factory=list)
     verifier: TokenVerifier | None = None
     upstreams: UpstreamGateway | None = None
@@ -441,6 +443,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             targets=runtime.targets,
             wait_seconds=settings.registry.idempotency_wait_seconds,
             argument_models=runtime.argument_models,
+            argument_checks=runtime.argument_checks,
         ),
         approval=ApprovalMiddleware(
             runtime.write_policies,

@@ -468,3 +468,22 @@ def test_an_inline_credential_stops_a_prod_start_up_without_showing_it(tmp_path:
         build(gw)
     assert "inline secrets are refused in prod" in str(caught.value)
     assert token not in str(caught.value)
+
+
+async def test_arguments_the_pinned_schema_refuses_never_reach_the_upstream(
+    tmp_path: Path,
+) -> None:
+    gw, record = gateway(tmp_path)
+    async with Client(build(gw).mcp) as client:
+        wrong_type = await client.call_tool_mcp("up_add", {"a": "VALUE-CANARY", "b": 2})
+        missing = await client.call_tool_mcp("up_add", {"a": 1})
+        extra = await client.call_tool_mcp("up_echo", {"text": "x", "other-CANARY": 1})
+        fine = await client.call_tool_mcp("up_add", {"a": 1, "b": 2})
+    assert envelope(wrong_type) == {
+        "error": "invalid input for field 'a'",
+        "code": "INVALID_INPUT",
+    }
+    assert envelope(missing)["code"] == "INVALID_INPUT"
+    assert "CANARY" not in json.dumps([wire(wrong_type), wire(extra), gw.events()])
+    assert wire(fine)["structuredContent"] == {"sum": 3}
+    assert [c["arguments"] for c in calls_to(record, "add")] == [{"a": 1, "b": 2}]

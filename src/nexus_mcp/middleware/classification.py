@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -61,7 +61,10 @@ class ClassificationMiddleware(Middleware):
         targets: ToolTargets,
         wait_seconds: float,
         argument_models: Mapping[str, type[BaseModel]],
+        argument_checks: Mapping[str, Callable[[Mapping[str, Any]], None]] | None = None,
     ) -> None:
+        # Tools without an arguments model (an upstream's) check their arguments here.
+        self.argument_checks = argument_checks if argument_checks is not None else {}
         self.enforcer = enforcer
         self.store = store
         self.targets = targets
@@ -86,6 +89,10 @@ class ClassificationMiddleware(Middleware):
             except ValidationError as exc:
                 raise invalid_input_from(exc) from None
             state.validated_arguments = (arguments, validated.__dict__)
+        else:
+            check = self.argument_checks.get(state.tool_name)
+            if check is not None:
+                check(context.message.arguments or {})
         classification = self.enforcer.classify_into(state)
         if classification.tool_class != "write":
             return await call_next(context)

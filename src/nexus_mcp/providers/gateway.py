@@ -13,6 +13,7 @@ and the set of tools that exist (namespace).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from nexus_mcp.providers.upstream import (
     UpstreamProvider,
     UpstreamServer,
 )
+from nexus_mcp.providers.upstream_tools import check_arguments
 from nexus_mcp.settings import Settings
 from nexus_mcp.targets import identify_upstream
 
@@ -143,6 +145,7 @@ class UpstreamGateway:
             view = tool.view
             runtime.contracts[name] = server.contract_for(view)
             runtime.enforcer.routes[name] = (server.server_id, view.upstream_name)
+            runtime.argument_checks[name] = functools.partial(check_arguments, view)
             runtime.targets.add_tool(name, toolset)
         listed = self._listed.setdefault(server.server_id, set())
         for name in listed - set(visible):

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,11 +23,13 @@ from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import SchemaError
 from mcp_types import TextContent, ToolAnnotations
 
 from nexus_mcp.calls import META_TOOL_EFFECT, PLUMBING_ARGS, current_call
 from nexus_mcp.decorator import ConnectorRefusal
-from nexus_mcp.errors import NexusError
+from nexus_mcp.errors import InvalidInputError, NexusError
 from nexus_mcp.policy.hashing import to_canonical_json
 from nexus_mcp.policy.pins import PinState
 from nexus_mcp.policy.registry import ToolEntry
@@ -113,6 +117,7 @@ class UpstreamTool(Tool):
         checks, build_effect, on_started, before_run = hooks
         contract = server.contract_for(view)
         try:
+            check_arguments(view, arguments)  # the gateway checked; the connector re-checks
             for check in checks:
                 check.before(contract, state, arguments)
             before_run(contract, state)
@@ -144,6 +149,52 @@ class UpstreamTool(Tool):
             structured_content=result.structured,
             meta={META_TOOL_EFFECT: dict(effect)},
         )
+
+
+def _skip(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    return iter(())
+
+
+# The pinned inputSchema, checked before anything goes upstream, except for the keywords
+# that run a regular expression from the upstream's schema on the caller's text (a
+# catastrophic pattern would hold the event loop): the upstream checks those itself.
+_ArgumentsValidator = validators.extend(
+    Draft202012Validator, {"pattern": _skip, "patternProperties": _skip}
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _validator_for(schema_json: str) -> Any:
+    schema = json.loads(schema_json)
+    if not isinstance(schema, dict):
+        return None
+    if "patternProperties" in schema_json:
+        # Without its patterns, "additionalProperties" would refuse what they allow.
+        return None
+    try:
+        _ArgumentsValidator.check_schema(schema)
+    except SchemaError:
+        return None  # not checkable here: the upstream checks its own arguments
+    return _ArgumentsValidator(schema)
+
+
+def check_arguments(view: ToolView, arguments: Mapping[str, Any]) -> None:
+    """``INVALID_INPUT`` for arguments the tool's pinned ``inputSchema`` refuses, naming
+    only a property the schema declares (never a value); call plumbing is not the tool's."""
+    schema = view.definition.get("inputSchema")
+    if not isinstance(schema, Mapping):
+        return
+    validator = _validator_for(json.dumps(schema, sort_keys=True))
+    if validator is None:
+        return
+    own = _upstream_arguments(dict(arguments), view)
+    error = next(iter(validator.iter_errors(own)), None)
+    if error is None:
+        return
+    declared = schema.get("properties")
+    field = error.path[0] if error.path else None
+    named = isinstance(declared, Mapping) and isinstance(field, str) and field in declared
+    raise InvalidInputError(field=field if named else None, problem="upstream_schema")
 
 
 def _upstream_arguments(arguments: dict[str, Any], view: ToolView) -> dict[str, Any]:
@@ -286,4 +337,5 @@ __all__ = [
     "ToolView",
     "UpstreamProvider",
     "UpstreamTool",
+    "check_arguments",
 ]
