@@ -65,13 +65,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_list(args: argparse.Namespace) -> int:
+    rows: list[Sequence[str]] = []
     try:
         context = _load(args)
+        for server_id in context.server_ids:
+            rows.extend(_rows(asyncio.run(_inspect(context, server_id))))
     except ConfigError as exc:
         return _refuse(str(exc))
-    rows: list[Sequence[str]] = []
-    for server_id in context.server_ids:
-        rows.extend(_rows(asyncio.run(_inspect(context, server_id))))
     if not rows:
         print("no upstreams configured")
         return EXIT_OK
@@ -81,10 +81,9 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     try:
-        context = _load(args, server_id=args.server)
+        _context, report = _connect(args)
     except ConfigError as exc:
         return _refuse(str(exc))
-    report = asyncio.run(_inspect(context, args.server))
     _print_table(_COLUMNS, _rows(report))
     drift = _drift(report)
     if report["state"] != "ready":
@@ -99,10 +98,9 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_pin(args: argparse.Namespace) -> int:
     try:
-        context = _load(args, server_id=args.server)
+        context, report = _connect(args)
     except ConfigError as exc:
         return _refuse(str(exc))
-    report = asyncio.run(_inspect(context, args.server))
     if report["state"] != "ready":
         return _refuse(f"{args.server}: could not connect ({report['failure']})")
     tools: dict[str, dict[str, Any]] = report["tools"]
@@ -133,6 +131,12 @@ def run_pin(args: argparse.Namespace) -> int:
     path = write_pins(pins)
     print(f"wrote {len(changes)} pin(s) to {path}")
     return EXIT_OK
+
+
+def _connect(args: argparse.Namespace) -> tuple[_Context, dict[str, Any]]:
+    """The configuration, and what connecting to ``args.server`` as the gateway finds."""
+    context = _load(args, server_id=args.server)
+    return context, asyncio.run(_inspect(context, args.server))
 
 
 class _Context:
