@@ -75,6 +75,10 @@ def build(record: str | None, variant: str | None) -> FastMCP[Any]:
                 raise MCPError(code=-32001, message=f"rpc failure {SECRET}")
             return await call_next(context)
 
+        async def on_notification(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+            append({"method": context.method, "pid": os.getpid()})
+            return await call_next(context)
+
     mcp.add_middleware(Recorder())
 
     description = ECHO_DESCRIPTION + (f" ({variant})" if variant else "")
