@@ -92,7 +92,10 @@ class ClassificationMiddleware(Middleware):
         else:
             check = self.argument_checks.get(state.tool_name)
             if check is not None:
-                check(context.message.arguments or {})
+                arguments = context.message.arguments or {}
+                check(arguments)
+                # The connector sees this very object and need not check it again.
+                state.validated_arguments = (arguments, arguments)
         classification = self.enforcer.classify_into(state)
         if classification.tool_class != "write":
             return await call_next(context)

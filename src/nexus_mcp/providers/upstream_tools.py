@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -117,7 +116,9 @@ class UpstreamTool(Tool):
         checks, build_effect, on_started, before_run = hooks
         contract = server.contract_for(view)
         try:
-            check_arguments(view, arguments)  # the gateway checked; the connector re-checks
+            checked = state.validated_arguments
+            if checked is None or checked[0] is not arguments:
+                check_arguments(view, arguments)  # the gateway's check did not run
             for check in checks:
                 check.before(contract, state, arguments)
             before_run(contract, state)
@@ -163,35 +164,42 @@ _ArgumentsValidator = validators.extend(
 )
 
 
-@functools.lru_cache(maxsize=4096)
-def _validator_for(schema_json: str) -> Any:
-    schema = json.loads(schema_json)
-    if not isinstance(schema, dict):
-        return None
-    if "patternProperties" in schema_json:
-        # Without its patterns, "additionalProperties" would refuse what they allow.
-        return None
-    try:
-        _ArgumentsValidator.check_schema(schema)
-    except SchemaError:
-        return None  # not checkable here: the upstream checks its own arguments
-    return _ArgumentsValidator(schema)
+_VALIDATORS: dict[str, Any] = {}  # definition digest -> validator (None: not checkable here)
+_MAX_VALIDATORS = 4096
+
+
+def _validator_for(view: ToolView) -> Any:
+    found = _VALIDATORS.get(view.digest, _VALIDATORS)
+    if found is not _VALIDATORS:
+        return found
+    schema = view.definition.get("inputSchema")
+    validator = None
+    # Without its patterns, "additionalProperties" would refuse what "patternProperties"
+    # allows: such a schema is left to the upstream.
+    if isinstance(schema, Mapping) and "patternProperties" not in json.dumps(schema):
+        try:
+            _ArgumentsValidator.check_schema(schema)
+            validator = _ArgumentsValidator(schema)
+        except SchemaError:
+            validator = None  # not checkable here: the upstream checks its own arguments
+    if len(_VALIDATORS) >= _MAX_VALIDATORS:
+        _VALIDATORS.clear()
+    _VALIDATORS[view.digest] = validator
+    return validator
 
 
 def check_arguments(view: ToolView, arguments: Mapping[str, Any]) -> None:
     """``INVALID_INPUT`` for arguments the tool's pinned ``inputSchema`` refuses, naming
     only a property the schema declares (never a value); call plumbing is not the tool's."""
-    schema = view.definition.get("inputSchema")
-    if not isinstance(schema, Mapping):
-        return
-    validator = _validator_for(json.dumps(schema, sort_keys=True))
+    validator = _validator_for(view)
     if validator is None:
         return
     own = _upstream_arguments(dict(arguments), view)
     error = next(iter(validator.iter_errors(own)), None)
     if error is None:
         return
-    declared = schema.get("properties")
+    schema = view.definition.get("inputSchema")
+    declared = schema.get("properties") if isinstance(schema, Mapping) else None
     field = error.path[0] if error.path else None
     named = isinstance(declared, Mapping) and isinstance(field, str) and field in declared
     raise InvalidInputError(field=field if named else None, problem="upstream_schema")
