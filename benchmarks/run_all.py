@@ -30,6 +30,7 @@ SCRIPTS = [
     "bench_documents.py",
     "bench_approvals.py",
     "bench_notes.py",
+    "bench_upstream.py",
 ]
 
 
