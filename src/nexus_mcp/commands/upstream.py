@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.logs import ensure_logging
 from nexus_mcp.policy.pins import PinState, load_pins, lock_path, write_pins
 from nexus_mcp.policy.registry import (
     RegistrySet,
@@ -163,6 +164,9 @@ def load_registry(settings: Any) -> RegistrySet:
 
 
 def _load(args: argparse.Namespace, server_id: str | None = None) -> _Context:
+    # What connecting logs (quarantine warnings, an upstream's library records) goes to
+    # stderr as JSON lines; stdout is the table.
+    ensure_logging()
     overrides: dict[str, Any] = {"mode": args.mode}
     settings = load_settings(args.config, overrides)
     registry_dir = args.registry_dir or upstream_registry_dir(
