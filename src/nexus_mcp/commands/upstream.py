@@ -25,7 +25,6 @@ from nexus_mcp.logs import ensure_logging
 from nexus_mcp.policy.pins import PinState, load_pins, lock_path, write_pins
 from nexus_mcp.policy.registry import (
     RegistrySet,
-    default_registry_dir,
     load_registry_dir,
     upstream_registry_dir,
 )
@@ -179,11 +178,13 @@ def _load(args: argparse.Namespace, server_id: str | None = None) -> _Context:
     )
     if server_id is not None and config.get(server_id) is None:
         raise ConfigError(f"no upstream {server_id!r} in the configuration")
-    registry = load_registry(settings)
-    if args.registry_dir is not None:
-        registry = load_registry_dir(
-            settings.registry.directory or default_registry_dir(), upstream_directory=registry_dir
-        )
+    # The upstream commands read upstream registries only: --registry-dir names their
+    # folder; without it, the registries serve would load.
+    registry = (
+        load_registry_dir(args.registry_dir)
+        if args.registry_dir is not None
+        else load_registry(settings)
+    )
     return _Context(config, registry_dir, settings.mode, registry)
 
 
