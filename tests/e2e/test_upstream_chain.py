@@ -7,7 +7,6 @@ would; what reached the upstream is read back from its own record.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import time
@@ -20,7 +19,6 @@ import yaml
 from fastmcp import Client
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.policy.approvals import mint_approval_token
 from nexus_mcp.server import NexusServer
 
 from .conftest import wire
@@ -29,7 +27,9 @@ from .upstream_harness import (
     UP_TOOLS,
     Gateway,
     all_up_tools,
+    approve,
     make_gateway,
+    poll,
     read_record,
     stdio_upstream,
 )
@@ -81,14 +81,6 @@ def build(gw: Gateway, **overrides: Any) -> NexusServer:
 
 async def names(client: Client[Any]) -> set[str]:
     return {tool.name for tool in await client.list_tools()}
-
-
-async def wait_for(predicate: Any, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 def unknown_like(result: Any, name: str, other: Any, other_name: str) -> None:
@@ -186,7 +178,7 @@ async def test_a_definition_changed_at_run_time_is_quarantined_for_everyone(
     async with Client(server.mcp) as client:
         assert not (await client.call_tool_mcp("up_echo", {"text": "a"})).is_error
         assert not (await client.call_tool_mcp("up_mutate", {})).is_error
-        await wait_for(
+        await poll(
             lambda: any(q["tool"] == "echo" for q in upstreams.summary()["up"]["quarantined"])
         )
         assert "up_echo" not in await names(client)
@@ -275,17 +267,7 @@ async def test_an_approved_write_runs_once_and_replays_without_the_upstream(
         refused = await client.call_tool_mcp("up_write_note", arguments)
         assert envelope(refused)["code"] == "APPROVAL_REQUIRED"
         assert calls_to(record, "write_note") == []
-        keys = server.runtime.approval_keys
-        assert keys is not None
-        token = mint_approval_token(
-            keys,
-            server.runtime.approval_settings,
-            approver="bob",
-            subject="alice",
-            tool="up_write_note",
-            arguments=arguments,
-            host_id="ci",
-        )
+        token = approve(server, "up_write_note", arguments)
         approved = {**arguments, "approval_token": token}
         first = await client.call_tool_mcp("up_write_note", approved)
         assert wire(first)["structuredContent"] == {"count": 1}
@@ -396,7 +378,7 @@ async def test_the_tool_timeout_cancels_the_call_upstream(tmp_path: Path) -> Non
         assert envelope(result)["code"] == "TOOL_TIMEOUT"
         # Still connected: the upstream got notifications/cancelled and stopped the call
         # (not a shutdown that would stop it anyway).
-        await wait_for(lambda: any(r["method"] == "cancelled" for r in read_record(record)))
+        await poll(lambda: any(r["method"] == "cancelled" for r in read_record(record)))
     methods = [r["method"] for r in read_record(record)]
     assert "notifications/cancelled" in methods
 

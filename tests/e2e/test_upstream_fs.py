@@ -15,11 +15,9 @@ import pytest
 import yaml
 from fastmcp import Client
 
-from nexus_mcp.policy.approvals import mint_approval_token
-
 from .conftest import wire
 from .node_clients import is_ci
-from .upstream_harness import FS_SERVER, REPO, make_gateway
+from .upstream_harness import FS_SERVER, REPO, approve, make_gateway
 
 EXAMPLE = REPO / "config" / "upstreams" / "example.yaml"
 FS_REGISTRY = REPO / "config" / "upstreams" / "fs.json"
@@ -106,17 +104,7 @@ async def test_the_reference_filesystem_server_behind_the_gateway(tmp_path: Path
         unapproved = await client.call_tool_mcp("fs_write_file", arguments)
         assert envelope(unapproved)["code"] == "APPROVAL_REQUIRED"
         assert not target.exists()
-        keys = server.runtime.approval_keys
-        assert keys is not None
-        token = mint_approval_token(
-            keys,
-            server.runtime.approval_settings,
-            approver="bob",
-            subject="alice",
-            tool="fs_write_file",
-            arguments=arguments,
-            host_id="ci",
-        )
+        token = approve(server, "fs_write_file", arguments)
         written = await client.call_tool_mcp(
             "fs_write_file", {**arguments, "approval_token": token}
         )

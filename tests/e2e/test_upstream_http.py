@@ -7,7 +7,6 @@ received is read back from its own record.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import time
@@ -31,6 +30,7 @@ from .upstream_harness import (
     http_upstream,
     http_upstream_process,
     make_gateway,
+    poll,
     read_record,
     stdio_upstream,
     wait_listening,
@@ -339,14 +339,6 @@ async def test_the_stdio_upstream_inherits_no_secret_of_nexus(
     async with Client(gw2.build().mcp) as client:
         await client.call_tool_mcp("up_echo", {"text": "hi"})
     assert {e["env_canary"] for e in read_record(given)} == {"handed-on-on-purpose"}
-
-
-async def poll(predicate: Any, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.1)
 
 
 @pytest.mark.parametrize("when_down", ["refuse", "hide"])

@@ -7,6 +7,7 @@ reference filesystem server from npm (``tests/clients``).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import json
@@ -15,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import yaml
 
 from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.cli import main as cli_main
+from nexus_mcp.policy.approvals import mint_approval_token
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import load_settings
 
@@ -211,6 +213,30 @@ def make_gateway(
         profiles_file=profiles_file,
         data_dir=root / "data",
         workspace=workspace,
+    )
+
+
+async def poll(predicate: Callable[[], bool], seconds: float = 15.0) -> None:
+    """Until ``predicate()`` holds (bounded): a wait, not a pace."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+def approve(server: NexusServer, tool: str, arguments: Mapping[str, Any]) -> str:
+    """An approval token minted by approver ``bob`` for alice, this tool, these arguments."""
+    keys = server.runtime.approval_keys
+    assert keys is not None, "the gateway was built without approval keys"
+    return mint_approval_token(
+        keys,
+        server.runtime.approval_settings,
+        approver="bob",
+        subject="alice",
+        tool=tool,
+        arguments=arguments,
+        host_id="ci",
     )
 
 

@@ -76,7 +76,21 @@ def build(record: str | None, variant: str | None) -> FastMCP[Any]:
             return await call_next(context)
 
         async def on_notification(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
-            append({"method": context.method, "pid": os.getpid()})
+            try:
+                headers = get_http_headers(include_all=True)
+            except Exception:
+                headers = {}
+            append(
+                {
+                    "method": context.method,
+                    "tool": None,
+                    "arguments": None,
+                    "meta": None,
+                    "headers": {k.lower(): v for k, v in (headers or {}).items()},
+                    "env_canary": os.environ.get("NEXUS_TEST_CANARY"),
+                    "pid": os.getpid(),
+                }
+            )
             return await call_next(context)
 
     mcp.add_middleware(Recorder())
