@@ -351,10 +351,6 @@ class UpstreamServer:
                 self._emit(EVENT_UPSTREAM_UP)
             self.on_change(self)
 
-    @property
-    def available(self) -> bool:
-        return self.state == "ready"
-
     # -- tool definitions -------------------------------------------------------------
 
     def schedule_refresh(self, key: SessionKey) -> None:
