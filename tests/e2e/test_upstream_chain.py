@@ -7,6 +7,7 @@ would; what reached the upstream is read back from its own record.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -28,6 +29,7 @@ from .upstream_harness import (
     Gateway,
     all_up_tools,
     approve,
+    envelope,
     make_gateway,
     poll,
     read_record,
@@ -39,14 +41,6 @@ APPROVAL_SECRET = "approval-secret-for-upstream-tests-0123456789abcdef"
 EFFECT = "nexus.mcp/tool_effect"
 EFFECT_SCHEMA = json.loads((REPO / "schemas" / "mcp" / "tool_effect.schema.json").read_text())
 WRITE_POLICY = {"allowed_tools": ["write_note", "remember"], "require_approval": False}
-
-
-def envelope(result: Any) -> dict[str, str]:
-    payload = wire(result)
-    assert payload["isError"] is True, payload
-    assert "structuredContent" not in payload
-    parsed: dict[str, str] = json.loads(payload["content"][0]["text"])
-    return parsed
 
 
 def calls_to(record: Path, tool: str) -> list[dict[str, Any]]:
@@ -475,3 +469,21 @@ async def test_arguments_the_pinned_schema_refuses_never_reach_the_upstream(
     assert "CANARY" not in json.dumps([wire(wrong_type), wire(extra), gw.events()])
     assert wire(fine)["structuredContent"] == {"sum": 3}
     assert [c["arguments"] for c in calls_to(record, "add")] == [{"a": 1, "b": 2}]
+
+
+async def test_concurrent_first_calls_of_one_caller_open_one_upstream_session(
+    tmp_path: Path,
+) -> None:
+    gw, record = gateway(tmp_path)
+    server = build(gw)
+    upstreams = server.runtime.upstreams
+    assert upstreams is not None
+    async with Client(server.mcp) as client:
+        results = await asyncio.gather(
+            *(client.call_tool_mcp("up_echo", {"text": f"t{i}"}) for i in range(30))
+        )
+        # Still connected: the session lives on (the server's lifespan closes it at exit).
+        assert upstreams.servers["up"].session_count() == 1
+    assert [wire(r)["structuredContent"] for r in results] == [{"text": f"t{i}"} for i in range(30)]
+    pids = {c["pid"] for c in calls_to(record, "echo")}
+    assert len(pids) == 1

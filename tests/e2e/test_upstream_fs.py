@@ -17,7 +17,7 @@ from fastmcp import Client
 
 from .conftest import wire
 from .node_clients import is_ci
-from .upstream_harness import FS_SERVER, REPO, approve, make_gateway
+from .upstream_harness import FS_SERVER, REPO, approve, envelope, make_gateway
 
 EXAMPLE = REPO / "config" / "upstreams" / "example.yaml"
 FS_REGISTRY = REPO / "config" / "upstreams" / "fs.json"
@@ -57,14 +57,6 @@ def fs_gateway(tmp_path: Path, **changes: Any) -> Any:
     )
     shutil.copy(FS_REGISTRY, gw.registry_dir / "fs.json")
     return gw, served
-
-
-def envelope(result: Any) -> dict[str, str]:
-    payload = wire(result)
-    assert payload["isError"] is True, payload
-    assert "structuredContent" not in payload
-    parsed: dict[str, str] = json.loads(payload["content"][0]["text"])
-    return parsed
 
 
 async def test_the_reference_filesystem_server_behind_the_gateway(tmp_path: Path) -> None:

@@ -216,6 +216,15 @@ def make_gateway(
     )
 
 
+def envelope(result: Any) -> dict[str, str]:
+    """The error envelope of a refused call: isError, no structuredContent, {error, code}."""
+    payload: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert payload["isError"] is True, payload
+    assert "structuredContent" not in payload
+    parsed: dict[str, str] = json.loads(payload["content"][0]["text"])
+    return parsed
+
+
 async def poll(predicate: Callable[[], bool], seconds: float = 15.0) -> None:
     """Until ``predicate()`` holds (bounded): a wait, not a pace."""
     deadline = time.monotonic() + seconds

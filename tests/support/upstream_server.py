@@ -47,50 +47,39 @@ def build(record: str | None, variant: str | None) -> FastMCP[Any]:
             handle.write(json.dumps(line, sort_keys=True) + "\n")
             handle.flush()
 
+    def received(context: MiddlewareContext[Any]) -> dict[str, Any]:
+        """What one request or notification brought: headers (HTTP), _meta, environment."""
+        message = context.message
+        meta: Any = None
+        ctx = context.fastmcp_context
+        request = ctx.request_context if ctx is not None else None
+        if request is not None and request.meta is not None:
+            raw = request.meta
+            meta = raw.model_dump() if hasattr(raw, "model_dump") else dict(raw)
+        try:
+            headers = get_http_headers(include_all=True)
+        except Exception:
+            headers = {}
+        return {
+            "method": context.method,
+            "tool": getattr(message, "name", None),
+            "arguments": getattr(message, "arguments", None),
+            "meta": meta,
+            "headers": {k.lower(): v for k, v in (headers or {}).items()},
+            "env_canary": os.environ.get("NEXUS_TEST_CANARY"),
+            "pid": os.getpid(),
+        }
+
     class Recorder(Middleware):
         async def on_request(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+            append(received(context))
             message = context.message
-            meta: Any = None
-            ctx = context.fastmcp_context
-            request = ctx.request_context if ctx is not None else None
-            if request is not None and request.meta is not None:
-                raw = request.meta
-                meta = raw.model_dump() if hasattr(raw, "model_dump") else dict(raw)
-            try:
-                headers = get_http_headers(include_all=True)
-            except Exception:
-                headers = {}
-            append(
-                {
-                    "method": context.method,
-                    "tool": getattr(message, "name", None),
-                    "arguments": getattr(message, "arguments", None),
-                    "meta": meta,
-                    "headers": {k.lower(): v for k, v in (headers or {}).items()},
-                    "env_canary": os.environ.get("NEXUS_TEST_CANARY"),
-                    "pid": os.getpid(),
-                }
-            )
             if context.method == "tools/call" and getattr(message, "name", None) == "rpc_error":
                 raise MCPError(code=-32001, message=f"rpc failure {SECRET}")
             return await call_next(context)
 
         async def on_notification(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
-            try:
-                headers = get_http_headers(include_all=True)
-            except Exception:
-                headers = {}
-            append(
-                {
-                    "method": context.method,
-                    "tool": None,
-                    "arguments": None,
-                    "meta": None,
-                    "headers": {k.lower(): v for k, v in (headers or {}).items()},
-                    "env_canary": os.environ.get("NEXUS_TEST_CANARY"),
-                    "pid": os.getpid(),
-                }
-            )
+            append(received(context))
             return await call_next(context)
 
     mcp.add_middleware(Recorder())
