@@ -26,7 +26,8 @@ means: no input values, no paths the caller sent, no exception text, no secrets.
     │   ├── ApprovalInvalidError         APPROVAL_INVALID
     │   ├── ApprovalExpiredError         APPROVAL_EXPIRED
     │   ├── ApprovalReplayedError        APPROVAL_REPLAYED
-    │   └── WritePolicyDeniedError       WRITE_POLICY_DENIED
+    │   ├── WritePolicyDeniedError       WRITE_POLICY_DENIED
+    │   └── MergeBlockedError            MERGE_BLOCKED
     ├── LimitError
     │   ├── BudgetExceededError          BUDGET_EXCEEDED
     │   ├── RateLimitedError             RATE_LIMITED
@@ -61,6 +62,7 @@ class Code(StrEnum):
     APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
     APPROVAL_REPLAYED = "APPROVAL_REPLAYED"
     WRITE_POLICY_DENIED = "WRITE_POLICY_DENIED"
+    MERGE_BLOCKED = "MERGE_BLOCKED"
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     RATE_LIMITED = "RATE_LIMITED"
     TOOL_TIMEOUT = "TOOL_TIMEOUT"
@@ -250,6 +252,39 @@ class WritePolicyDeniedError(ApprovalError):
     default_message = "write denied by the write policy"
 
 
+# The reason classes ``merge_guarded`` may name (never a check's or reviewer's name).
+MERGE_BLOCKED_REASONS = frozenset(
+    {
+        "pull_not_open",
+        "not_mergeable",
+        "head_changed",
+        "checks_pending",
+        "checks_failed",
+        "checks_missing",
+        "reviews_missing",
+        "changes_requested",
+        "codeowners_missing",
+        "base_not_allowed",
+    }
+)
+
+
+class MergeBlockedError(ApprovalError):
+    """``merge_guarded`` re-queried the forge at merge time and the rules do not hold.
+
+    The message names the reason class only (``reason`` fact, one of
+    ``MERGE_BLOCKED_REASONS``): never a check, a reviewer or anything the forge said.
+    """
+
+    code = Code.MERGE_BLOCKED
+
+    def render(self, facts: dict[str, Any]) -> str:
+        reason = facts.get("reason")
+        if isinstance(reason, str) and reason in MERGE_BLOCKED_REASONS:
+            return f"merge blocked: {reason}"
+        return "merge blocked"
+
+
 # --- limits -----------------------------------------------------------------------------
 
 
@@ -325,6 +360,7 @@ def to_nexus_error(exc: BaseException, *, correlation_id: str) -> NexusError:
 
 
 __all__ = [
+    "MERGE_BLOCKED_REASONS",
     "UPSTREAM_INVALID_PATH",
     "UPSTREAM_RUNTIME_FAILURE",
     "ApprovalError",
@@ -348,6 +384,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidPathError",
     "LimitError",
+    "MergeBlockedError",
     "NexusError",
     "NotFoundError",
     "RateLimitedError",

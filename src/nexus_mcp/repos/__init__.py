@@ -1,0 +1,1 @@
+"""Git repositories: the git runner, repository operations and the forge client."""
