@@ -68,6 +68,11 @@ class CallState:
     policy_rule: str | None = None
     document_check: DocumentCheck | None = None  # the latest pre- or post-exec check
     effect: Mapping[str, Any] | None = None
+    # What a write changed, named as its toolset names it (a branch ref, a commit id).
+    target_ref: str | None = None
+    # What the approval layer decided for a toolset's write, for the tool to act on
+    # (``repos/writes.Prepared``): set by a write gate, read by the tool it gated.
+    prepared: Any = None
     block_reason: str | None = None
     executed: bool = False
     # Set by the audit layer, which writes the call's end record: a read-class call's

@@ -135,8 +135,13 @@ class RegistryEnforcer:
 
     @staticmethod
     def write_spec(classification: Classification) -> DocumentSpec | None:
+        """The spec of the content a call sends: a write document op's, or a read document
+        op's that declares write pointers too (a dry run of a write, such as
+        ``propose_patch``: its arguments are measured before it runs, like the write's)."""
         entry = classification.entry
-        if entry is None or not entry.is_document_op or classification.tool_class != "write":
+        if entry is None or not entry.is_document_op or entry.document_spec is None:
+            return None
+        if classification.tool_class != "write" and not entry.document_spec.write_content_pointers:
             return None
         return entry.document_spec
 
@@ -167,6 +172,7 @@ class RegistryEnforcer:
             server_id=server_id,
             tool_name=tool_name,
             tool_class=state.tool_class or "write",  # type: ignore[arg-type]
+            target_ref=state.target_ref,
         )
 
 

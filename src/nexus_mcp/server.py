@@ -69,6 +69,7 @@ from nexus_mcp.policy.registry import (
     load_registry_dir,
     upstream_registry_dir,
 )
+from nexus_mcp.policy.repos import ReposConfig, load_repos_config
 from nexus_mcp.policy.upstreams import load_upstreams
 from nexus_mcp.policy.write_policy import (
     PathGate,
@@ -78,6 +79,9 @@ from nexus_mcp.policy.write_policy import (
 )
 from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
+from nexus_mcp.repos.catalog import RepoCatalog
+from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
+from nexus_mcp.repos.writes import RepoWrites
 from nexus_mcp.settings import Settings, config_sections
 from nexus_mcp.state import (
     grants_path,
@@ -96,6 +100,8 @@ from nexus_mcp.tools.files import TOOLSET as FILES_TOOLSET
 from nexus_mcp.tools.files import build_files_tools
 from nexus_mcp.tools.notes import TOOLSET as NOTES_TOOLSET
 from nexus_mcp.tools.notes import build_notes_tools
+from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
+from nexus_mcp.tools.repo import build_repo_tools
 from nexus_mcp.vaults import VaultRouter, check_canister_deadline
 from nexus_mcp.workspace import Workspace
 
@@ -153,6 +159,7 @@ class Runtime:
     connector_checks: list[ConnectorCheck] = field(default_factory=list)
     verifier: TokenVerifier | None = None
     upstreams: UpstreamGateway | None = None
+    repos: RepoWrites | None = None
     identity: IdentityResolver = field(init=False)  # one resolver for MCP and plain routes
     _registry_summary: dict[str, Any] | None = None
 
@@ -192,6 +199,8 @@ class Runtime:
         self.idempotency.close()
         self.nonces.close()
         self.grants.close()
+        if self.repos is not None:
+            self.repos.catalog.close()
 
 
 @dataclass
@@ -253,14 +262,50 @@ def build_server(
 ) -> NexusServer:
     """Build a ready-to-run server. ``audit_sinks`` replaces the JSONL file (tests)."""
     ensure_logging()
+    environ = dict(os.environ if env is None else env)
+    sections = config_sections(config_file)
+    repos_config = load_repos_config(sections.get("repos"), mode=settings.mode)
+    # The repositories are opened (and checked) first; nothing else holds them if start-up
+    # stops later, so they are closed here then.
+    repos = (
+        RepoWrites(RepoCatalog.open(repos_config, mode=settings.mode), environ)
+        if repos_config.enabled
+        else None
+    )
+    try:
+        return _build_server(
+            settings,
+            config_file=config_file,
+            audit_sinks=audit_sinks,
+            extra_tools=extra_tools,
+            environ=environ,
+            sections=sections,
+            repos_config=repos_config,
+            repos=repos,
+        )
+    except BaseException:
+        if repos is not None:
+            repos.catalog.close()
+        raise
+
+
+def _build_server(
+    settings: Settings,
+    *,
+    config_file: Path | None = None,
+    audit_sinks: Iterable[AuditSink] | None = None,
+    extra_tools: Iterable[ToolFunction],
+    environ: dict[str, str],
+    sections: Mapping[str, Any],
+    repos_config: ReposConfig,
+    repos: RepoWrites | None,
+) -> NexusServer:
     if settings.transport == "http" and not settings.is_dev and not settings.auth.enabled:
         raise ConfigError(
             "HTTP in prod mode needs token verification: set auth.jwt_secret "
             "(NEXUS_MCP_AUTH__JWT_SECRET) or auth.jwks_url (NEXUS_MCP_AUTH__JWKS_URL)"
         )
     check_launch_settings(settings)  # before any state is created; build_identity decides
-    environ = dict(os.environ if env is None else env)
-    sections = config_sections(config_file)
     write_policies = load_write_policies(sections, settings)
     workspace = resolve_workspace(settings, write_policies)
     catalog = ToolCatalog()
@@ -272,6 +317,7 @@ def build_server(
         *build_files_tools(workspace, settings),
         *build_notes_tools(vaults.backend_for),
         *build_discovery_tools(catalog, lambda principal: late["access"].visible_tools(principal)),
+        *(build_repo_tools(repos.catalog, repos, settings) if repos is not None else ()),
         *extra_tools,
     ]
     contracts: dict[str, ToolContract] = {}
@@ -289,7 +335,9 @@ def build_server(
     enforcer = RegistryEnforcer(
         registry, server_id=settings.registry.server_id, mode=settings.mode, contracts=contracts
     )
-    approval_keys, approval_settings = load_approvals(sections, environ, settings, write_policies)
+    approval_keys, approval_settings = load_approvals(
+        sections, environ, settings, write_policies, repos_config
+    )
     upstream_config = load_upstreams(
         sections.get("upstreams"), mode=settings.mode, native_server_id=settings.registry.server_id
     )
@@ -314,7 +362,13 @@ def build_server(
     grants = SqliteTupleStore(grants_path(settings))
     profiles = load_profiles(
         settings.profiles.file or default_profiles_path(),
-        known_tools=[*contracts, *(upstreams.known_names() if upstreams else ())],
+        known_tools=[
+            *contracts,
+            *(upstreams.known_names() if upstreams else ()),
+            # Classified native tools of a toolset this deployment does not mount (the
+            # repo toolset without repos:) are optional, not typos.
+            *native_registry_names(registry, settings.registry.server_id),
+        ],
     )
     write_tools = [name for name, c in contracts.items() if c.tool_class == "write"]
     runtime = Runtime(
@@ -343,12 +397,13 @@ def build_server(
         approval_keys=approval_keys,
         approval_settings=approval_settings,
         nonces=SqliteNonceStore(nonces_path(settings)),
-        targets=build_targets(workspace, vaults, contracts),
+        targets=build_targets(workspace, vaults, contracts, repos),
         contracts=contracts,
         argument_models={contract_of(fn).name: build_arguments_model(fn) for fn in functions},
         connector_checks=[RegistryConnectorCheck(enforcer)],
         verifier=build_verifier(settings) if settings.transport == "http" else None,
         upstreams=upstreams,
+        repos=repos,
     )
     late["access"] = runtime.access
     runtime.access.grant_profiles()
@@ -457,6 +512,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             elicit_profiles=frozenset(settings.approvals_elicit_profiles),
             profile_of=runtime.access.select,
             upstream_policy=runtime.upstream_policy,
+            write_gates=dict.fromkeys(REPO_WRITE_TOOLS, runtime.repos) if runtime.repos else None,
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
         limits=LimitsMiddleware(
@@ -470,7 +526,10 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
 
 
 def build_targets(
-    workspace: Workspace, vaults: VaultRouter, contracts: Mapping[str, ToolContract]
+    workspace: Workspace,
+    vaults: VaultRouter,
+    contracts: Mapping[str, ToolContract],
+    repos: RepoWrites | None = None,
 ) -> ToolTargets:
     """What each toolset's tools act on, for idempotency scopes (``targets.py``).
 
@@ -480,8 +539,9 @@ def build_targets(
     """
     targets = ToolTargets(
         {
-            FILES_TOOLSET: lambda principal: identify_folder(workspace.root),
-            NOTES_TOOLSET: vaults.target_for,
+            FILES_TOOLSET: lambda principal, _arguments: identify_folder(workspace.root),
+            NOTES_TOOLSET: lambda principal, _arguments: vaults.target_for(principal),
+            **({REPO_TOOLSET: repos.catalog.target_of} if repos is not None else {}),
         },
         {name: contract.toolset for name, contract in contracts.items()},
     )
@@ -527,6 +587,11 @@ def load_registry(settings: Settings) -> RegistrySet:
     )
 
 
+def native_registry_names(registry: RegistrySet, server_id: str) -> list[str]:
+    native = registry.get(server_id)
+    return [entry.tool_name for entry in native.entries] if native is not None else []
+
+
 def check_registry_parity(
     registry: RegistrySet, settings: Settings, contracts: Mapping[str, ToolContract]
 ) -> None:
@@ -559,6 +624,7 @@ def load_approvals(
     environ: Mapping[str, str],
     settings: Settings,
     policies: WritePolicyConfig,
+    repos: ReposConfig | None = None,
 ) -> tuple[ApprovalKeys | None, ApprovalSettings]:
     """Approval keys and settings; a policy that requires approval without keys stops start-up."""
     approval_settings = load_approval_settings(environ, sections)
@@ -574,11 +640,12 @@ def load_approvals(
     ):
         # With one secret and one audience an approval token would also verify as a bearer.
         raise ConfigError("the approval secret must differ from auth.jwt_secret")
+    repo_policies = [r.write_policy for r in (repos.repositories.values() if repos else ())]
     needs_tokens = any(
         p.require_approval and p.approval_mode == "token"
         for p in (policies.workspace, *policies.vaults.values())
         if p is not None
-    )
+    ) or any(p.needs_approval and p.approval_mode == "token" for p in repo_policies if p)
     if keys is None and needs_tokens:
         raise ConfigError(
             "the write policy requires approval but no approval secret is configured: "

@@ -349,7 +349,7 @@ def load_settings(
         _yaml_data.reset(token)
 
 
-EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals", "upstreams"})
+EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals", "upstreams", "repos"})
 
 
 def describe_validation_error(

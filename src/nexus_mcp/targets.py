@@ -37,6 +37,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from nexus_mcp.errors import NotFoundError, WritePolicyDeniedError
 from nexus_mcp.principal import Principal
@@ -48,7 +49,9 @@ KIND_UPSTREAM = "upstream"
 RULE_UNKNOWN_TARGET = "unknown_target"
 REASON_TARGET_UNAVAILABLE = "target_unavailable"
 
-TargetOf = Callable[[Principal], str]
+# What a toolset acts on, for a caller and the call's arguments (a repository is named by
+# its ``repo`` argument; a workspace or vault by the caller alone).
+TargetOf = Callable[[Principal, Mapping[str, Any]], str]
 
 
 def to_target_id(kind: str, *parts: str | int) -> str:
@@ -112,12 +115,12 @@ class ToolTargets:
     def has_target(self, tool_name: str) -> bool:
         return self._toolset_of.get(tool_name) in self._by_toolset
 
-    def target_of(self, tool_name: str, principal: Principal) -> str:
+    def target_of(self, tool_name: str, principal: Principal, arguments: Mapping[str, Any]) -> str:
         toolset = self._toolset_of.get(tool_name)
         target_of = self._by_toolset.get(toolset) if toolset is not None else None
         if target_of is None:
             raise WritePolicyDeniedError(rule=RULE_UNKNOWN_TARGET)
-        return target_of(principal)
+        return target_of(principal, arguments)
 
 
 __all__ = [

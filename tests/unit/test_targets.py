@@ -136,21 +136,21 @@ def test_a_tool_gets_the_target_its_toolset_names_for_the_caller() -> None:
         return f"vault-{principal.vault_id}"
 
     targets = ToolTargets(
-        {"files": lambda principal: "workspace", "notes": vault_of},
+        {"files": lambda principal, _args: "workspace", "notes": lambda p, _args: vault_of(p)},
         {"nexus_write_file": "files", "get_note_outline": "notes"},
     )
-    assert targets.target_of("nexus_write_file", ALICE) == "workspace"
-    assert targets.target_of("get_note_outline", ALICE) == "vault-v1"
+    assert targets.target_of("nexus_write_file", ALICE, {}) == "workspace"
+    assert targets.target_of("get_note_outline", ALICE, {}) == "vault-v1"
     assert asked == [ALICE]
     assert targets.has_target("nexus_write_file") and targets.has_target("get_note_outline")
 
 
 @pytest.mark.parametrize("tool", ["mounted_tool", "stamp_record"])
 def test_a_tool_without_a_target_is_refused_as_unknown_target(tool: str) -> None:
-    targets = ToolTargets({"files": lambda principal: "workspace"}, {"stamp_record": "test"})
+    targets = ToolTargets({"files": lambda principal, _args: "workspace"}, {"stamp_record": "test"})
     assert not targets.has_target(tool)
     with pytest.raises(WritePolicyDeniedError) as caught:
-        targets.target_of(tool, ALICE)
+        targets.target_of(tool, ALICE, {})
     assert caught.value.code == Code.WRITE_POLICY_DENIED
     assert caught.value.facts == {"rule": RULE_UNKNOWN_TARGET}
 

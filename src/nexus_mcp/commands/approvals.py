@@ -42,7 +42,9 @@ from nexus_mcp.policy.approvals import (
 )
 from nexus_mcp.policy.hashing import first_unrepresentable
 from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
+from nexus_mcp.policy.repos import load_repos_config
 from nexus_mcp.policy.upstreams import load_upstreams
+from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.settings import config_sections, load_settings
 
 EXIT_OK = 0
@@ -170,6 +172,13 @@ def registry_tool_class(config: str | None, tool: str) -> str | None:
         if tool.startswith(prefix) and upstream.allows(tool[len(prefix) :]):
             server_id, name = upstream.server_id, tool[len(prefix) :]
             break
+    if server_id == settings.registry.server_id and name in REPO_WRITE_TOOLS:
+        # Mounted only where repositories are configured, as ``serve`` does.
+        repos = load_repos_config(
+            config_sections(Path(config) if config else None).get("repos"), mode=settings.mode
+        )
+        if not repos.enabled:
+            return None
     entry = registries.lookup(server_id, name)
     return entry.tool_class if entry is not None else None
 

@@ -10,8 +10,8 @@ check passed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Container
-from typing import Any
+from collections.abc import Callable, Container, Mapping
+from typing import Any, Protocol
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
@@ -72,6 +72,21 @@ def measure_write(operation: str, arguments: dict[str, Any]) -> tuple[int | None
     return None, None
 
 
+class WriteGate(Protocol):
+    """A toolset's own write policy (``repos/writes.RepoWrites``), asked for its tools.
+
+    ``decide`` judges the call before any approval is looked at (and may keep what it
+    measured on the call's state for the tool); ``check_approver`` runs once the approval
+    is verified and before it is spent (``None``: no approval was needed or given).
+    """
+
+    async def decide(self, state: CallState) -> WriteDecision: ...
+
+    async def check_approver(self, state: CallState, approver: str | None) -> None: ...
+
+    def describe(self, state: CallState) -> str: ...
+
+
 class ApprovalMiddleware(Middleware):
     def __init__(
         self,
@@ -87,7 +102,10 @@ class ApprovalMiddleware(Middleware):
         elicit_profiles: frozenset[str] = frozenset(),
         profile_of: Callable[[Principal], str | None] | None = None,
         upstream_policy: Callable[[str, str], WriteDecision] | None = None,
+        write_gates: Mapping[str, WriteGate] | None = None,
     ) -> None:
+        # Tools whose toolset decides its own writes (tool name -> its gate).
+        self.write_gates = write_gates if write_gates is not None else {}
         # Write policy for tools of upstream servers: (server_id, tool) -> decision.
         self.upstream_policy = upstream_policy
         self.connector_tools = connector_tools
@@ -111,9 +129,12 @@ class ApprovalMiddleware(Middleware):
             self.enforcer.ensure_classified(state)  # the write policy never depends on layer 5
         if state.tool_class != "write":
             return await call_next(context)
+        gate = self.write_gates.get(state.tool_name) if state.server_id is None else None
         try:
             if state.server_id is not None:
                 decision = self._decide_upstream(state)
+            elif gate is not None:
+                decision = await gate.decide(state)
             else:
                 policy = self.policies.policy_for_workspace()
                 # Path resolution and a folder's walk are file-system work: off the loop.
@@ -133,6 +154,13 @@ class ApprovalMiddleware(Middleware):
                 await self._confirm(context, state)
             else:
                 raise ApprovalRequiredError(reason="elicitation_unavailable")
+        if gate is not None:
+            approver = state.approval.get("approver") if state.approval else None
+            try:
+                await gate.check_approver(state, approver if isinstance(approver, str) else None)
+            except WritePolicyDeniedError as exc:
+                state.policy_decision, state.policy_rule = "denied", str(exc.facts.get("rule"))
+                raise
         return await call_next(context)
 
     def _decide_upstream(self, state: CallState) -> WriteDecision:
@@ -224,8 +252,11 @@ class ApprovalMiddleware(Middleware):
     async def _confirm(self, context: MiddlewareContext[Any], state: CallState) -> None:
         ctx = context.fastmcp_context
         assert ctx is not None
+        gate = self.write_gates.get(state.tool_name) if state.server_id is None else None
         if state.server_id is not None:
             question = f"Approve a call of {state.tool_name} (upstream {state.server_id})?"
+        elif gate is not None:
+            question = gate.describe(state)
         else:
             operation = TOOL_OPERATIONS.get(state.tool_name, "write")
             paths = ", ".join(target_paths(operation, state.arguments))
@@ -249,4 +280,4 @@ class ApprovalMiddleware(Middleware):
         }
 
 
-__all__ = ["ApprovalMiddleware", "measure_write", "target_paths"]
+__all__ = ["ApprovalMiddleware", "WriteGate", "measure_write", "target_paths"]

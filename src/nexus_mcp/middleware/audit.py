@@ -134,6 +134,8 @@ class AuditTrail:
             record["batch_total_bytes"] = check.batch_total_bytes
         if contract is not None and state.executed:
             record["side_effects"] = contract.risk != "read"
+        if state.target_ref is not None:
+            record["target_ref"] = state.target_ref
         approval = state.approval
         if approval:
             for key, name in _APPROVAL_FIELDS:

@@ -138,7 +138,7 @@ class ClassificationMiddleware(Middleware):
             self.enforcer.server_id,
             state.tool_name,
             key,
-            target=self.targets.target_of(state.tool_name, principal),
+            target=self.targets.target_of(state.tool_name, principal, state.arguments),
         )
         return scope, self.store.begin(scope, digest)
 

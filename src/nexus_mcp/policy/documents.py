@@ -190,10 +190,11 @@ def build_tool_effect(
     tool_name: str,
     tool_class: ToolClass,
     effect_id: str | None = None,
+    target_ref: str | None = None,
 ) -> dict[str, Any]:
     """The tool_effect record (tool_effect.schema.json) for a finished call."""
     check = check or EMPTY_CHECK
-    return {
+    effect = {
         "effect_id": effect_id or new_id(),
         "tool_call_id": tool_call_id,
         "server_id": server_id,
@@ -203,6 +204,9 @@ def build_tool_effect(
         "batch_total_bytes": check.batch_total_bytes,
         "content_hash_alg": CONTENT_HASH_ALG,
     }
+    if target_ref is not None:
+        effect["target_ref"] = target_ref
+    return effect
 
 
 def build_tool_call(

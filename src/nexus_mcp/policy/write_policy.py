@@ -354,10 +354,17 @@ class PathGate:
 
 def is_path_disallowed(policy: WritePolicy | None, path: str) -> bool:
     """True when ``path`` (or an ancestor) matches a disallowed entry, defaults included."""
+    entries = policy.effective_disallowed_paths if policy else DEFAULT_DISALLOWED_PATHS
+    return matches_disallowed(entries, path)
+
+
+def matches_disallowed(entries: Sequence[str], path: str) -> bool:
+    """True when ``path`` (or an ancestor) matches one of ``entries``, with the same
+    case and name folding as the policy's own check; a path that is not normalized
+    counts as disallowed."""
     segments = _to_segments(path)
     if segments is None:
         return True
-    entries = policy.effective_disallowed_paths if policy else DEFAULT_DISALLOWED_PATHS
     return _matches_disallowed(entries, _folded_variants(segments))
 
 
@@ -474,6 +481,7 @@ __all__ = [
     "TOOL_OPERATIONS",
     "Operation",
     "PathGate",
+    "Pattern",
     "WriteDecision",
     "WritePolicy",
     "WritePolicyConfig",
@@ -482,4 +490,5 @@ __all__ = [
     "decide_write",
     "is_path_disallowed",
     "load_write_policy_config",
+    "matches_disallowed",
 ]

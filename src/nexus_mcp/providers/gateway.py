@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +32,6 @@ from nexus_mcp.policy.upstreams import (
     resolve_secrets,
 )
 from nexus_mcp.policy.write_policy import WriteDecision
-from nexus_mcp.principal import Principal
 from nexus_mcp.providers.upstream import (
     UPSTREAM_TOOLSET_PREFIX,
     UpstreamProvider,
@@ -40,7 +39,7 @@ from nexus_mcp.providers.upstream import (
 )
 from nexus_mcp.providers.upstream_tools import check_arguments
 from nexus_mcp.settings import Settings
-from nexus_mcp.targets import identify_upstream
+from nexus_mcp.targets import TargetOf, identify_upstream
 
 if TYPE_CHECKING:
     from nexus_mcp.middleware.audit import AuditTrail
@@ -199,8 +198,8 @@ class UpstreamGateway:
             await self.provider.close()
 
 
-def _constant_target(target: str) -> Callable[[Principal], str]:
-    return lambda _principal: target
+def _constant_target(target: str) -> TargetOf:
+    return lambda _principal, _arguments: target
 
 
 def check_upstreams(

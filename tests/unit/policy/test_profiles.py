@@ -36,7 +36,18 @@ DISCOVERY = {
     "nexus_discovery_get_tool_details",
     "nexus_discovery_load_tools",
 }
-SERVER_TOOLS = FILE_READ | FILE_WRITE | {"nexus_grep"} | NOTES | DISCOVERY
+REPO = {
+    "list_repo_files",
+    "read_repo_file",
+    "search_content",
+    "locate_component",
+    "propose_patch",
+    "create_branch",
+    "apply_patch",
+    "open_pull_request",
+    "merge_guarded",
+}
+SERVER_TOOLS = FILE_READ | FILE_WRITE | {"nexus_grep"} | NOTES | DISCOVERY | REPO
 
 
 def write_yaml(tmp_path: Path, text: str) -> Path:
@@ -63,6 +74,10 @@ def test_full_profile_resolves_a_three_level_chain_to_every_server_tool() -> Non
     config = load_profiles(REPO_CONFIG, known_tools=SERVER_TOOLS)
 
     assert config.profiles["full"].tools == frozenset(SERVER_TOOLS)
+    assert config.profiles["repo"].extends == "coding"
+    assert config.profiles["repo"].tools == frozenset(
+        FILE_READ | NOTES | FILE_WRITE | {"nexus_grep"} | REPO
+    )
     assert config.profiles["search"].tools == frozenset(
         FILE_READ | NOTES | {"nexus_grep", "nexus_discovery_search_tools"}
     )

@@ -45,6 +45,9 @@ NEXUS_READ_TOOLS = {
     "nexus_discovery_list_servers",
     "nexus_discovery_get_tool_details",
     "nexus_discovery_load_tools",
+    "list_repo_files",
+    "search_content",
+    "locate_component",
 }
 NEXUS_WRITE_POINTERS = {
     "nexus_write_file": ("/content",),
@@ -53,6 +56,10 @@ NEXUS_WRITE_POINTERS = {
     "nexus_mkdir": ("/path",),
     "nexus_rmdir": ("/path",),
     "nexus_rename_file": ("/source", "/destination"),
+    "create_branch": ("/branch",),
+    "apply_patch": ("/patch",),
+    "open_pull_request": ("/title",),
+    "merge_guarded": ("/pull_number",),
 }
 
 
@@ -85,7 +92,8 @@ def test_the_shipped_nexus_registry_validates_and_classifies_exactly_the_native_
     registry = load_registry(SHIPPED)
     names = {entry.tool_name for entry in registry.entries}
     assert registry.server_id == "nexus"
-    assert names == NEXUS_READ_TOOLS | {"nexus_read_file"} | set(NEXUS_WRITE_POINTERS)
+    read_documents = {"nexus_read_file", "read_repo_file", "propose_patch"}
+    assert names == NEXUS_READ_TOOLS | read_documents | set(NEXUS_WRITE_POINTERS)
     assert len(names) == len(registry.entries)
     for name in NEXUS_READ_TOOLS:
         assert registry.lookup(name) == ToolEntry(name, "read", False, None)
@@ -94,6 +102,15 @@ def test_the_shipped_nexus_registry_validates_and_classifies_exactly_the_native_
     assert (read_file.tool_class, read_file.is_document_op) == ("read", True)
     assert read_file.document_spec.content_encoding == "utf8"
     assert read_file.document_spec.read_content_pointers == ("/content",)
+    read_repo_file = registry.lookup("read_repo_file")
+    assert read_repo_file is not None and read_repo_file.document_spec is not None
+    assert read_repo_file.document_spec.read_content_pointers == ("/content",)
+    # A dry run of a write: its patch is measured before git runs, its diff after.
+    propose = registry.lookup("propose_patch")
+    assert propose is not None and propose.document_spec is not None
+    assert (propose.tool_class, propose.is_document_op) == ("read", True)
+    assert propose.document_spec.write_content_pointers == ("/patch",)
+    assert propose.document_spec.read_content_pointers == ("/diff",)
     for name, pointers in NEXUS_WRITE_POINTERS.items():
         entry = registry.lookup(name)
         assert entry is not None and entry.document_spec is not None

@@ -1,0 +1,293 @@
+"""The git runner: every git command nexus-mcp runs, with a fixed and safe environment.
+
+A repository's own configuration must never make nexus-mcp run a program, and nothing the
+caller sends reaches a shell. So git is run as the ``git`` program found on ``PATH`` at
+start-up (an absolute path from then on), with an argument list, never a shell, and:
+
+- a fixed environment, not the server's: ``PATH``, ``LC_ALL=C``, an empty ``HOME`` and
+  ``XDG_CONFIG_HOME``, ``GIT_CONFIG_NOSYSTEM`` and ``GIT_CONFIG_GLOBAL=/dev/null`` (no
+  system or user config), no terminal prompt, no askpass, no replace objects, no
+  optional locks, ``GIT_DIR`` set explicitly and ``GIT_CEILING_DIRECTORIES=/`` (no
+  discovery), ``GIT_ATTR_NOSYSTEM``;
+- command-line configuration, which outranks the repository's own ``.git/config`` (and
+  anything it includes), for every key through which a repository can name a program:
+  ``core.hooksPath=/dev/null`` (no hook runs, ``reference-transaction`` and
+  ``post-index-change`` included), ``core.fsmonitor=false``, ``core.pager=cat``,
+  ``core.askPass=``, ``credential.helper=`` (resets the list), ``diff.external=``,
+  ``commit.gpgSign=false``, ``core.alternateRefsCommand=``, ``gc.auto=0``,
+  ``maintenance.auto=false``, ``submodule.recurse=false``, and ``protocol.allow=never``
+  (no transport at all, ``ext::`` included; the one push in ``repos/remote.py`` allows
+  exactly the scheme the operator configured, from a scratch repository whose config is
+  ours);
+- only plumbing that never converts content (``cat-file`` without ``--filters``,
+  ``ls-tree``, ``apply --cached``, ``read-tree``, ``write-tree``, ``commit-tree``,
+  ``update-ref``, ``diff-tree --raw``): filter, textconv and diff drivers a repository
+  declares are never invoked, and the working tree is never read or written;
+- bounded output (the process is killed past ``max_output_bytes``) and a bounded run
+  time (the whole process group is killed at ``timeout_seconds``).
+
+git's own "dubious ownership" check stays on (``safe.directory`` is never set): a
+repository owned by another user is refused at start-up rather than trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nexus_mcp.errors import ConfigError
+
+DEFAULT_TIMEOUT_SECONDS = 20.0
+DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
+MAX_STDERR_BYTES = 64 * 1024  # kept for the operator's log only; never shown to a caller
+_READ_CHUNK = 64 * 1024
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# Configuration given on the command line outranks the repository's (git-config SCOPES).
+SAFE_CONFIG: tuple[tuple[str, str], ...] = (
+    ("core.hooksPath", os.devnull),
+    ("core.fsmonitor", "false"),
+    ("core.untrackedCache", "false"),
+    ("core.pager", "cat"),
+    ("core.askPass", ""),
+    ("core.sshCommand", "false"),
+    ("core.gitProxy", ""),
+    ("core.alternateRefsCommand", ""),
+    ("credential.helper", ""),
+    ("diff.external", ""),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+    ("submodule.recurse", "false"),
+    ("protocol.allow", "never"),
+    ("core.quotePath", "false"),
+    ("advice.detachedHead", "false"),
+)
+
+
+class GitError(Exception):
+    """A git command failed. ``stderr`` is for the operator's log: never for a caller."""
+
+    def __init__(self, message: str, *, returncode: int | None = None, stderr: bytes = b"") -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class GitTimeoutError(GitError):
+    """The command ran past its time bound and was killed."""
+
+
+class GitOutputTooLargeError(GitError):
+    """The command wrote more than its output bound and was killed."""
+
+
+@dataclass(frozen=True)
+class GitResult:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+def find_git() -> str:
+    """The absolute path of the ``git`` program, or a start-up error saying it is missing."""
+    found = shutil.which("git", path=os.environ.get("PATH", SAFE_PATH))
+    if found is None:
+        raise ConfigError("the repo toolset needs the git program on PATH (install git)")
+    return str(Path(found).resolve())
+
+
+class GitRunner:
+    """Runs git against one repository's git directory, safely (module docstring)."""
+
+    def __init__(
+        self,
+        git_dir: Path,
+        *,
+        git: str | None = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> None:
+        self.git_dir = git_dir
+        self.git = git or find_git()
+        self.timeout_seconds = timeout_seconds
+        self.max_output_bytes = max_output_bytes
+        # An empty, private home: nothing in the server's own home is read by git.
+        self._home = tempfile.mkdtemp(prefix="nexus-git-home-")
+
+    def base_env(self) -> dict[str, str]:
+        return {
+            "PATH": SAFE_PATH,
+            "HOME": self._home,
+            "XDG_CONFIG_HOME": self._home,
+            "LC_ALL": "C",
+            "LANG": "C",
+            "GIT_DIR": str(self.git_dir),
+            "GIT_CEILING_DIRECTORIES": "/",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_CONFIG_SYSTEM": os.devnull,
+            "GIT_ATTR_NOSYSTEM": "1",
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_ASKPASS": "",
+            "SSH_ASKPASS": "",
+            "GIT_OPTIONAL_LOCKS": "0",
+            "GIT_NO_REPLACE_OBJECTS": "1",
+            "GIT_NO_LAZY_FETCH": "1",
+            "GIT_PROTOCOL_FROM_USER": "0",
+            "GIT_PAGER": "cat",
+            "PAGER": "cat",
+            "GIT_EDITOR": "false",
+        }
+
+    def argv(self, args: Sequence[str], config: Sequence[tuple[str, str]] = ()) -> list[str]:
+        command = [self.git, "--no-pager"]
+        for key, value in (*SAFE_CONFIG, *config):
+            command += ["-c", f"{key}={value}"]
+        return [*command, *args]
+
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        config: Sequence[tuple[str, str]] = (),
+        check: bool = True,
+        max_output_bytes: int | None = None,
+        timeout_seconds: float | None = None,
+    ) -> GitResult:
+        """Run one git command; ``check`` raises ``GitError`` on a non-zero exit."""
+        full_env = self.base_env()
+        if env:
+            full_env.update(env)
+        result = run_bounded(
+            self.argv(args, config),
+            env=full_env,
+            cwd=self._home,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes or self.max_output_bytes,
+            timeout_seconds=timeout_seconds or self.timeout_seconds,
+        )
+        if check and result.returncode != 0:
+            raise GitError(
+                f"git {args[0] if args else ''} exited {result.returncode}",
+                returncode=result.returncode,
+                stderr=result.stderr,
+            )
+        return result
+
+    def close(self) -> None:
+        shutil.rmtree(self._home, ignore_errors=True)
+
+
+def run_bounded(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str,
+    stdin: bytes | None,
+    max_output_bytes: int,
+    timeout_seconds: float,
+) -> GitResult:
+    """Run a program with bounded output and time; its whole process group dies past either."""
+    process = subprocess.Popen(  # noqa: S603 - an argument list, no shell, a resolved program
+        list(argv),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        close_fds=True,
+    )
+    deadline = time.monotonic() + timeout_seconds
+    out, err = bytearray(), bytearray()
+    pending = memoryview(stdin) if stdin is not None else None
+    selector = selectors.DefaultSelector()
+    assert process.stdout is not None and process.stderr is not None
+    selector.register(process.stdout, selectors.EVENT_READ, out)
+    selector.register(process.stderr, selectors.EVENT_READ, err)
+    if process.stdin is not None:
+        if pending is not None and len(pending):
+            os.set_blocking(process.stdin.fileno(), False)
+            selector.register(process.stdin, selectors.EVENT_WRITE, None)
+        else:
+            process.stdin.close()
+    try:
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                _kill(process)
+                raise GitTimeoutError("git ran past its time bound")
+            for key, _events in selector.select(timeout=min(remaining, 1.0)):
+                if key.data is None:  # stdin is writable
+                    assert pending is not None and process.stdin is not None
+                    try:
+                        written = os.write(process.stdin.fileno(), pending[:_READ_CHUNK])
+                    except BrokenPipeError:
+                        written = len(pending)
+                    pending = pending[written:]
+                    if not len(pending):
+                        selector.unregister(process.stdin)
+                        process.stdin.close()
+                    continue
+                chunk = os.read(key.fd, _READ_CHUNK)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buffer: bytearray = key.data
+                if buffer is err:
+                    if len(err) < MAX_STDERR_BYTES:
+                        err += chunk[: MAX_STDERR_BYTES - len(err)]
+                    continue
+                if len(out) + len(chunk) > max_output_bytes:
+                    _kill(process)
+                    raise GitOutputTooLargeError("git wrote more than its output bound")
+                out += chunk
+        remaining = max(deadline - time.monotonic(), 0.01)
+        try:
+            returncode = process.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            _kill(process)
+            raise GitTimeoutError("git ran past its time bound") from None
+    finally:
+        selector.close()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        if process.returncode is None:
+            _kill(process)
+    return GitResult(returncode, bytes(out), bytes(err))
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "SAFE_CONFIG",
+    "GitError",
+    "GitOutputTooLargeError",
+    "GitResult",
+    "GitRunner",
+    "GitTimeoutError",
+    "find_git",
+    "run_bounded",
+]

@@ -1,0 +1,672 @@
+"""One configured git repository: its refs, its trees and blobs, and its two writes.
+
+Reads never look at the working tree: every read is of git objects at a commit (a ref
+the caller names, ``HEAD`` by default), through ``ls-tree`` and ``cat-file``. A link in
+a tree is reported as a link and never followed; a submodule as a submodule. So no path
+a caller sends can reach outside the repository, whatever the working tree holds.
+
+Writes never touch the working tree or the user's index either:
+
+- ``create_branch`` is one ``update-ref refs/heads/<name> <commit> <zero>``: it creates
+  the branch or fails if it exists, atomically.
+- ``apply_patch`` applies the patch to a private index read from the branch tip
+  (``read-tree``, ``apply --cached``, ``write-tree``), commits that tree with
+  ``commit-tree`` and moves the branch with ``update-ref <branch> <new> <tip>``, a
+  compare-and-swap: the commit lands only if the branch still points at the tip the
+  patch was checked against. A branch checked out in a working tree is refused (moving it
+  under its checkout would leave the user's files reversed against it).
+
+What a patch does is measured by git itself, on the trees: ``analyze_patch`` applies it
+to a throwaway index and a throwaway object directory (the repository's objects are only
+read, through ``GIT_ALTERNATE_OBJECT_DIRECTORIES``), then compares the tip's tree with
+the result (``diff-tree --raw``). Every policy rule is judged on that comparison (every
+path really added, changed or removed, both ends of a rename, modes, content), never on
+a second parse of the patch text that could disagree with git's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nexus_mcp.errors import (
+    ConfigError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+)
+from nexus_mcp.policy.repos import MAX_BRANCH_CHARS, PatchFacts, RepositoryConfig, WritePolicy
+from nexus_mcp.repos.git import GitError, GitRunner
+from nexus_mcp.search import is_binary
+from nexus_mcp.workspace import CommitGuard, normalize_relative
+
+MODE_TREE = "040000"
+MODE_FILE = "100644"
+MODE_EXECUTABLE = "100755"
+MODE_SYMLINK = "120000"
+MODE_GITLINK = "160000"
+MAX_REF_CHARS = 256
+# A ref a caller may name: a branch or tag name, or a hex object id, with ~N / ^N steps.
+# No ':' (tree:path syntax), no '@{' (reflog), no '^{/' (message search), no leading '-'.
+_REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*(?:[~^][0-9]{0,4})*$")
+_BRANCH_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
+_HEX_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+# Largest blob read to decide whether new content is text: larger is refused as binary.
+MAX_SNIFF_BLOB_BYTES = 8 * 1024 * 1024
+BLOB_BATCH_BYTES = 32 * 1024 * 1024
+REASON_BRANCH_EXISTS = "branch_exists"
+REASON_BRANCH_MOVED = "branch_moved"
+REASON_BRANCH_CHECKED_OUT = "branch_checked_out"
+REASON_NOT_A_FILE = "not_a_file"
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    path: str
+    mode: str
+    kind: str  # "blob", "tree" or "commit" (a submodule)
+    sha: str
+    size: int | None
+
+    @property
+    def type(self) -> str:
+        if self.kind == "tree":
+            return "directory"
+        if self.kind == "commit":
+            return "submodule"
+        return "symlink" if self.mode == MODE_SYMLINK else "file"
+
+
+@dataclass(frozen=True)
+class TreeChange:
+    """One path of a ``diff-tree --raw`` between two trees."""
+
+    status: str  # A, M, D or T
+    old_mode: str
+    new_mode: str
+    new_sha: str
+    path: str
+
+
+@dataclass(frozen=True)
+class FileStat:
+    path: str
+    lines_added: int
+    lines_removed: int
+    old_path: str | None = None
+
+
+@dataclass(frozen=True)
+class PatchAnalysis:
+    """The measured effect of a patch on one commit (module docstring)."""
+
+    base_commit: str
+    applies: bool
+    facts: PatchFacts
+    tree: str | None = None
+    changes: tuple[TreeChange, ...] = ()
+    files: tuple[FileStat, ...] = field(default_factory=tuple)
+
+
+def check_ref(ref: object, *, field_name: str = "ref") -> str:
+    """A ref in the form callers may name it (``_REF_RE``), or ``INVALID_INPUT``."""
+    if (
+        not isinstance(ref, str)
+        or not 0 < len(ref) <= MAX_REF_CHARS
+        or not _REF_RE.match(ref)
+        or ".." in ref
+        or "//" in ref
+        or ref.endswith((".lock", "/", "."))
+    ):
+        raise InvalidInputError(field=field_name)
+    return ref
+
+
+def check_branch_name(branch: object, *, field_name: str = "branch") -> str:
+    """A branch name git accepts and a caller may use (no leading '-', no '..', …)."""
+    if (
+        not isinstance(branch, str)
+        or not 0 < len(branch) <= MAX_BRANCH_CHARS
+        or not _BRANCH_RE.match(branch)
+        or ".." in branch
+        or "//" in branch
+        or "/." in branch
+        or branch.endswith((".lock", "/", "."))
+        or branch == "HEAD"
+    ):
+        raise InvalidInputError(field=field_name)
+    return branch
+
+
+def check_sha(value: object, *, field_name: str) -> str:
+    if not isinstance(value, str) or not _HEX_RE.match(value):
+        raise InvalidInputError(field=field_name)
+    return value
+
+
+def check_repo_path(path: object, *, field_name: str = "path") -> str:
+    """A repository-relative path ('' for the root), or ``INVALID_PATH``."""
+    if not isinstance(path, str):
+        raise InvalidInputError(field=field_name)
+    return normalize_relative(path)
+
+
+class Repository:
+    """One repository of the ``repos:`` section, opened and checked at start-up."""
+
+    def __init__(
+        self,
+        name: str,
+        config: RepositoryConfig,
+        *,
+        runner: GitRunner,
+        work_tree: Path | None,
+        common_dir: Path,
+        default_branch: str,
+        zero_sha: str,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.runner = runner
+        self.work_tree = work_tree
+        self.common_dir = common_dir
+        self.default_branch = default_branch
+        self.zero_sha = zero_sha
+
+    @property
+    def policy(self) -> WritePolicy | None:
+        return self.config.write_policy
+
+    @property
+    def objects_dir(self) -> Path:
+        return self.common_dir / "objects"
+
+    # --- refs -------------------------------------------------------------------------
+
+    def resolve_commit(self, ref: str, *, field_name: str = "ref") -> str:
+        """The commit a ref names; ``NOT_FOUND`` when it names none."""
+        check_ref(ref, field_name=field_name)
+        result = self.runner.run(
+            ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
+            check=False,
+        )
+        sha = result.stdout.decode("ascii", "replace").strip()
+        if result.returncode != 0 or not _HEX_RE.match(sha):
+            raise NotFoundError(reason="ref_not_found")
+        return sha
+
+    def branch_tip(self, branch: str) -> str | None:
+        check_branch_name(branch)
+        result = self.runner.run(
+            ["rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/heads/{branch}"],
+            check=False,
+        )
+        sha = result.stdout.decode("ascii", "replace").strip()
+        return sha if result.returncode == 0 and _HEX_RE.match(sha) else None
+
+    def checked_out_branches(self) -> set[str]:
+        result = self.runner.run(["worktree", "list", "--porcelain", "-z"], check=False)
+        branches = set()
+        for record in result.stdout.split(b"\0"):
+            if record.startswith(b"branch refs/heads/"):
+                branches.add(record[len(b"branch refs/heads/") :].decode("utf-8", "replace"))
+        return branches
+
+    # --- trees and blobs --------------------------------------------------------------
+
+    def entry(self, commit: str, path: str) -> TreeEntry | None:
+        """The tree entry at ``path`` (``''``: the root tree), or None."""
+        if not path:
+            tree = self.runner.run(["rev-parse", "--verify", f"{commit}^{{tree}}"])
+            return TreeEntry("", MODE_TREE, "tree", tree.stdout.decode().strip(), None)
+        found = list(self._ls_tree(commit, path, recursive=False, children=False))
+        return found[0] if found and found[0].path == path else None
+
+    def list_tree(self, commit: str, path: str, *, recursive: bool) -> Iterator[TreeEntry]:
+        """Entries below the folder ``path`` (its children, or everything with recursive)."""
+        return self._ls_tree(commit, path, recursive=recursive, children=True)
+
+    def _ls_tree(
+        self, commit: str, path: str, *, recursive: bool, children: bool
+    ) -> Iterator[TreeEntry]:
+        args = ["ls-tree", "-z", "--long", "--full-tree"]
+        if recursive:
+            args.append("-r")
+        args.append(commit)
+        if path:
+            args += ["--", f"{path}/" if children else path]
+        result = self.runner.run(args, env={"GIT_LITERAL_PATHSPECS": "1"}, check=False)
+        if result.returncode != 0:
+            raise NotFoundError(reason="tree_not_found")
+        for record in result.stdout.split(b"\0"):
+            if record:
+                yield _parse_ls_tree(record)
+
+    def read_blobs(self, shas: Sequence[str]) -> dict[str, bytes]:
+        """The contents of blobs by id (``cat-file --batch``, batched by size)."""
+        contents: dict[str, bytes] = {}
+        unique = list(dict.fromkeys(shas))
+        start = 0
+        while start < len(unique):
+            chunk = unique[start : start + 256]
+            start += len(chunk)
+            stdin = "".join(f"{sha}\n" for sha in chunk).encode("ascii")
+            output = self.runner.run(["cat-file", "--batch"], stdin=stdin).stdout
+            contents.update(_parse_batch(output))
+        return contents
+
+    def read_blob(self, sha: str) -> bytes:
+        return self.read_blobs([sha]).get(sha, b"")
+
+    # --- patches ----------------------------------------------------------------------
+
+    def analyze_patch(self, base_commit: str, patch: bytes) -> PatchAnalysis:
+        """Apply ``patch`` to ``base_commit`` in a throwaway index and object directory."""
+        with _scratch() as scratch:
+            env = self._scratch_env(scratch, objects=scratch / "objects")
+            (scratch / "objects").mkdir()
+            return self._analyze(base_commit, patch, env)
+
+    def _analyze(self, base_commit: str, patch: bytes, env: dict[str, str]) -> PatchAnalysis:
+        stats = self._numstat(patch)
+        diff_bytes = len(patch)
+        self.runner.run(["read-tree", base_commit], env=env)
+        applied = self.runner.run(
+            ["apply", "--cached", "--whitespace=nowarn", "-"], stdin=patch, env=env, check=False
+        )
+        if applied.returncode != 0 or stats is None:
+            facts = PatchFacts(
+                diff_bytes=diff_bytes,
+                changed_paths=tuple(dict.fromkeys(p for s in stats or () for p in _ends(s))),
+                lines_added=sum(s.lines_added for s in stats or ()),
+                lines_removed=sum(s.lines_removed for s in stats or ()),
+            )
+            return PatchAnalysis(base_commit, False, facts, files=tuple(stats or ()))
+        tree = self.runner.run(["write-tree"], env=env).stdout.decode("ascii").strip()
+        changes = self._tree_changes(f"{base_commit}^{{tree}}", tree, env)
+        binary, symlinks, submodules = self._content_risks(changes, env)
+        facts = PatchFacts(
+            diff_bytes=diff_bytes,
+            changed_paths=tuple(c.path for c in changes),
+            lines_added=sum(s.lines_added for s in stats),
+            lines_removed=sum(s.lines_removed for s in stats),
+            binary_paths=binary,
+            symlink_paths=symlinks,
+            submodule_paths=submodules,
+        )
+        return PatchAnalysis(base_commit, True, facts, tree, tuple(changes), tuple(stats))
+
+    def _numstat(self, patch: bytes) -> list[FileStat] | None:
+        """git's own reading of the patch: lines added and removed per file."""
+        result = self.runner.run(["apply", "--numstat", "-z", "-"], stdin=patch, check=False)
+        if result.returncode != 0:
+            return None
+        stats: list[FileStat] = []
+        records = result.stdout.split(b"\0")
+        index = 0
+        while index < len(records) - 1:
+            head = records[index]
+            index += 1
+            parts = head.split(b"\t")
+            if len(parts) != 3:
+                return None
+            added, removed, path = parts
+            old_path = None
+            if path == b"":  # a rename or copy: the two names follow
+                old_path, path = records[index], records[index + 1]
+                index += 2
+            stats.append(
+                FileStat(
+                    _decode_path(path),
+                    int(added) if added.isdigit() else 0,
+                    int(removed) if removed.isdigit() else 0,
+                    _decode_path(old_path) if old_path is not None else None,
+                )
+            )
+        return stats
+
+    def _tree_changes(self, old: str, new: str, env: dict[str, str]) -> list[TreeChange]:
+        raw = self.runner.run(
+            ["diff-tree", "-r", "-z", "--raw", "--no-renames", "--no-ext-diff", old, new],
+            env=env,
+        ).stdout
+        records = raw.split(b"\0")
+        changes: list[TreeChange] = []
+        for position in range(0, len(records) - 1, 2):
+            meta, path = records[position], records[position + 1]
+            old_mode, new_mode, _old_sha, new_sha, status = meta.lstrip(b":").split(b" ")
+            changes.append(
+                TreeChange(
+                    status.decode("ascii")[:1],
+                    old_mode.decode("ascii"),
+                    new_mode.decode("ascii"),
+                    new_sha.decode("ascii"),
+                    _decode_path(path),
+                )
+            )
+        return changes
+
+    def _content_risks(
+        self, changes: Sequence[TreeChange], env: dict[str, str]
+    ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        symlinks = tuple(c.path for c in changes if MODE_SYMLINK in (c.old_mode, c.new_mode))
+        submodules = tuple(c.path for c in changes if MODE_GITLINK in (c.old_mode, c.new_mode))
+        texts = [c for c in changes if c.new_mode in (MODE_FILE, MODE_EXECUTABLE)]
+        binary: list[str] = []
+        if texts:
+            sizes = self._blob_sizes([c.new_sha for c in texts], env)
+            small = [c for c in texts if sizes.get(c.new_sha, 0) <= MAX_SNIFF_BLOB_BYTES]
+            binary += [c.path for c in texts if sizes.get(c.new_sha, 0) > MAX_SNIFF_BLOB_BYTES]
+            stdin = "".join(f"{c.new_sha}\n" for c in small).encode("ascii")
+            blobs = _parse_batch(
+                self.runner.run(["cat-file", "--batch"], stdin=stdin, env=env).stdout
+            )
+            binary += [c.path for c in small if _is_binary_blob(blobs.get(c.new_sha, b""))]
+        return tuple(binary), symlinks, submodules
+
+    def _blob_sizes(self, shas: Sequence[str], env: dict[str, str]) -> dict[str, int]:
+        stdin = "".join(f"{sha}\n" for sha in dict.fromkeys(shas)).encode("ascii")
+        out = self.runner.run(["cat-file", "--batch-check"], stdin=stdin, env=env).stdout
+        sizes: dict[str, int] = {}
+        for line in out.decode("ascii", "replace").splitlines():
+            parts = line.split(" ")
+            if len(parts) == 3 and parts[2].isdigit():
+                sizes[parts[0]] = int(parts[2])
+        return sizes
+
+    # --- writes -----------------------------------------------------------------------
+
+    def create_branch(self, branch: str, commit: str, guard: CommitGuard | None) -> None:
+        """Create ``refs/heads/<branch>`` at ``commit``; ``CONFLICT`` if it exists."""
+        check_branch_name(branch)
+        if self.branch_tip(branch) is not None:
+            raise ConflictError("branch already exists", reason=REASON_BRANCH_EXISTS)
+        with _committing(guard):
+            result = self.runner.run(
+                [
+                    "update-ref",
+                    "-m",
+                    "nexus-mcp: create_branch",
+                    f"refs/heads/{branch}",
+                    commit,
+                    self.zero_sha,
+                ],
+                check=False,
+            )
+        if result.returncode != 0:
+            raise ConflictError("branch already exists", reason=REASON_BRANCH_EXISTS)
+
+    def commit_patch(
+        self,
+        branch: str,
+        analysis: PatchAnalysis,
+        patch: bytes,
+        *,
+        message: str,
+        author: tuple[str, str],
+        committer: tuple[str, str],
+        guard: CommitGuard | None,
+    ) -> str:
+        """Commit what ``analysis`` measured onto ``branch``; returns the new commit.
+
+        The patch is applied again, now into the repository's object store, and must give
+        the very tree that was measured; the branch moves only from the measured base.
+        """
+        if branch in self.checked_out_branches():
+            raise ConflictError("branch is checked out", reason=REASON_BRANCH_CHECKED_OUT)
+        with _scratch() as scratch:
+            env = self._scratch_env(scratch, objects=None)
+            self.runner.run(["read-tree", analysis.base_commit], env=env)
+            applied = self.runner.run(
+                ["apply", "--cached", "--whitespace=nowarn", "-"],
+                stdin=patch,
+                env=env,
+                check=False,
+            )
+            tree = self.runner.run(["write-tree"], env=env).stdout.decode("ascii").strip()
+            if applied.returncode != 0 or tree != analysis.tree:
+                raise ConflictError("patch no longer applies", reason=REASON_BRANCH_MOVED)
+        identity = {
+            "GIT_AUTHOR_NAME": author[0],
+            "GIT_AUTHOR_EMAIL": author[1],
+            "GIT_COMMITTER_NAME": committer[0],
+            "GIT_COMMITTER_EMAIL": committer[1],
+        }
+        commit = (
+            self.runner.run(
+                ["commit-tree", tree, "-p", analysis.base_commit, "-F", "-"],
+                stdin=message.encode("utf-8"),
+                env=identity,
+            )
+            .stdout.decode("ascii")
+            .strip()
+        )
+        with _committing(guard):
+            moved = self.runner.run(
+                [
+                    "update-ref",
+                    "-m",
+                    "nexus-mcp: apply_patch",
+                    f"refs/heads/{branch}",
+                    commit,
+                    analysis.base_commit,
+                ],
+                check=False,
+            )
+        if moved.returncode != 0:
+            raise ConflictError("branch moved", reason=REASON_BRANCH_MOVED)
+        return commit
+
+    def _scratch_env(self, scratch: Path, *, objects: Path | None) -> dict[str, str]:
+        env = {"GIT_INDEX_FILE": str(scratch / "index")}
+        if objects is not None:
+            env["GIT_OBJECT_DIRECTORY"] = str(objects)
+            env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str(self.objects_dir)
+        return env
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+# --- opening -----------------------------------------------------------------------------
+
+
+def open_repository(name: str, config: RepositoryConfig, runner_for: RunnerFactory) -> Repository:
+    """Open a configured repository: what it is, where its git directories really are."""
+    path = config.path
+    if not path.is_dir():
+        raise ConfigError(f"repos.repositories.{name}.path: not a folder")
+    probe = runner_for(path, discover=True)
+    try:
+        found = probe.run(
+            [
+                "rev-parse",
+                "--path-format=absolute",
+                "--absolute-git-dir",
+                "--git-common-dir",
+                "--is-bare-repository",
+            ],
+            check=False,
+        )
+        lines = found.stdout.decode("utf-8", "surrogateescape").splitlines()
+        if found.returncode != 0 or len(lines) != 3:
+            raise ConfigError(
+                f"repos.repositories.{name}.path: not a git repository git can open "
+                "(or one owned by another user)"
+            )
+        if lines[2] != "true":
+            top = probe.run(["rev-parse", "--show-toplevel"], check=False)
+            lines.append(top.stdout.decode("utf-8", "surrogateescape").strip())
+    finally:
+        probe.close()
+    git_dir = Path(lines[0])
+    common_dir = Path(lines[1]).resolve()
+    bare = lines[2] == "true"
+    work_tree = None if bare else path.resolve()
+    if not bare and (len(lines) != 4 or Path(lines[3]).resolve() != work_tree):
+        raise ConfigError(f"repos.repositories.{name}.path: not the top of a repository")
+    runner = runner_for(git_dir, discover=False)
+    try:
+        object_format = runner.run(["rev-parse", "--show-object-format"], check=False)
+        zero = "0" * (64 if object_format.stdout.strip() == b"sha256" else 40)
+        default = config.default_branch or _detect_default_branch(runner)
+        repository = Repository(
+            name,
+            config,
+            runner=runner,
+            work_tree=work_tree,
+            common_dir=common_dir,
+            default_branch=default,
+            zero_sha=zero,
+        )
+    except (ConfigError, GitError):
+        runner.close()
+        raise
+    return repository
+
+
+class RunnerFactory:
+    """Builds ``GitRunner``s with the section's limits (``discover``: find the git dir)."""
+
+    def __init__(self, *, git: str, timeout_seconds: float, max_output_bytes: int) -> None:
+        self.git = git
+        self.timeout_seconds = timeout_seconds
+        self.max_output_bytes = max_output_bytes
+
+    def __call__(self, path: Path, *, discover: bool) -> GitRunner:
+        runner = _DiscoveringRunner if discover else GitRunner
+        return runner(
+            path,
+            git=self.git,
+            timeout_seconds=self.timeout_seconds,
+            max_output_bytes=self.max_output_bytes,
+        )
+
+
+class _DiscoveringRunner(GitRunner):
+    """Finds the git directory of the folder itself, never of a folder above it."""
+
+    def base_env(self) -> dict[str, str]:
+        env = super().base_env()
+        del env["GIT_DIR"]
+        env["GIT_CEILING_DIRECTORIES"] = str(self.git_dir.parent)
+        return env
+
+    def run(self, args, **kwargs):  # type: ignore[no-untyped-def]
+        return super().run(["-C", str(self.git_dir), *args], **kwargs)
+
+
+def _detect_default_branch(runner: GitRunner) -> str:
+    """``origin``'s HEAD when known, else ``main`` or ``master`` if one exists, else ``main``."""
+    origin = (
+        runner.run(["symbolic-ref", "--quiet", "refs/remotes/origin/HEAD"], check=False)
+        .stdout.decode("utf-8", "replace")
+        .strip()
+    )
+    if origin.startswith("refs/remotes/origin/"):
+        return origin[len("refs/remotes/origin/") :]
+    for candidate in ("main", "master"):
+        found = runner.run(
+            ["rev-parse", "--verify", "--quiet", f"refs/heads/{candidate}"], check=False
+        )
+        if found.returncode == 0:
+            return candidate
+    return "main"
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+def _parse_ls_tree(record: bytes) -> TreeEntry:
+    meta, _, path = record.partition(b"\t")
+    mode, kind, sha, size = meta.split(maxsplit=3)
+    size_text = size.strip()
+    return TreeEntry(
+        _decode_path(path),
+        mode.decode("ascii"),
+        kind.decode("ascii"),
+        sha.decode("ascii"),
+        int(size_text) if size_text.isdigit() else None,
+    )
+
+
+def _parse_batch(output: bytes) -> dict[str, bytes]:
+    """``cat-file --batch`` output: ``<sha> <type> <size>\\n<content>\\n`` per object."""
+    contents: dict[str, bytes] = {}
+    position = 0
+    while position < len(output):
+        end = output.index(b"\n", position)
+        header = output[position:end].split(b" ")
+        position = end + 1
+        if len(header) != 3:  # "<sha> missing"
+            continue
+        size = int(header[2])
+        contents[header[0].decode("ascii")] = output[position : position + size]
+        position += size + 1
+    return contents
+
+
+def _decode_path(raw: bytes) -> str:
+    """A path as text; bytes that are not UTF-8 become a form no policy pattern allows."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "backslashreplace")
+
+
+def _ends(stat: FileStat) -> tuple[str, ...]:
+    return (stat.old_path, stat.path) if stat.old_path else (stat.path,)
+
+
+def _is_binary_blob(data: bytes) -> bool:
+    if b"\x00" in data:
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return is_binary(data[:8192])
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="nexus-repo-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _committing(guard: CommitGuard | None) -> Iterator[None]:
+    if guard is None:
+        yield
+        return
+    with guard.commit():
+        yield
+
+
+__all__ = [
+    "MODE_GITLINK",
+    "MODE_SYMLINK",
+    "REASON_BRANCH_CHECKED_OUT",
+    "REASON_BRANCH_EXISTS",
+    "REASON_BRANCH_MOVED",
+    "REASON_NOT_A_FILE",
+    "FileStat",
+    "PatchAnalysis",
+    "Repository",
+    "RunnerFactory",
+    "TreeChange",
+    "TreeEntry",
+    "check_branch_name",
+    "check_ref",
+    "check_repo_path",
+    "check_sha",
+    "open_repository",
+]

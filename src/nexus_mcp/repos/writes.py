@@ -1,0 +1,377 @@
+"""Repository writes: the write policy decided on what each write really does, then the write.
+
+Each write tool is decided in two steps, and acts in a third:
+
+1. ``decide`` (chain step 6, before any approval is looked at): the repository's policy
+   allows the operation; the branch is allowed and not protected; for ``apply_patch`` the
+   patch is measured by git against the branch tip (``Repository.analyze_patch``) and
+   every content rule is judged on that measurement; for ``merge_guarded`` the forge is
+   asked for the pull request, its checks and its reviews. A refusal here spends no
+   approval.
+2. ``check_approver`` (once the approval is verified, still before it is spent): with
+   ``require_codeowners``, the approver must own every path the write touches (CODEOWNERS
+   of the default branch: a branch cannot rewrite the rules it is judged by).
+3. The tool acts on exactly what was decided: ``apply_patch`` commits the measured tree
+   onto the measured tip with a compare-and-swap, so a branch that moved in between is a
+   ``CONFLICT``; ``merge_guarded`` asks the forge again, right before it merges, and merges
+   only the head commit it judged (the forge refuses another).
+
+The tool re-runs steps 1 and 2 itself when the chain did not (``prepare``), so taking the
+approval layer out never switches the policy off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import SecretStr
+
+from nexus_mcp.calls import CallState
+from nexus_mcp.errors import (
+    ConfigError,
+    ConflictError,
+    InvalidInputError,
+    MergeBlockedError,
+    NotFoundError,
+    WritePolicyDeniedError,
+)
+from nexus_mcp.policy.codeowners import CodeOwners, find_codeowners, is_owner, unowned_paths
+from nexus_mcp.policy.merge_rules import (
+    MergeRules,
+    PullRequest,
+    approving_reviewers,
+    evaluate_merge,
+)
+from nexus_mcp.policy.repos import (
+    RULE_CODEOWNERS,
+    RULE_DOES_NOT_APPLY,
+    RULE_MAX_DIFF_SIZE,
+    RULE_NO_FORGE,
+    RepoOperation,
+    branch_rule,
+    decide_operation,
+    patch_risks,
+)
+from nexus_mcp.policy.upstreams import resolve_secret
+from nexus_mcp.policy.write_policy import WriteDecision
+from nexus_mcp.repos.catalog import RepoCatalog
+from nexus_mcp.repos.forge import ForgeClient, ForgeSettings
+from nexus_mcp.repos.repository import (
+    PatchAnalysis,
+    Repository,
+    check_branch_name,
+    check_sha,
+)
+
+MAX_MESSAGE_CHARS = 64 * 1024
+MAX_TITLE_CHARS = 256
+MAX_BODY_CHARS = 64 * 1024
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_NAME_UNSAFE_RE = re.compile(r"[<>\x00-\x1f\x7f]")
+AUTHOR_EMAIL_DOMAIN = "nexus-mcp.invalid"
+
+WRITE_OPERATIONS: Mapping[str, RepoOperation] = {
+    "create_branch": "create_branch",
+    "apply_patch": "apply_patch",
+    "open_pull_request": "open_pull_request",
+    "merge_guarded": "merge_guarded",
+}
+
+
+@dataclass
+class Prepared:
+    """What ``decide`` found, for the tool to act on (kept on the call's state)."""
+
+    operation: str
+    arguments: Mapping[str, Any]
+    repository: Repository
+    decision: WriteDecision
+    commit: str | None = None  # create_branch: the start; apply_patch: the measured tip
+    patch: bytes = b""
+    analysis: PatchAnalysis | None = None
+    pull: PullRequest | None = None
+    pull_files: tuple[str, ...] = ()
+    reviewers: frozenset[str] = field(default_factory=frozenset)
+
+
+class RepoWrites:
+    """The repository write gate of the approval layer, and the writes themselves."""
+
+    def __init__(self, catalog: RepoCatalog, environ: Mapping[str, str]) -> None:
+        self.catalog = catalog
+        # Each forge's settings are built (and checked: scheme, host, repository, token
+        # form) once, at start-up, with its token resolved from its reference.
+        self._forges: dict[str, ForgeSettings] = {}
+        for name in catalog.names:
+            forge = catalog.get(name).config.forge
+            if forge is None:
+                continue
+            try:
+                self._forges[name] = ForgeSettings(
+                    base_url=forge.base_url,
+                    repository=forge.repository,
+                    token=resolve_secret(forge.token, environ) if forge.token else None,
+                    timeout_seconds=forge.timeout_seconds,
+                    ca_file=forge.ca_file,
+                )
+            except ConfigError as exc:
+                raise ConfigError(f"repos.repositories.{name}.forge: {exc}") from None
+
+    # --- the approval layer's gate (chain step 6) -------------------------------------
+
+    async def decide(self, state: CallState) -> WriteDecision:
+        prepared = await self.prepare(state.tool_name, state.arguments)
+        state.prepared = prepared
+        return prepared.decision
+
+    async def check_approver(self, state: CallState, approver: str | None) -> None:
+        prepared = self.prepared_for(state)
+        await self.check_owners(prepared, approver)
+
+    def describe(self, state: CallState) -> str:
+        repo = state.arguments.get("repo")
+        name = repo if isinstance(repo, str) and len(repo) <= 100 else "?"
+        return f"Approve {state.tool_name} on repository {name}?"
+
+    # --- deciding -----------------------------------------------------------------------
+
+    def prepared_for(self, state: CallState) -> Prepared:
+        prepared = state.prepared
+        if (
+            not isinstance(prepared, Prepared)
+            or prepared.operation != state.tool_name
+            or prepared.arguments is not state.arguments
+        ):
+            raise WritePolicyDeniedError(rule="not_decided")
+        return prepared
+
+    async def prepare(self, tool_name: str, arguments: Mapping[str, Any]) -> Prepared:
+        operation = WRITE_OPERATIONS.get(tool_name)
+        if operation is None:
+            raise WritePolicyDeniedError(rule="unknown_operation")
+        repository = self.catalog.get(arguments.get("repo"))
+        decision = decide_operation(repository.policy, operation)
+        if not decision.allowed:
+            raise WritePolicyDeniedError(rule=decision.rule)
+        prepared = Prepared(operation, arguments, repository, decision)
+        if operation == "create_branch":
+            await asyncio.to_thread(self._prepare_branch, prepared)
+        elif operation == "apply_patch":
+            await asyncio.to_thread(self._prepare_patch, prepared)
+        elif operation == "open_pull_request":
+            await asyncio.to_thread(self._prepare_pull_request, prepared)
+        else:
+            await self._prepare_merge(prepared)
+        return prepared
+
+    def _check_branch(self, repository: Repository, branch: str) -> None:
+        rule = branch_rule(repository.config, repository.policy, branch, repository.default_branch)
+        if rule is not None:
+            raise WritePolicyDeniedError(rule=rule)
+
+    def _prepare_branch(self, prepared: Prepared) -> None:
+        repository, arguments = prepared.repository, prepared.arguments
+        branch = check_branch_name(arguments.get("branch"))
+        self._check_branch(repository, branch)
+        start = arguments.get("from_ref") or repository.default_branch
+        prepared.commit = repository.resolve_commit(start, field_name="from_ref")
+        if repository.branch_tip(branch) is not None:
+            raise ConflictError("branch already exists", reason="branch_exists")
+
+    def _prepare_patch(self, prepared: Prepared) -> None:
+        repository, arguments = prepared.repository, prepared.arguments
+        branch = check_branch_name(arguments.get("branch"))
+        self._check_branch(repository, branch)
+        check_text(arguments.get("message"), field_name="message", limit=MAX_MESSAGE_CHARS)
+        patch = to_patch_bytes(arguments.get("patch"))
+        policy = repository.policy
+        assert policy is not None  # decide_operation refused otherwise
+        if len(patch) > policy.max_diff_size:
+            # Measured before git runs: an oversized patch never reaches it.
+            raise WritePolicyDeniedError(
+                rule=RULE_MAX_DIFF_SIZE, limit=policy.max_diff_size, actual=len(patch)
+            )
+        tip = repository.branch_tip(branch)
+        if tip is None:
+            raise NotFoundError(reason="branch_not_found")
+        if branch in repository.checked_out_branches():
+            raise ConflictError("branch is checked out", reason="branch_checked_out")
+        analysis = repository.analyze_patch(tip, patch)
+        if not analysis.applies:
+            raise ConflictError("patch does not apply", reason=RULE_DOES_NOT_APPLY)
+        risks = patch_risks(policy, analysis.facts)
+        if risks:
+            first = risks[0]
+            if first.limit is not None:
+                raise WritePolicyDeniedError(
+                    rule=first.rule, limit=first.limit, actual=first.actual
+                )
+            raise WritePolicyDeniedError(rule=first.rule)
+        prepared.commit, prepared.patch, prepared.analysis = tip, patch, analysis
+
+    def _prepare_pull_request(self, prepared: Prepared) -> None:
+        repository, arguments = prepared.repository, prepared.arguments
+        if repository.config.forge is None:
+            raise WritePolicyDeniedError(rule=RULE_NO_FORGE)
+        branch = check_branch_name(arguments.get("branch"))
+        self._check_branch(repository, branch)
+        base = arguments.get("base") or repository.default_branch
+        check_branch_name(base, field_name="base")
+        if repository.branch_tip(base) is None:
+            raise NotFoundError(reason="base_not_found")
+        check_text(arguments.get("title"), field_name="title", limit=MAX_TITLE_CHARS, line=True)
+        body = arguments.get("body", "")
+        if body:
+            check_text(body, field_name="body", limit=MAX_BODY_CHARS)
+        tip = repository.branch_tip(branch)
+        if tip is None:
+            raise NotFoundError(reason="branch_not_found")
+        prepared.commit = tip
+
+    async def _prepare_merge(self, prepared: Prepared) -> None:
+        repository, arguments = prepared.repository, prepared.arguments
+        if repository.config.forge is None:
+            raise WritePolicyDeniedError(rule=RULE_NO_FORGE)
+        number = arguments.get("pull_number")
+        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+            raise InvalidInputError(field="pull_number")
+        expected = arguments.get("expected_head_sha")
+        if expected is not None:
+            check_sha(expected, field_name="expected_head_sha")
+        async with contextlib.aclosing(self.forge(repository)) as client:
+            await self._judge_merge(prepared, client, number, expected)
+
+    async def _judge_merge(
+        self, prepared: Prepared, client: ForgeClient, number: int, expected: str | None
+    ) -> None:
+        """Ask the forge for the pull request, its checks and reviews; refuse what fails."""
+        repository = prepared.repository
+        pull = await client.get_pull(number)
+        # Only pull requests from a branch this policy lets agents write to.
+        self._check_branch(repository, pull.head_ref)
+        statuses = await client.combined_status(pull.head_sha)
+        runs = await client.check_runs(pull.head_sha)
+        reviews = await client.list_reviews(number)
+        rules = merge_rules(repository)
+        reason = evaluate_merge(rules, pull, statuses, runs, reviews, expected_head_sha=expected)
+        if reason is not None:
+            raise MergeBlockedError(reason=reason)
+        prepared.pull = pull
+        prepared.reviewers = approving_reviewers(rules, pull, reviews)
+        policy = repository.policy
+        if policy is not None and policy.require_codeowners:
+            prepared.pull_files = tuple(await client.list_pull_files(number))
+
+    # --- owners ---------------------------------------------------------------------------
+
+    async def check_owners(self, prepared: Prepared, approver: str | None) -> None:
+        """With ``require_codeowners``: the approver owns every path the write touches."""
+        repository = prepared.repository
+        policy = repository.policy
+        if policy is None or not policy.require_codeowners:
+            return
+        if prepared.operation == "apply_patch" and prepared.analysis is not None:
+            owners = await asyncio.to_thread(self.codeowners, repository)
+            paths = prepared.analysis.facts.changed_paths
+            if not approver or unowned_paths(approver, paths, owners, teams=_teams(repository)):
+                raise WritePolicyDeniedError(rule=RULE_CODEOWNERS)
+        elif prepared.operation == "merge_guarded":
+            owners = await asyncio.to_thread(self.codeowners, repository)
+            approvers = set(prepared.reviewers) | ({approver} if approver else set())
+            teams = _teams(repository)
+            for path in prepared.pull_files:
+                path_owners = owners.owners_of(path)
+                if not path_owners or not any(
+                    is_owner(who, path_owners, teams=teams) for who in approvers
+                ):
+                    raise MergeBlockedError(reason="codeowners_missing")
+
+    def codeowners(self, repository: Repository) -> CodeOwners:
+        """CODEOWNERS as the default branch has it (none: nobody owns anything)."""
+        commit = repository.resolve_commit(repository.default_branch)
+
+        def read(path: str) -> bytes | None:
+            entry = repository.entry(commit, path)
+            if entry is None or entry.type != "file":
+                return None
+            return repository.read_blob(entry.sha)
+
+        found = find_codeowners(read)
+        return found[1] if found is not None else CodeOwners.parse("")
+
+    # --- the forge ------------------------------------------------------------------------
+
+    def forge(self, repository: Repository) -> ForgeClient:
+        settings = self._forges.get(repository.name)
+        if settings is None:
+            raise WritePolicyDeniedError(rule=RULE_NO_FORGE)
+        return ForgeClient(settings)
+
+    def forge_token(self, repository: Repository) -> SecretStr | None:
+        settings = self._forges.get(repository.name)
+        return settings.token if settings is not None else None
+
+
+def merge_rules(repository: Repository) -> MergeRules:
+    merge = repository.config.merge
+    return MergeRules(
+        required_checks=merge.required_checks,
+        required_approvals=merge.required_approvals,
+        dismiss_stale_reviews=merge.dismiss_stale_reviews,
+    )
+
+
+def _teams(repository: Repository) -> Mapping[str, tuple[str, ...]]:
+    return repository.config.codeowner_teams
+
+
+def check_text(value: object, *, field_name: str, limit: int, line: bool = False) -> str:
+    """Free text a write records (a commit message, a title): bounded, no control bytes
+    (tabs and, unless ``line``, newlines allowed), valid UTF-8."""
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        raise InvalidInputError(field=field_name)
+    if (line and "\n" in value) or _CONTROL_RE.search(value):
+        raise InvalidInputError(field=field_name)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(field=field_name) from None
+    return value
+
+
+def to_patch_bytes(patch: object) -> bytes:
+    if not isinstance(patch, str) or not patch:
+        raise InvalidInputError(field="patch")
+    try:
+        data = patch.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(field="patch") from None
+    if b"\0" in data:
+        raise InvalidInputError(field="patch")
+    return data
+
+
+def git_identity(who: str) -> tuple[str, str]:
+    """A commit identity for a subject: a safe name, and an email (its own when it is one)."""
+    name = _NAME_UNSAFE_RE.sub("", who).strip()[:128] or "unknown"
+    if re.fullmatch(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}", name):
+        return name, name
+    local = re.sub(r"[^A-Za-z0-9._+-]", "-", name)[:64].strip(".-") or "unknown"
+    return name, f"{local}@{AUTHOR_EMAIL_DOMAIN}"
+
+
+__all__ = [
+    "AUTHOR_EMAIL_DOMAIN",
+    "WRITE_OPERATIONS",
+    "Prepared",
+    "RepoWrites",
+    "check_text",
+    "git_identity",
+    "merge_rules",
+    "to_patch_bytes",
+]
