@@ -45,9 +45,16 @@ def token(sub: str, **claims: Any) -> str:
     return jwt.encode(body, SECRET, algorithm="HS256")
 
 
-def resolved_profiles(path: Path = PROFILES_FILE) -> dict[str, frozenset[str]]:
-    """Every profile's tools with ``extends`` resolved here, from plain YAML."""
+def resolved_profiles(
+    path: Path = PROFILES_FILE, *, with_repos: bool = False
+) -> dict[str, frozenset[str]]:
+    """Every profile's tools with ``extends`` resolved here, from plain YAML.
+
+    Without ``with_repos``, as a server without a ``repos:`` section mounts them: the
+    ``repo`` profile's own tools (the repo toolset) are left out of every profile.
+    """
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))["profiles"]
+    unmounted = frozenset() if with_repos else frozenset(raw.get("repo", {}).get("tools") or [])
 
     def tools(name: str, seen: tuple[str, ...] = ()) -> frozenset[str]:
         assert name not in seen, f"cycle through {name}"
@@ -56,7 +63,7 @@ def resolved_profiles(path: Path = PROFILES_FILE) -> dict[str, frozenset[str]]:
         parent = body.get("extends")
         return own | tools(parent, (*seen, name)) if parent else own
 
-    return {name: tools(name) for name in raw}
+    return {name: tools(name) - unmounted for name in raw}
 
 
 def role_profiles(path: Path = PROFILES_FILE) -> dict[str, str]:

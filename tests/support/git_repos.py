@@ -119,18 +119,20 @@ def state(repo: Path) -> dict[str, object]:
     }
 
 
-def make_patch(repo: Path, base: str, files: Files, *, scratch: Path) -> str:
+def make_patch(repo: Path, base: str, files: Files, *, scratch: Path, binary: bool = False) -> str:
     """The ``git diff`` that turns ``base`` into ``base`` plus ``files``, made in a clone."""
-    clone = scratch / f"clone-{hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:8]}"
+    digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:8]
+    clone = scratch / f"clone-{digest}"
     if clone.exists():
         shutil.rmtree(clone)
     subprocess.run(
         [GIT, "clone", "-q", "--no-checkout", str(repo), str(clone)], env=ENV, check=True
     )
-    git(clone, "checkout", "-q", "--detach", base)
+    git(clone, "checkout", "-q", "--detach", rev(repo, base))
     write_files(clone, files)
     git(clone, "add", "-A")
-    patch = git(clone, "diff", "--cached", "--no-ext-diff", "--no-color", "HEAD")
+    extra = ["--binary"] if binary else []
+    patch = git(clone, "diff", "--cached", "--no-ext-diff", "--no-color", *extra, "HEAD")
     shutil.rmtree(clone)
     return patch
 
