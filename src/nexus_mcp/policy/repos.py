@@ -174,8 +174,20 @@ class GitLimits(_Model):
 class _ReposDocument(_Model):
     allowed_roots: tuple[Path, ...] = ()
     dev_allow_all_repos: StrictBool = False
-    repositories: dict[StrictStr, Path | RepositoryConfig] = Field(default_factory=dict)
+    repositories: dict[StrictStr, RepositoryConfig] = Field(default_factory=dict)
     git: GitLimits = GitLimits()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_shorthand(cls, data: Any) -> Any:
+        # ``name: /path`` is short for ``name: {path: /path}`` (no write policy).
+        if isinstance(data, Mapping) and isinstance(data.get("repositories"), Mapping):
+            repositories = {
+                name: {"path": entry} if isinstance(entry, str) else entry
+                for name, entry in data["repositories"].items()
+            }
+            return {**data, "repositories": repositories}
+        return data
 
     @model_validator(mode="after")
     def _names(self) -> _ReposDocument:
@@ -264,8 +276,7 @@ def load_repos_config(raw: Any, *, mode: str, home: Path | None = None) -> Repos
     if document.repositories and mode != "dev" and not document.allowed_roots:
         problems.append(f"{CONFIG_LOCATION}.allowed_roots: required in production")
     repositories: dict[str, RepositoryConfig] = {}
-    for name, entry in document.repositories.items():
-        config = entry if isinstance(entry, RepositoryConfig) else RepositoryConfig(path=entry)
+    for name, config in document.repositories.items():
         where = f"{CONFIG_LOCATION}.repositories.{name}"
         if not config.path.is_absolute():
             problems.append(f"{where}.path: must be an absolute path")
