@@ -134,6 +134,11 @@ class ApprovalMiddleware(Middleware):
             if state.server_id is not None:
                 decision = self._decide_upstream(state)
             elif gate is not None:
+                if self.enforcer is not None:
+                    # The content a gate measures with git is held to the registry's size
+                    # limits and expected hashes first (chain step 7 checks them again).
+                    classification = self.enforcer.ensure_classified(state)
+                    self.enforcer.check_write(state, classification, state.arguments)
                 decision = await gate.decide(state)
             else:
                 policy = self.policies.policy_for_workspace()

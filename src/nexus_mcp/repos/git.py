@@ -40,11 +40,11 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nexus_mcp.errors import ConfigError
+from nexus_mcp.errors import ConfigError, ToolTimeoutError
 
 DEFAULT_TIMEOUT_SECONDS = 20.0
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024 * 1024
@@ -97,6 +97,18 @@ class GitResult:
     returncode: int
     stdout: bytes
     stderr: bytes
+    truncated: bool = False  # ``truncate=True`` and the output bound was reached
+
+
+@contextlib.contextmanager
+def git_timeouts_as_refusals() -> Iterator[None]:
+    """A git command killed at its time bound is the call's ``TOOL_TIMEOUT`` (its outcome
+    unknown for a write, as for any timed-out call); any other git failure stays an
+    internal error, masked for the caller and named in the operator's log."""
+    try:
+        yield
+    except GitTimeoutError:
+        raise ToolTimeoutError(reason="git_timeout") from None
 
 
 def find_git() -> str:
@@ -166,8 +178,13 @@ class GitRunner:
         check: bool = True,
         max_output_bytes: int | None = None,
         timeout_seconds: float | None = None,
+        truncate: bool = False,
     ) -> GitResult:
-        """Run one git command; ``check`` raises ``GitError`` on a non-zero exit."""
+        """Run one git command; ``check`` raises ``GitError`` on a non-zero exit.
+
+        With ``truncate``, output past the bound ends the command and what came before it
+        is returned (``truncated``), for listings whose caller stops early anyway.
+        """
         full_env = self.base_env()
         if env:
             full_env.update(env)
@@ -178,8 +195,9 @@ class GitRunner:
             stdin=stdin,
             max_output_bytes=max_output_bytes or self.max_output_bytes,
             timeout_seconds=timeout_seconds or self.timeout_seconds,
+            truncate=truncate,
         )
-        if check and result.returncode != 0:
+        if check and result.returncode != 0 and not result.truncated:
             raise GitError(
                 f"git {args[0] if args else ''} exited {result.returncode}",
                 returncode=result.returncode,
@@ -199,8 +217,10 @@ def run_bounded(
     stdin: bytes | None,
     max_output_bytes: int,
     timeout_seconds: float,
+    truncate: bool = False,
 ) -> GitResult:
-    """Run a program with bounded output and time; its whole process group dies past either."""
+    """Run a program with bounded output and time; its whole process group dies past either
+    (past the output bound, ``truncate`` returns what came before instead of raising)."""
     process = subprocess.Popen(  # noqa: S603 - an argument list, no shell, a resolved program
         list(argv),
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -253,6 +273,9 @@ def run_bounded(
                     continue
                 if len(out) + len(chunk) > max_output_bytes:
                     _kill(process)
+                    if truncate:
+                        out += chunk[: max_output_bytes - len(out)]
+                        return GitResult(-1, bytes(out), bytes(err), truncated=True)
                     raise GitOutputTooLargeError("git wrote more than its output bound")
                 out += chunk
         remaining = max(deadline - time.monotonic(), 0.01)
@@ -289,5 +312,6 @@ __all__ = [
     "GitRunner",
     "GitTimeoutError",
     "find_git",
+    "git_timeouts_as_refusals",
     "run_bounded",
 ]

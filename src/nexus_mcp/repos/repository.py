@@ -240,10 +240,17 @@ class Repository:
         args.append(commit)
         if path:
             args += ["--", f"{path}/" if children else path]
-        result = self.runner.run(args, env={"GIT_LITERAL_PATHSPECS": "1"}, check=False)
-        if result.returncode != 0:
+        # A listing past the output bound is cut at its last whole entry: every caller
+        # stops far sooner (max_list_entries, max_files_scanned) and says it was cut.
+        result = self.runner.run(
+            args, env={"GIT_LITERAL_PATHSPECS": "1"}, check=False, truncate=True
+        )
+        if result.returncode != 0 and not result.truncated:
             raise NotFoundError(reason="tree_not_found")
-        for record in result.stdout.split(b"\0"):
+        records = result.stdout.split(b"\0")
+        if result.truncated:
+            records = records[:-1]  # the last one may be cut short
+        for record in records:
             if record:
                 yield _parse_ls_tree(record)
 

@@ -61,6 +61,7 @@ from nexus_mcp.policy.upstreams import resolve_secret
 from nexus_mcp.policy.write_policy import WriteDecision
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.forge import ForgeClient, ForgeSettings
+from nexus_mcp.repos.git import git_timeouts_as_refusals
 from nexus_mcp.repos.repository import (
     PatchAnalysis,
     Repository,
@@ -73,6 +74,8 @@ MAX_TITLE_CHARS = 256
 MAX_BODY_CHARS = 64 * 1024
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _NAME_UNSAFE_RE = re.compile(r"[<>\x00-\x1f\x7f]")
+# The trailers nexus-mcp writes itself: a message may not carry its own.
+_OWN_TRAILER_RE = re.compile(r"^\s*(approved-by|nexus-tool-call)\s*:", re.IGNORECASE | re.MULTILINE)
 AUTHOR_EMAIL_DOMAIN = "nexus-mcp.invalid"
 
 WRITE_OPERATIONS: Mapping[str, RepoOperation] = {
@@ -159,6 +162,12 @@ class RepoWrites:
         if not decision.allowed:
             raise WritePolicyDeniedError(rule=decision.rule)
         prepared = Prepared(operation, arguments, repository, decision)
+        with git_timeouts_as_refusals():
+            await self._prepare(prepared)
+        return prepared
+
+    async def _prepare(self, prepared: Prepared) -> None:
+        operation = prepared.operation
         if operation == "create_branch":
             await asyncio.to_thread(self._prepare_branch, prepared)
         elif operation == "apply_patch":
@@ -167,7 +176,6 @@ class RepoWrites:
             await asyncio.to_thread(self._prepare_pull_request, prepared)
         else:
             await self._prepare_merge(prepared)
-        return prepared
 
     def _check_branch(self, repository: Repository, branch: str) -> None:
         rule = branch_rule(repository.config, repository.policy, branch, repository.default_branch)
@@ -187,7 +195,11 @@ class RepoWrites:
         repository, arguments = prepared.repository, prepared.arguments
         branch = check_branch_name(arguments.get("branch"))
         self._check_branch(repository, branch)
-        check_text(arguments.get("message"), field_name="message", limit=MAX_MESSAGE_CHARS)
+        message = check_text(
+            arguments.get("message"), field_name="message", limit=MAX_MESSAGE_CHARS
+        )
+        if _OWN_TRAILER_RE.search(message):
+            raise InvalidInputError(field="message")
         patch = to_patch_bytes(arguments.get("patch"))
         policy = repository.policy
         assert policy is not None  # decide_operation refused otherwise

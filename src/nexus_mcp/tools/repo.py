@@ -42,6 +42,7 @@ from nexus_mcp.policy.repos import (
     patch_risks,
 )
 from nexus_mcp.repos.catalog import RepoCatalog
+from nexus_mcp.repos.git import git_timeouts_as_refusals
 from nexus_mcp.repos.remote import push_branch
 from nexus_mcp.repos.repository import (
     MODE_EXECUTABLE,
@@ -230,7 +231,8 @@ class MergeResult(BaseModel):
 
 
 async def _git(work: Callable[[], T]) -> T:
-    return await asyncio.to_thread(work)
+    with git_timeouts_as_refusals():
+        return await asyncio.to_thread(work)
 
 
 async def _committing(work: Callable[[CommitGuard], T]) -> T:
@@ -243,7 +245,8 @@ async def _committing(work: Callable[[CommitGuard], T]) -> T:
 
     task = asyncio.ensure_future(asyncio.to_thread(run))
     try:
-        return await asyncio.shield(task)
+        with git_timeouts_as_refusals():
+            return await asyncio.shield(task)
     except asyncio.CancelledError:
         guard.cancel()
         with contextlib.suppress(BaseException):
