@@ -316,6 +316,7 @@ __all__ = [
     "CAP_RESULTS",
     "CAP_TIME",
     "MAX_GLOB_CHARS",
+    "MAX_SEARCHED_LINE_CHARS",
     "FileMatches",
     "Glob",
     "LineFinder",

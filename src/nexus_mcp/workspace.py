@@ -35,6 +35,7 @@ CVEs for both symlink escapes and ``root-evil/`` prefix confusion (a plain
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -126,6 +127,29 @@ class WriteCancelledError(Exception):
 
 
 _guard: ContextVar[CommitGuard | None] = ContextVar("nexus_commit_guard", default=None)
+
+
+async def run_guarded(work: Callable[[CommitGuard], T]) -> T:
+    """Run blocking write work in a thread under a ``CommitGuard`` (also bound for
+    ``_committing`` below); on cancellation, forbid its commit and wait for it.
+
+    Waiting (shielded) for the thread means that when a timeout is reported, the worker
+    has either committed already or never will.
+    """
+    guard = CommitGuard()
+
+    def run() -> T:
+        with guarded(guard):
+            return work(guard)
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        guard.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise
 
 
 @contextlib.contextmanager

@@ -43,12 +43,13 @@ from pydantic import (
 )
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.policy.upstreams import SecretValue
+from nexus_mcp.policy.upstreams import SecretValue, describe_errors
 from nexus_mcp.policy.write_policy import (
     DEFAULT_DISALLOWED_PATHS,
     Pattern,
     WriteDecision,
     matches_disallowed,
+    with_default_disallowed,
 )
 
 CONFIG_LOCATION = "repos"
@@ -124,8 +125,7 @@ class WritePolicy(_Model):
 
     @property
     def effective_disallowed_paths(self) -> tuple[str, ...]:
-        extra = tuple(p for p in self.disallowed_paths if p not in DEFAULT_DISALLOWED_PATHS)
-        return DEFAULT_DISALLOWED_PATHS + extra
+        return with_default_disallowed(self.disallowed_paths)
 
     @property
     def needs_approval(self) -> bool:
@@ -248,7 +248,7 @@ def load_repos_config(raw: Any, *, mode: str, home: Path | None = None) -> Repos
     try:
         document = _ReposDocument.model_validate(dict(raw))
     except ValidationError as exc:
-        raise ConfigError(describe_errors(exc)) from None
+        raise ConfigError(describe_errors(exc, CONFIG_LOCATION)) from None
     problems: list[str] = []
     warnings: list[str] = []
     if document.dev_allow_all_repos:
@@ -399,24 +399,6 @@ def patch_risks(policy: WritePolicy | None, facts: PatchFacts) -> list[PolicyRis
     return risks
 
 
-def describe_errors(exc: ValidationError) -> str:
-    """Locations and pydantic's messages only: no input values (they may be secrets)."""
-    lines = []
-    for error in exc.errors(include_url=False, include_input=False, include_context=False):
-        location = CONFIG_LOCATION
-        for part in error["loc"]:
-            text = str(part)
-            if text.startswith("function-") or text in ("str", "SecretRef", "RepositoryConfig"):
-                continue
-            if text.startswith("lax-or-strict") or text.startswith("json-or-python"):
-                continue
-            location += f"[{part}]" if isinstance(part, int) else f".{part}"
-        lines.append(f"{location}: {error['msg']}")
-    unique = list(dict.fromkeys(lines))
-    count = f"{len(unique)} error" + ("s" if len(unique) > 1 else "")
-    return f"invalid {CONFIG_LOCATION} configuration ({count}):\n  " + "\n  ".join(unique)
-
-
 __all__ = [
     "CONFIG_LOCATION",
     "DEFAULT_ALLOWED_BRANCHES",
@@ -453,7 +435,6 @@ __all__ = [
     "WritePolicy",
     "branch_rule",
     "decide_operation",
-    "describe_errors",
     "is_branch_allowed",
     "is_branch_protected",
     "is_desktop_folder",

@@ -369,24 +369,34 @@ def decide_upstream_write(server: UpstreamConfig, tool_name: str, *, mode: str) 
     return WriteDecision(True, RULE_ALLOWED, policy.require_approval, policy.approval_mode)
 
 
-def describe_errors(exc: ValidationError) -> str:
-    """Locations and pydantic's messages only: no input values (they may be secrets)."""
+def describe_errors(exc: ValidationError, section: str = CONFIG_LOCATION) -> str:
+    """Locations and pydantic's messages only: no input values (they may be secrets).
+
+    Shared by the configuration sections validated with pydantic (``upstreams``, ``repos``):
+    pydantic's own union and validator steps are left out of the location.
+    """
     lines = []
     for error in exc.errors(include_url=False, include_input=False, include_context=False):
         location = ""
         for part in error["loc"]:
-            if part == "upstreams" and not location:
-                location = CONFIG_LOCATION
+            text = str(part)
+            if part == section and not location:
+                location = section
             elif isinstance(part, int):
                 location += f"[{part}]"
-            elif str(part).startswith("function-after") or str(part) in ("str", "SecretRef"):
+            elif text.startswith(("function-", "lax-or-strict", "json-or-python")) or text in (
+                "str",
+                "SecretRef",
+            ):
                 continue
             else:
                 location += f".{part}"
-        lines.append(f"{location or CONFIG_LOCATION}: {error['msg']}")
+        if not location.startswith(section):
+            location = section + location
+        lines.append(f"{location}: {error['msg']}")
     unique = list(dict.fromkeys(lines))
     count = f"{len(unique)} error" + ("s" if len(unique) > 1 else "")
-    return f"invalid {CONFIG_LOCATION} configuration ({count}):\n  " + "\n  ".join(unique)
+    return f"invalid {section} configuration ({count}):\n  " + "\n  ".join(unique)
 
 
 __all__ = [

@@ -213,8 +213,12 @@ class WritePolicy(BaseModel):
     @property
     def effective_disallowed_paths(self) -> tuple[str, ...]:
         """The configured entries plus the defaults, which always apply."""
-        extra = tuple(p for p in self.disallowed_paths if p not in DEFAULT_DISALLOWED_PATHS)
-        return DEFAULT_DISALLOWED_PATHS + extra
+        return with_default_disallowed(self.disallowed_paths)
+
+
+def with_default_disallowed(entries: Sequence[str]) -> tuple[str, ...]:
+    """``DEFAULT_DISALLOWED_PATHS``, which always apply, then ``entries`` not among them."""
+    return DEFAULT_DISALLOWED_PATHS + tuple(p for p in entries if p not in DEFAULT_DISALLOWED_PATHS)
 
 
 DEV_WRITE_POLICY = WritePolicy(
@@ -491,4 +495,5 @@ __all__ = [
     "is_path_disallowed",
     "load_write_policy_config",
     "matches_disallowed",
+    "with_default_disallowed",
 ]

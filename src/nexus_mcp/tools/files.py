@@ -10,7 +10,6 @@ Blocking file I/O runs in a worker thread so the event loop (and timeouts) stay 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
 import stat
@@ -36,7 +35,7 @@ from nexus_mcp.search import (
     line_finder,
 )
 from nexus_mcp.settings import Settings
-from nexus_mcp.workspace import CommitGuard, Workspace, guarded
+from nexus_mcp.workspace import Workspace, run_guarded
 
 TOOLSET = "files"
 
@@ -156,25 +155,8 @@ async def _read(work: Callable[[], T]) -> T:
 
 
 async def _io(work: Callable[[], T]) -> T:
-    """Run blocking file work in a thread; on cancellation, forbid its commit and wait for it.
-
-    Waiting (shielded) for the thread means that when a timeout is reported, the worker
-    has either committed already or never will (see ``CommitGuard``).
-    """
-    guard = CommitGuard()
-
-    def run() -> T:
-        with guarded(guard):
-            return work()
-
-    task = asyncio.ensure_future(asyncio.to_thread(run))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        guard.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise
+    """Blocking file work in a thread under a ``CommitGuard`` (``workspace.run_guarded``)."""
+    return await run_guarded(lambda _guard: work())
 
 
 def build_files_tools(

@@ -64,6 +64,7 @@ from nexus_mcp.search import (
     CAP_FILES_SCANNED,
     CAP_RESULTS,
     CAP_TIME,
+    MAX_SEARCHED_LINE_CHARS,
     SandboxStopped,
     ScanBudget,
     compile_glob,
@@ -73,7 +74,8 @@ from nexus_mcp.search import (
     line_finder,
 )
 from nexus_mcp.settings import Settings
-from nexus_mcp.workspace import CommitGuard
+from nexus_mcp.tools.files import SearchReport
+from nexus_mcp.workspace import CommitGuard, run_guarded
 
 TOOLSET = "repo"
 MAX_LINE_CHARS = 400
@@ -133,13 +135,15 @@ class SearchFile(BaseModel):
     more_in_file: bool
 
 
-class SearchContentResult(BaseModel):
+class RepoScanReport(SearchReport):
+    """A bounded scan of a repository at one commit (the files toolset's caps report)."""
+
     repo: str
     commit_sha: str
+
+
+class SearchContentResult(RepoScanReport):
     files: list[SearchFile]
-    files_scanned: int
-    truncated: bool
-    caps_hit: list[str]
 
 
 class ComponentMatch(BaseModel):
@@ -149,13 +153,8 @@ class ComponentMatch(BaseModel):
     text: str | None = None
 
 
-class LocateComponentResult(BaseModel):
-    repo: str
-    commit_sha: str
+class LocateComponentResult(RepoScanReport):
     matches: list[ComponentMatch]
-    files_scanned: int
-    truncated: bool
-    caps_hit: list[str]
 
 
 class PatchFile(BaseModel):
@@ -236,22 +235,10 @@ async def _git(work: Callable[[], T]) -> T:
 
 
 async def _committing(work: Callable[[CommitGuard], T]) -> T:
-    """A write's git work in a thread; on cancellation its ref update is forbidden and the
-    thread awaited, so a timed-out write never lands later (``workspace.CommitGuard``)."""
-    guard = CommitGuard()
-
-    def run() -> T:
-        return work(guard)
-
-    task = asyncio.ensure_future(asyncio.to_thread(run))
-    try:
-        with git_timeouts_as_refusals():
-            return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        guard.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise
+    """A write's git work under a ``CommitGuard``: cancelled, its ref update is forbidden
+    and the thread awaited, so a timed-out write never lands later."""
+    with git_timeouts_as_refusals():
+        return await run_guarded(work)
 
 
 def build_repo_tools(
@@ -385,14 +372,7 @@ def build_repo_tools(
                         )
             except SandboxStopped:
                 budget.cut(CAP_TIME)
-            return SearchContentResult(
-                repo=repository.name,
-                commit_sha=commit,
-                files=files,
-                files_scanned=budget.files_scanned,
-                truncated=bool(budget.cut_by),
-                caps_hit=budget.cut_by,
-            )
+            return SearchContentResult(files=files, **_report(repository, commit, budget))
 
         return await _git(scan)
 
@@ -439,7 +419,7 @@ def build_repo_tools(
                     break
                 found = 0
                 for number, line in enumerate(text.splitlines(), start=1):
-                    if len(line) > 20_000 or not definition.search(line):
+                    if len(line) > MAX_SEARCHED_LINE_CHARS or not definition.search(line):
                         continue
                     add(
                         ComponentMatch(
@@ -453,14 +433,7 @@ def build_repo_tools(
                     if found >= caps.max_matches_per_file:
                         budget.cut("max_matches_per_file")
                         break
-            return LocateComponentResult(
-                repo=repository.name,
-                commit_sha=commit,
-                matches=matches,
-                files_scanned=budget.files_scanned,
-                truncated=bool(budget.cut_by),
-                caps_hit=budget.cut_by,
-            )
+            return LocateComponentResult(matches=matches, **_report(repository, commit, budget))
 
         return await _git(scan)
 
@@ -718,6 +691,16 @@ def _target(ref: str) -> None:
     state = current_call()
     if state is not None:
         state.target_ref = ref
+
+
+def _report(repository: Repository, commit: str, budget: ScanBudget) -> dict[str, Any]:
+    return {
+        "repo": repository.name,
+        "commit_sha": commit,
+        "files_scanned": budget.files_scanned,
+        "truncated": bool(budget.cut_by),
+        "caps_hit": budget.cut_by,
+    }
 
 
 def _require_folder(repository: Repository, commit: str, folder: str) -> None:
