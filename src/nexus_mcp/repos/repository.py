@@ -30,7 +30,9 @@ import contextlib
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +43,7 @@ from nexus_mcp.errors import (
     NotFoundError,
 )
 from nexus_mcp.policy.repos import MAX_BRANCH_CHARS, PatchFacts, RepositoryConfig, WritePolicy
-from nexus_mcp.repos.git import GitError, GitRunner
+from nexus_mcp.repos.git import GitError, GitOutputTooLargeError, GitRunner
 from nexus_mcp.search import is_binary
 from nexus_mcp.workspace import CommitGuard, normalize_relative
 
@@ -56,8 +58,10 @@ MAX_REF_CHARS = 256
 _REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*(?:[~^][0-9]{0,4})*$")
 _BRANCH_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
 _HEX_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
-# Largest blob read to decide whether new content is text: larger is refused as binary.
-MAX_SNIFF_BLOB_BYTES = 8 * 1024 * 1024
+# New content read back to decide it is text, at most: more is refused as binary.
+MAX_SNIFF_OUTPUT_BYTES = 16 * 1024 * 1024
+# Indexes of branch tips kept in memory per repository (read-tree runs once per tip).
+INDEX_CACHE_BYTES = 64 * 1024 * 1024
 BLOB_BATCH_BYTES = 32 * 1024 * 1024
 REASON_BRANCH_EXISTS = "branch_exists"
 REASON_BRANCH_MOVED = "branch_moved"
@@ -177,6 +181,8 @@ class Repository:
         self.common_dir = common_dir
         self.default_branch = default_branch
         self.zero_sha = zero_sha
+        self._index_cache: OrderedDict[str, bytes] = OrderedDict()
+        self._index_lock = threading.Lock()
 
     @property
     def policy(self) -> WritePolicy | None:
@@ -226,6 +232,13 @@ class Repository:
             return TreeEntry("", MODE_TREE, "tree", tree.stdout.decode().strip(), None)
         found = list(self._ls_tree(commit, path, recursive=False, children=False))
         return found[0] if found and found[0].path == path else None
+
+    def entries(self, commit: str, paths: Sequence[str]) -> dict[str, TreeEntry]:
+        """The entries at several exact paths, in one ``ls-tree`` (missing ones absent)."""
+        args = ["ls-tree", "-z", "--long", "--full-tree", commit, "--", *paths]
+        result = self.runner.run(args, env={"GIT_LITERAL_PATHSPECS": "1"}, check=False)
+        found = (_parse_ls_tree(r) for r in result.stdout.split(b"\0") if r)
+        return {entry.path: entry for entry in found if entry.path in paths}
 
     def list_tree(self, commit: str, path: str, *, recursive: bool) -> Iterator[TreeEntry]:
         """Entries below the folder ``path`` (its children, or everything with recursive)."""
@@ -280,12 +293,19 @@ class Repository:
             return self._analyze(base_commit, patch, env)
 
     def _analyze(self, base_commit: str, patch: bytes, env: dict[str, str]) -> PatchAnalysis:
-        stats = self._numstat(patch)
         diff_bytes = len(patch)
-        self.runner.run(["read-tree", base_commit], env=env)
+        self._load_index(base_commit, env)
+        # One git process reads the patch (its numstat) and applies it; git prints no
+        # numstat when the patch does not apply, so it is then asked for it alone.
         applied = self.runner.run(
-            ["apply", "--cached", "--whitespace=nowarn", "-"], stdin=patch, env=env, check=False
+            ["apply", "--cached", "--whitespace=nowarn", "--numstat", "-z", "--apply", "-"],
+            stdin=patch,
+            env=env,
+            check=False,
         )
+        stats = _parse_numstat(applied.stdout) if applied.returncode == 0 else None
+        if stats is None:
+            stats = self._numstat(patch)
         if applied.returncode != 0 or stats is None:
             facts = PatchFacts(
                 diff_bytes=diff_bytes,
@@ -311,31 +331,27 @@ class Repository:
     def _numstat(self, patch: bytes) -> list[FileStat] | None:
         """git's own reading of the patch: lines added and removed per file."""
         result = self.runner.run(["apply", "--numstat", "-z", "-"], stdin=patch, check=False)
-        if result.returncode != 0:
-            return None
-        stats: list[FileStat] = []
-        records = result.stdout.split(b"\0")
-        index = 0
-        while index < len(records) - 1:
-            head = records[index]
-            index += 1
-            parts = head.split(b"\t")
-            if len(parts) != 3:
-                return None
-            added, removed, path = parts
-            old_path = None
-            if path == b"":  # a rename or copy: the two names follow
-                old_path, path = records[index], records[index + 1]
-                index += 2
-            stats.append(
-                FileStat(
-                    _decode_path(path),
-                    int(added) if added.isdigit() else 0,
-                    int(removed) if removed.isdigit() else 0,
-                    _decode_path(old_path) if old_path is not None else None,
-                )
-            )
-        return stats
+        return _parse_numstat(result.stdout) if result.returncode == 0 else None
+
+    def _load_index(self, commit: str, env: Mapping[str, str]) -> None:
+        """The scratch index of ``commit``'s tree: ``read-tree`` once per commit, then a copy
+        of the bytes it wrote (an index of a tree holds nothing but that tree)."""
+        index = Path(env["GIT_INDEX_FILE"])
+        with self._index_lock:
+            cached = self._index_cache.get(commit)
+            if cached is not None:
+                self._index_cache.move_to_end(commit)
+        if cached is not None:
+            index.write_bytes(cached)
+            return
+        self.runner.run(["read-tree", commit], env=env)
+        data = index.read_bytes()
+        if len(data) > INDEX_CACHE_BYTES // 4:
+            return
+        with self._index_lock:
+            self._index_cache[commit] = data
+            while sum(len(v) for v in self._index_cache.values()) > INDEX_CACHE_BYTES:
+                self._index_cache.popitem(last=False)
 
     def _tree_changes(self, old: str, new: str, env: dict[str, str]) -> list[TreeChange]:
         raw = self.runner.run(
@@ -366,25 +382,20 @@ class Repository:
         texts = [c for c in changes if c.new_mode in (MODE_FILE, MODE_EXECUTABLE)]
         binary: list[str] = []
         if texts:
-            sizes = self._blob_sizes([c.new_sha for c in texts], env)
-            small = [c for c in texts if sizes.get(c.new_sha, 0) <= MAX_SNIFF_BLOB_BYTES]
-            binary += [c.path for c in texts if sizes.get(c.new_sha, 0) > MAX_SNIFF_BLOB_BYTES]
-            stdin = "".join(f"{c.new_sha}\n" for c in small).encode("ascii")
-            blobs = _parse_batch(
-                self.runner.run(["cat-file", "--batch"], stdin=stdin, env=env).stdout
-            )
-            binary += [c.path for c in small if _is_binary_blob(blobs.get(c.new_sha, b""))]
+            stdin = "".join(f"{sha}\n" for sha in dict.fromkeys(c.new_sha for c in texts))
+            try:
+                batch = self.runner.run(
+                    ["cat-file", "--batch"],
+                    stdin=stdin.encode("ascii"),
+                    env=env,
+                    max_output_bytes=MAX_SNIFF_OUTPUT_BYTES,
+                )
+            except GitOutputTooLargeError:
+                # New content this large is not a reviewable text change: refused.
+                return tuple(c.path for c in texts), symlinks, submodules
+            blobs = _parse_batch(batch.stdout)
+            binary = [c.path for c in texts if _is_binary_blob(blobs.get(c.new_sha, b""))]
         return tuple(binary), symlinks, submodules
-
-    def _blob_sizes(self, shas: Sequence[str], env: dict[str, str]) -> dict[str, int]:
-        stdin = "".join(f"{sha}\n" for sha in dict.fromkeys(shas)).encode("ascii")
-        out = self.runner.run(["cat-file", "--batch-check"], stdin=stdin, env=env).stdout
-        sizes: dict[str, int] = {}
-        for line in out.decode("ascii", "replace").splitlines():
-            parts = line.split(" ")
-            if len(parts) == 3 and parts[2].isdigit():
-                sizes[parts[0]] = int(parts[2])
-        return sizes
 
     # --- writes -----------------------------------------------------------------------
 
@@ -428,7 +439,7 @@ class Repository:
             raise ConflictError("branch is checked out", reason=REASON_BRANCH_CHECKED_OUT)
         with _scratch() as scratch:
             env = self._scratch_env(scratch, objects=None)
-            self.runner.run(["read-tree", analysis.base_commit], env=env)
+            self._load_index(analysis.base_commit, env)
             applied = self.runner.run(
                 ["apply", "--cached", "--whitespace=nowarn", "-"],
                 stdin=patch,
@@ -600,6 +611,35 @@ def _parse_ls_tree(record: bytes) -> TreeEntry:
         sha.decode("ascii"),
         int(size_text) if size_text.isdigit() else None,
     )
+
+
+def _parse_numstat(output: bytes) -> list[FileStat] | None:
+    """``apply --numstat -z``: ``added\tremoved\tpath\0``, or for a rename or copy
+    ``added\tremoved\t\0old\0new\0``; ``-`` counts for binary content."""
+    stats: list[FileStat] = []
+    records = output.split(b"\0")
+    index = 0
+    while index < len(records) - 1:
+        parts = records[index].split(b"\t")
+        index += 1
+        if len(parts) != 3:
+            return None
+        added, removed, path = parts
+        old_path = None
+        if path == b"":
+            if index + 1 >= len(records):
+                return None
+            old_path, path = records[index], records[index + 1]
+            index += 2
+        stats.append(
+            FileStat(
+                _decode_path(path),
+                int(added) if added.isdigit() else 0,
+                int(removed) if removed.isdigit() else 0,
+                _decode_path(old_path) if old_path is not None else None,
+            )
+        )
+    return stats
 
 
 def _parse_batch(output: bytes) -> dict[str, bytes]:

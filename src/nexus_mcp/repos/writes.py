@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,13 @@ from nexus_mcp.errors import (
     NotFoundError,
     WritePolicyDeniedError,
 )
-from nexus_mcp.policy.codeowners import CodeOwners, find_codeowners, is_owner, unowned_paths
+from nexus_mcp.policy.codeowners import (
+    CODEOWNERS_LOCATIONS,
+    CodeOwners,
+    find_codeowners,
+    is_owner,
+    unowned_paths,
+)
 from nexus_mcp.policy.merge_rules import (
     MergeRules,
     PullRequest,
@@ -107,6 +114,8 @@ class RepoWrites:
 
     def __init__(self, catalog: RepoCatalog, environ: Mapping[str, str]) -> None:
         self.catalog = catalog
+        self._lock = threading.Lock()
+        self._codeowners: dict[str, tuple[str, CodeOwners]] = {}
         # Each forge's settings are built (and checked: scheme, host, repository, token
         # form) once, at start-up, with its token resolved from its reference.
         self._forges: dict[str, ForgeSettings] = {}
@@ -304,17 +313,28 @@ class RepoWrites:
                     raise MergeBlockedError(reason="codeowners_missing")
 
     def codeowners(self, repository: Repository) -> CodeOwners:
-        """CODEOWNERS as the default branch has it (none: nobody owns anything)."""
+        """CODEOWNERS as the default branch has it now (none: nobody owns anything).
+
+        Parsed once per commit of the default branch: the tip is asked every time.
+        """
         commit = repository.resolve_commit(repository.default_branch)
+        with self._lock:
+            cached = self._codeowners.get(repository.name)
+        if cached is not None and cached[0] == commit:
+            return cached[1]
+        entries = repository.entries(commit, CODEOWNERS_LOCATIONS)
 
         def read(path: str) -> bytes | None:
-            entry = repository.entry(commit, path)
+            entry = entries.get(path)
             if entry is None or entry.type != "file":
                 return None
             return repository.read_blob(entry.sha)
 
         found = find_codeowners(read)
-        return found[1] if found is not None else CodeOwners.parse("")
+        owners = found[1] if found is not None else CodeOwners.parse("")
+        with self._lock:
+            self._codeowners[repository.name] = (commit, owners)
+        return owners
 
     # --- the forge ------------------------------------------------------------------------
 
