@@ -78,6 +78,12 @@ RULE_CODEOWNERS = "codeowners"
 RULE_DOES_NOT_APPLY = "does_not_apply"
 RULE_EMPTY_PATCH = "empty_patch"
 RULE_NO_FORGE = "no_forge"
+RULE_BRANCH_SYMBOLIC = "branch_symbolic"
+# A segment such as ``GITHUB~1``: the 8.3 short name Windows gives ``.github`` on NTFS, so
+# in a Windows checkout it is that folder, whatever the disallowed patterns say.
+_SHORT_NAME_RE = re.compile(r"~[0-9]")
+# git's marker of a binary literal, which it inflates (zlib) before anything can measure it.
+_BINARY_LITERAL_RE = re.compile(rb"^GIT binary patch\r?$", re.MULTILINE)
 
 DEFAULT_ALLOWED_BRANCHES = ("feature/.*", "bugfix/.*")
 DEFAULT_PROTECTED_BRANCHES = ("main", "master", "trunk", "develop", "release/.*")
@@ -197,6 +203,9 @@ class _ReposDocument(_Model):
         return self
 
 
+DEFAULT_WRITE_POLICY = WritePolicy()
+
+
 @dataclass(frozen=True)
 class ReposConfig:
     """The validated section: repositories by name, in configuration order."""
@@ -218,7 +227,7 @@ def is_safe_repo_name(name: object) -> bool:
     return (
         isinstance(name, str)
         and 0 < len(name) <= MAX_REPO_NAME_CHARS
-        and SAFE_REPO_RE.match(name) is not None
+        and SAFE_REPO_RE.fullmatch(name) is not None
         and name not in (".", "..")
     )
 
@@ -378,7 +387,11 @@ def patch_risks(policy: WritePolicy | None, facts: PatchFacts) -> list[PolicyRis
     disallowed = (
         policy.effective_disallowed_paths if policy is not None else DEFAULT_DISALLOWED_PATHS
     )
-    blocked = tuple(p for p in facts.changed_paths if matches_disallowed(disallowed, p))
+    blocked = tuple(
+        p
+        for p in facts.changed_paths
+        if matches_disallowed(disallowed, p) or _SHORT_NAME_RE.search(p) is not None
+    )
     if blocked:
         risks.append(PolicyRisk(RULE_PATH_DISALLOWED, blocked))
     for rule, paths in (
@@ -399,6 +412,19 @@ def patch_risks(policy: WritePolicy | None, facts: PatchFacts) -> list[PolicyRis
     return risks
 
 
+def precheck_patch(policy: WritePolicy | None, patch: bytes) -> list[PolicyRisk]:
+    """What is judged on the patch text before git reads it: its size (the policy's bound,
+    or the default policy's where there is none) and binary literals, which git inflates
+    in memory and which could never land anyway (binary content is refused)."""
+    limit = (policy or DEFAULT_WRITE_POLICY).max_diff_size
+    risks: list[PolicyRisk] = []
+    if len(patch) > limit:
+        risks.append(PolicyRisk(RULE_MAX_DIFF_SIZE, limit=limit, actual=len(patch)))
+    if _BINARY_LITERAL_RE.search(patch):
+        risks.append(PolicyRisk(RULE_BINARY_CONTENT))
+    return risks
+
+
 __all__ = [
     "CONFIG_LOCATION",
     "DEFAULT_ALLOWED_BRANCHES",
@@ -411,6 +437,7 @@ __all__ = [
     "RULE_BINARY_CONTENT",
     "RULE_BRANCH_NOT_ALLOWED",
     "RULE_BRANCH_PROTECTED",
+    "RULE_BRANCH_SYMBOLIC",
     "RULE_CODEOWNERS",
     "RULE_DOES_NOT_APPLY",
     "RULE_EMPTY_PATCH",
@@ -441,4 +468,5 @@ __all__ = [
     "is_safe_repo_name",
     "load_repos_config",
     "patch_risks",
+    "precheck_patch",
 ]

@@ -62,6 +62,7 @@ _HEX_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 MAX_SNIFF_OUTPUT_BYTES = 16 * 1024 * 1024
 # Indexes of branch tips kept in memory per repository (read-tree runs once per tip).
 INDEX_CACHE_BYTES = 64 * 1024 * 1024
+BLOB_BATCH_COUNT = 200
 BLOB_BATCH_BYTES = 32 * 1024 * 1024
 REASON_BRANCH_EXISTS = "branch_exists"
 REASON_BRANCH_MOVED = "branch_moved"
@@ -122,10 +123,11 @@ def check_ref(ref: object, *, field_name: str = "ref") -> str:
     if (
         not isinstance(ref, str)
         or not 0 < len(ref) <= MAX_REF_CHARS
-        or not _REF_RE.match(ref)
+        or not _REF_RE.fullmatch(ref)
         or ".." in ref
         or "//" in ref
-        or ref.endswith((".lock", "/", "."))
+        or ref.endswith("/")
+        or any(part.endswith((".lock", ".")) for part in ref.split("/"))
     ):
         raise InvalidInputError(field=field_name)
     return ref
@@ -136,11 +138,12 @@ def check_branch_name(branch: object, *, field_name: str = "branch") -> str:
     if (
         not isinstance(branch, str)
         or not 0 < len(branch) <= MAX_BRANCH_CHARS
-        or not _BRANCH_RE.match(branch)
+        or not _BRANCH_RE.fullmatch(branch)
         or ".." in branch
         or "//" in branch
         or "/." in branch
-        or branch.endswith((".lock", "/", "."))
+        or branch.endswith(("/", "."))
+        or any(part.endswith(".lock") for part in branch.split("/"))
         or branch == "HEAD"
     ):
         raise InvalidInputError(field=field_name)
@@ -148,7 +151,7 @@ def check_branch_name(branch: object, *, field_name: str = "branch") -> str:
 
 
 def check_sha(value: object, *, field_name: str) -> str:
-    if not isinstance(value, str) or not _HEX_RE.match(value):
+    if not isinstance(value, str) or not _HEX_RE.fullmatch(value):
         raise InvalidInputError(field=field_name)
     return value
 
@@ -202,7 +205,7 @@ class Repository:
             check=False,
         )
         sha = result.stdout.decode("ascii", "replace").strip()
-        if result.returncode != 0 or not _HEX_RE.match(sha):
+        if result.returncode != 0 or not _HEX_RE.fullmatch(sha):
             raise NotFoundError(reason="ref_not_found")
         return sha
 
@@ -213,14 +216,32 @@ class Repository:
             check=False,
         )
         sha = result.stdout.decode("ascii", "replace").strip()
-        return sha if result.returncode == 0 and _HEX_RE.match(sha) else None
+        return sha if result.returncode == 0 and _HEX_RE.fullmatch(sha) else None
+
+    def is_symbolic(self, branch: str) -> bool:
+        """Whether ``refs/heads/<branch>`` is a symbolic ref (an alias of another ref, maybe
+        a protected one, maybe one that does not exist yet): writes refuse such a name."""
+        check_branch_name(branch)
+        result = self.runner.run(["symbolic-ref", "--quiet", f"refs/heads/{branch}"], check=False)
+        return result.returncode == 0
 
     def checked_out_branches(self) -> set[str]:
+        """Branches some working tree of the repository has checked out, or is rebasing or
+        bisecting (git lists those worktrees as detached, yet moving the branch under them
+        breaks the operation; git itself refuses to)."""
         result = self.runner.run(["worktree", "list", "--porcelain", "-z"], check=False)
         branches = set()
         for record in result.stdout.split(b"\0"):
             if record.startswith(b"branch refs/heads/"):
                 branches.add(record[len(b"branch refs/heads/") :].decode("utf-8", "replace"))
+        git_dirs = [self.common_dir, self.runner.git_dir]
+        with contextlib.suppress(OSError):
+            git_dirs += sorted((self.common_dir / "worktrees").iterdir())
+        for git_dir in git_dirs:
+            for name in ("rebase-merge/head-name", "rebase-apply/head-name", "BISECT_START"):
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    text = (git_dir / name).read_text(encoding="utf-8").strip()
+                    branches.add(text.removeprefix("refs/heads/"))
         return branches
 
     # --- trees and blobs --------------------------------------------------------------
@@ -267,21 +288,31 @@ class Repository:
             if record:
                 yield _parse_ls_tree(record)
 
-    def read_blobs(self, shas: Sequence[str]) -> dict[str, bytes]:
-        """The contents of blobs by id (``cat-file --batch``, batched by size)."""
-        contents: dict[str, bytes] = {}
-        unique = list(dict.fromkeys(shas))
-        start = 0
-        while start < len(unique):
-            chunk = unique[start : start + 256]
-            start += len(chunk)
-            stdin = "".join(f"{sha}\n" for sha in chunk).encode("ascii")
-            output = self.runner.run(["cat-file", "--batch"], stdin=stdin).stdout
-            contents.update(_parse_batch(output))
-        return contents
+    def read_entries(self, entries: Sequence[TreeEntry]) -> Iterator[dict[str, bytes]]:
+        """The contents of blob entries, by id, one ``cat-file --batch`` per batch: at most
+        ``BLOB_BATCH_COUNT`` blobs and half the output bound in bytes (their listed sizes),
+        so no batch can run past the bound. A blob larger than that alone is left out."""
+        budget = self.runner.max_output_bytes // 2
+        batch: list[str] = []
+        size = 0
+        for entry in {e.sha: e for e in entries}.values():
+            length = entry.size or 0
+            if length > budget:
+                continue
+            if batch and (len(batch) >= BLOB_BATCH_COUNT or size + length > budget):
+                yield self._cat(batch)
+                batch, size = [], 0
+            batch.append(entry.sha)
+            size += length
+        if batch:
+            yield self._cat(batch)
 
     def read_blob(self, sha: str) -> bytes:
-        return self.read_blobs([sha]).get(sha, b"")
+        return self._cat([sha]).get(sha, b"")
+
+    def _cat(self, shas: Sequence[str]) -> dict[str, bytes]:
+        stdin = "".join(f"{sha}\n" for sha in shas).encode("ascii")
+        return _parse_batch(self.runner.run(["cat-file", "--batch"], stdin=stdin).stdout)
 
     # --- patches ----------------------------------------------------------------------
 
@@ -295,18 +326,12 @@ class Repository:
     def _analyze(self, base_commit: str, patch: bytes, env: dict[str, str]) -> PatchAnalysis:
         diff_bytes = len(patch)
         self._load_index(base_commit, env)
-        # One git process reads the patch (its numstat) and applies it; git prints no
-        # numstat when the patch does not apply, so it is then asked for it alone.
         applied = self.runner.run(
-            ["apply", "--cached", "--whitespace=nowarn", "--numstat", "-z", "--apply", "-"],
-            stdin=patch,
-            env=env,
-            check=False,
+            ["apply", "--cached", "--whitespace=nowarn", "-"], stdin=patch, env=env, check=False
         )
-        stats = _parse_numstat(applied.stdout) if applied.returncode == 0 else None
-        if stats is None:
+        if applied.returncode != 0:
+            # What the patch says it does, for the caller's summary: it lands nowhere.
             stats = self._numstat(patch)
-        if applied.returncode != 0 or stats is None:
             facts = PatchFacts(
                 diff_bytes=diff_bytes,
                 changed_paths=tuple(dict.fromkeys(p for s in stats or () for p in _ends(s))),
@@ -315,7 +340,11 @@ class Repository:
             )
             return PatchAnalysis(base_commit, False, facts, files=tuple(stats or ()))
         tree = self.runner.run(["write-tree"], env=env).stdout.decode("ascii").strip()
-        changes = self._tree_changes(f"{base_commit}^{{tree}}", tree, env)
+        base_tree = f"{base_commit}^{{tree}}"
+        changes = self._tree_changes(base_tree, tree, env)
+        # Lines are counted between the trees, not read from the patch text: a copy, a
+        # binary literal or a mode line changes content the patch's own count never shows.
+        stats = self._tree_numstat(base_tree, tree, env)
         binary, symlinks, submodules = self._content_risks(changes, env)
         facts = PatchFacts(
             diff_bytes=diff_bytes,
@@ -332,6 +361,16 @@ class Repository:
         """git's own reading of the patch: lines added and removed per file."""
         result = self.runner.run(["apply", "--numstat", "-z", "-"], stdin=patch, check=False)
         return _parse_numstat(result.stdout) if result.returncode == 0 else None
+
+    def _tree_numstat(self, old: str, new: str, env: dict[str, str]) -> list[FileStat]:
+        """Lines added and removed per file between two trees, every file read as text
+        (``--text``: attributes cannot hide a file's lines), renames paired (``-M``) so a
+        move is not counted twice; a copy counts every line it adds."""
+        raw = self.runner.run(
+            ["diff-tree", "-r", "-z", "--numstat", "--text", "-M", "--no-ext-diff", old, new],
+            env=env,
+        ).stdout
+        return _parse_numstat(raw) or []
 
     def _load_index(self, commit: str, env: Mapping[str, str]) -> None:
         """The scratch index of ``commit``'s tree: ``read-tree`` once per commit, then a copy
@@ -408,6 +447,7 @@ class Repository:
             result = self.runner.run(
                 [
                     "update-ref",
+                    "--no-deref",
                     "-m",
                     "nexus-mcp: create_branch",
                     f"refs/heads/{branch}",
@@ -468,6 +508,7 @@ class Repository:
             moved = self.runner.run(
                 [
                     "update-ref",
+                    "--no-deref",
                     "-m",
                     "nexus-mcp: apply_patch",
                     f"refs/heads/{branch}",

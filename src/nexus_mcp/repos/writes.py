@@ -55,14 +55,16 @@ from nexus_mcp.policy.merge_rules import (
     evaluate_merge,
 )
 from nexus_mcp.policy.repos import (
+    RULE_BRANCH_SYMBOLIC,
     RULE_CODEOWNERS,
     RULE_DOES_NOT_APPLY,
-    RULE_MAX_DIFF_SIZE,
     RULE_NO_FORGE,
+    PolicyRisk,
     RepoOperation,
     branch_rule,
     decide_operation,
     patch_risks,
+    precheck_patch,
 )
 from nexus_mcp.policy.upstreams import resolve_secret
 from nexus_mcp.policy.write_policy import WriteDecision
@@ -191,10 +193,16 @@ class RepoWrites:
         if rule is not None:
             raise WritePolicyDeniedError(rule=rule)
 
+    def _check_not_symbolic(self, repository: Repository, branch: str) -> None:
+        # An alias could move (or create) the ref it names, a protected one included.
+        if repository.is_symbolic(branch):
+            raise WritePolicyDeniedError(rule=RULE_BRANCH_SYMBOLIC)
+
     def _prepare_branch(self, prepared: Prepared) -> None:
         repository, arguments = prepared.repository, prepared.arguments
         branch = check_branch_name(arguments.get("branch"))
         self._check_branch(repository, branch)
+        self._check_not_symbolic(repository, branch)
         start = arguments.get("from_ref") or repository.default_branch
         prepared.commit = repository.resolve_commit(start, field_name="from_ref")
         if repository.branch_tip(branch) is not None:
@@ -212,11 +220,9 @@ class RepoWrites:
         patch = to_patch_bytes(arguments.get("patch"))
         policy = repository.policy
         assert policy is not None  # decide_operation refused otherwise
-        if len(patch) > policy.max_diff_size:
-            # Measured before git runs: an oversized patch never reaches it.
-            raise WritePolicyDeniedError(
-                rule=RULE_MAX_DIFF_SIZE, limit=policy.max_diff_size, actual=len(patch)
-            )
+        # Judged before git runs: an oversized patch or a binary literal never reaches it.
+        refuse_risks(precheck_patch(policy, patch))
+        self._check_not_symbolic(repository, branch)
         tip = repository.branch_tip(branch)
         if tip is None:
             raise NotFoundError(reason="branch_not_found")
@@ -225,14 +231,7 @@ class RepoWrites:
         analysis = repository.analyze_patch(tip, patch)
         if not analysis.applies:
             raise ConflictError("patch does not apply", reason=RULE_DOES_NOT_APPLY)
-        risks = patch_risks(policy, analysis.facts)
-        if risks:
-            first = risks[0]
-            if first.limit is not None:
-                raise WritePolicyDeniedError(
-                    rule=first.rule, limit=first.limit, actual=first.actual
-                )
-            raise WritePolicyDeniedError(rule=first.rule)
+        refuse_risks(patch_risks(policy, analysis.facts))
         prepared.commit, prepared.patch, prepared.analysis = tip, patch, analysis
 
     def _prepare_pull_request(self, prepared: Prepared) -> None:
@@ -245,6 +244,7 @@ class RepoWrites:
         check_branch_name(base, field_name="base")
         if repository.branch_tip(base) is None:
             raise NotFoundError(reason="base_not_found")
+        self._check_not_symbolic(repository, branch)
         check_text(arguments.get("title"), field_name="title", limit=MAX_TITLE_CHARS, line=True)
         body = arguments.get("body", "")
         if body:
@@ -347,6 +347,16 @@ class RepoWrites:
     def forge_token(self, repository: Repository) -> SecretStr | None:
         settings = self._forges.get(repository.name)
         return settings.token if settings is not None else None
+
+
+def refuse_risks(risks: list[PolicyRisk]) -> None:
+    """``WRITE_POLICY_DENIED`` naming the first rule broken (and its bound), if any."""
+    if not risks:
+        return
+    first = risks[0]
+    if first.limit is not None:
+        raise WritePolicyDeniedError(rule=first.rule, limit=first.limit, actual=first.actual)
+    raise WritePolicyDeniedError(rule=first.rule)
 
 
 def merge_rules(repository: Repository) -> MergeRules:

@@ -36,10 +36,12 @@ from nexus_mcp.errors import (
 from nexus_mcp.policy.merge_rules import evaluate_merge
 from nexus_mcp.policy.repos import (
     RULE_DOES_NOT_APPLY,
+    PatchFacts,
     PolicyRisk,
     branch_rule,
     decide_operation,
     patch_risks,
+    precheck_patch,
 )
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.git import git_timeouts_as_refusals
@@ -48,6 +50,7 @@ from nexus_mcp.repos.repository import (
     MODE_EXECUTABLE,
     MODE_FILE,
     REASON_NOT_A_FILE,
+    PatchAnalysis,
     Repository,
     TreeEntry,
     check_branch_name,
@@ -79,7 +82,6 @@ from nexus_mcp.workspace import CommitGuard, run_guarded
 
 TOOLSET = "repo"
 MAX_LINE_CHARS = 400
-BLOB_BATCH = 200
 _IDENTIFIER_RE = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]{0,127}$")
 _DEFINITION_KEYWORDS = (
     "def|class|function|interface|type|struct|enum|trait|fn|func|module|const|let|var|"
@@ -298,10 +300,10 @@ def build_repo_tools(
                 raise NotFoundError(reason="path_not_found")
             if entry.type != "file":
                 raise ConflictError("not a file", reason=REASON_NOT_A_FILE)
-            if entry.size is not None and entry.size > limits.max_read_bytes:
-                raise DocSizeExceededError(
-                    limit_bytes=limits.max_read_bytes, limit_name="max_read_bytes"
-                )
+            # The read limit, or what git may hand over within its output bound if less.
+            limit = min(limits.max_read_bytes, repository.runner.max_output_bytes // 2)
+            if entry.size is not None and entry.size > limit:
+                raise DocSizeExceededError(limit_bytes=limit, limit_name="max_read_bytes")
             data = repository.read_blob(entry.sha)
             binary = is_binary(data[: caps.binary_sniff_bytes]) or not _is_utf8(data)
             return ReadRepoFileResult(
@@ -385,7 +387,7 @@ def build_repo_tools(
     ) -> LocateComponentResult:
         """Find where a symbol, component or file is defined in a repository (bounded)."""
         repository = catalog.get(repo)
-        if not isinstance(name, str) or not _IDENTIFIER_RE.match(name):
+        if not isinstance(name, str) or not _IDENTIFIER_RE.fullmatch(name):
             raise InvalidInputError(field="name")
         folder = check_repo_path(path)
         # The name is escaped and the pattern's shape is fixed: it runs in process.
@@ -453,18 +455,25 @@ def build_repo_tools(
             tip = repository.branch_tip(branch)
             if tip is None:
                 raise NotFoundError(reason="branch_not_found")
-            analysis = repository.analyze_patch(tip, data)
             policy = repository.policy
-            risks: list[PolicyRisk] = []
+            # Too large, or a binary literal: reported as such, and git never reads it.
+            early = precheck_patch(policy, data)
+            analysis = (
+                PatchAnalysis(tip, False, PatchFacts(len(data), (), 0, 0))
+                if early
+                else repository.analyze_patch(tip, data)
+            )
+            risks: list[PolicyRisk] = list(early)
             gate = decide_operation(policy, "apply_patch")
             if not gate.allowed:
                 risks.append(PolicyRisk(gate.rule))
             rule = branch_rule(repository.config, policy, branch, repository.default_branch)
             if rule is not None:
                 risks.append(PolicyRisk(rule))
-            if not analysis.applies:
+            if not analysis.applies and not early:
                 risks.append(PolicyRisk(RULE_DOES_NOT_APPLY))
-            risks += patch_risks(policy, analysis.facts)
+            if not early:
+                risks += patch_risks(policy, analysis.facts)
             owners = writes.codeowners(repository)
             paths = analysis.facts.changed_paths
             every_owner = sorted({o for p in paths for o in owners.owners_of(p)})
@@ -731,16 +740,18 @@ def _scan_texts(
             break
         budget.files_scanned += 1
         candidates.append(entry)
-    for start in range(0, len(candidates), BLOB_BATCH):
+    by_sha: dict[str, list[TreeEntry]] = {}
+    for entry in candidates:
+        by_sha.setdefault(entry.sha, []).append(entry)
+    for blobs in repository.read_entries(candidates):
         if budget.out_of_time():
             return
-        batch = candidates[start : start + BLOB_BATCH]
-        blobs = repository.read_blobs([entry.sha for entry in batch])
-        for entry in batch:
-            data = blobs.get(entry.sha, b"")
+        for sha, data in blobs.items():
             if is_binary(data[: caps.binary_sniff_bytes]):
                 continue
-            yield entry, data.decode("utf-8", errors="replace")
+            text = data.decode("utf-8", errors="replace")
+            for entry in by_sha.get(sha, ()):
+                yield entry, text
 
 
 def _is_utf8(data: bytes) -> bool:
