@@ -52,6 +52,8 @@ MODE_FILE = "100644"
 MODE_EXECUTABLE = "100755"
 MODE_SYMLINK = "120000"
 MODE_GITLINK = "160000"
+MODE_NONE = "000000"
+_COMPARE_TREES = ("diff-tree", "-r", "-z", "--raw", "--numstat", "--text", "-M", "--no-ext-diff")
 MAX_REF_CHARS = 256
 # A ref a caller may name: a branch or tag name, or a hex object id, with ~N / ^N steps.
 # No ':' (tree:path syntax), no '@{' (reflog), no '^{/' (message search), no leading '-'.
@@ -341,10 +343,9 @@ class Repository:
             return PatchAnalysis(base_commit, False, facts, files=tuple(stats or ()))
         tree = self.runner.run(["write-tree"], env=env).stdout.decode("ascii").strip()
         base_tree = f"{base_commit}^{{tree}}"
-        changes = self._tree_changes(base_tree, tree, env)
         # Lines are counted between the trees, not read from the patch text: a copy, a
         # binary literal or a mode line changes content the patch's own count never shows.
-        stats = self._tree_numstat(base_tree, tree, env)
+        changes, stats = self._compare_trees(base_tree, tree, env)
         binary, symlinks, submodules = self._content_risks(changes, env)
         facts = PatchFacts(
             diff_bytes=diff_bytes,
@@ -361,16 +362,6 @@ class Repository:
         """git's own reading of the patch: lines added and removed per file."""
         result = self.runner.run(["apply", "--numstat", "-z", "-"], stdin=patch, check=False)
         return _parse_numstat(result.stdout) if result.returncode == 0 else None
-
-    def _tree_numstat(self, old: str, new: str, env: dict[str, str]) -> list[FileStat]:
-        """Lines added and removed per file between two trees, every file read as text
-        (``--text``: attributes cannot hide a file's lines), renames paired (``-M``) so a
-        move is not counted twice; a copy counts every line it adds."""
-        raw = self.runner.run(
-            ["diff-tree", "-r", "-z", "--numstat", "--text", "-M", "--no-ext-diff", old, new],
-            env=env,
-        ).stdout
-        return _parse_numstat(raw) or []
 
     def _load_index(self, commit: str, env: Mapping[str, str]) -> None:
         """The scratch index of ``commit``'s tree: ``read-tree`` once per commit, then a copy
@@ -392,26 +383,43 @@ class Repository:
             while sum(len(v) for v in self._index_cache.values()) > INDEX_CACHE_BYTES:
                 self._index_cache.popitem(last=False)
 
-    def _tree_changes(self, old: str, new: str, env: dict[str, str]) -> list[TreeChange]:
+    def _compare_trees(
+        self, old: str, new: str, env: dict[str, str]
+    ) -> tuple[list[TreeChange], list[FileStat]]:
+        """Every path that differs between two trees, and the lines added and removed.
+
+        One ``diff-tree`` prints both: the raw records (a rename's two ends become a
+        removal and an addition, so each path is judged) and the numstat, every file read
+        as text (``--text``: attributes cannot hide a file's lines), renames paired
+        (``-M``) so a move is not counted twice, while a copy counts every line it adds.
+        """
         raw = self.runner.run(
-            ["diff-tree", "-r", "-z", "--raw", "--no-renames", "--no-ext-diff", old, new],
+            [*_COMPARE_TREES, old, new],
             env=env,
         ).stdout
-        records = raw.split(b"\0")
+        tokens = raw.split(b"\0")
         changes: list[TreeChange] = []
-        for position in range(0, len(records) - 1, 2):
-            meta, path = records[position], records[position + 1]
-            old_mode, new_mode, _old_sha, new_sha, status = meta.lstrip(b":").split(b" ")
-            changes.append(
-                TreeChange(
-                    status.decode("ascii")[:1],
-                    old_mode.decode("ascii"),
-                    new_mode.decode("ascii"),
-                    new_sha.decode("ascii"),
-                    _decode_path(path),
-                )
+        index = 0
+        # The raw records come first, each starting with ':' (a path may too, but paths are
+        # read by position); the numstat records are everything after them.
+        while index < len(tokens) - 1 and tokens[index].startswith(b":"):
+            old_mode, new_mode, _old_sha, new_sha, status = (
+                part.decode("ascii") for part in tokens[index][1:].split(b" ")
             )
-        return changes
+            if status[:1] in ("R", "C"):
+                source, target = tokens[index + 1], tokens[index + 2]
+                index += 3
+                if status[:1] == "R":
+                    changes.append(
+                        TreeChange("D", old_mode, MODE_NONE, self.zero_sha, _decode_path(source))
+                    )
+                changes.append(TreeChange("A", MODE_NONE, new_mode, new_sha, _decode_path(target)))
+                continue
+            path = _decode_path(tokens[index + 1])
+            changes.append(TreeChange(status[:1], old_mode, new_mode, new_sha, path))
+            index += 2
+        stats = _parse_numstat(b"\0".join(tokens[index:])) or []
+        return changes, stats
 
     def _content_risks(
         self, changes: Sequence[TreeChange], env: dict[str, str]
