@@ -341,6 +341,11 @@ class InternalError(NexusError):
         return f"internal error (ref {ref})" if ref else "internal error"
 
 
+# A fact a tool sets on a failure that came after its write was sent: the write may have
+# happened, so an idempotency key is never freed for it (its retry must not run again).
+FACT_OUTCOME_UNKNOWN = "outcome_unknown"
+
+
 def correlation_ref(correlation_id: str) -> str:
     """A short, non-reversible reference a user can quote to an operator."""
     return hashlib.sha256(correlation_id.encode("utf-8")).hexdigest()[:12]
@@ -360,6 +365,7 @@ def to_nexus_error(exc: BaseException, *, correlation_id: str) -> NexusError:
 
 
 __all__ = [
+    "FACT_OUTCOME_UNKNOWN",
     "MERGE_BLOCKED_REASONS",
     "UPSTREAM_INVALID_PATH",
     "UPSTREAM_RUNTIME_FAILURE",

@@ -146,7 +146,10 @@ async def run_guarded(work: Callable[[CommitGuard], T]) -> T:
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        guard.cancel()
+        # cancel() waits for a commit in progress (a git ref update may take seconds):
+        # never on the event loop, which serves every other caller meanwhile.
+        with contextlib.suppress(BaseException):
+            await asyncio.to_thread(guard.cancel)
         with contextlib.suppress(BaseException):
             await task
         raise

@@ -156,17 +156,25 @@ class ApprovalMiddleware(Middleware):
             if mode == "token":
                 await self._check_token(state)
             elif mode == "elicit":
+                if gate is not None and state.principal is not None:
+                    # The caller is the approver: a write it could not approve is refused
+                    # before a human is asked to approve it.
+                    await self._check_approver(gate, state, state.principal.subject)
                 await self._confirm(context, state)
             else:
                 raise ApprovalRequiredError(reason="elicitation_unavailable")
         if gate is not None:
             approver = state.approval.get("approver") if state.approval else None
-            try:
-                await gate.check_approver(state, approver if isinstance(approver, str) else None)
-            except WritePolicyDeniedError as exc:
-                state.policy_decision, state.policy_rule = "denied", str(exc.facts.get("rule"))
-                raise
+            await self._check_approver(gate, state, approver if isinstance(approver, str) else None)
         return await call_next(context)
+
+    @staticmethod
+    async def _check_approver(gate: WriteGate, state: CallState, approver: str | None) -> None:
+        try:
+            await gate.check_approver(state, approver)
+        except WritePolicyDeniedError as exc:
+            state.policy_decision, state.policy_rule = "denied", str(exc.facts.get("rule"))
+            raise
 
     def _decide_upstream(self, state: CallState) -> WriteDecision:
         """An upstream's own write policy: deny by default (``policy/upstreams.py``)."""

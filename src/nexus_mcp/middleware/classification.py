@@ -32,7 +32,7 @@ from nexus_mcp.calls import (
     current_call,
 )
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
-from nexus_mcp.errors import Code, InvalidInputError, NexusError
+from nexus_mcp.errors import FACT_OUTCOME_UNKNOWN, Code, InvalidInputError, NexusError
 from nexus_mcp.middleware.envelope import invalid_input_from
 from nexus_mcp.policy.hashing import (
     PROBLEM_UNREPRESENTABLE,
@@ -172,8 +172,14 @@ def _is_refusal(exc: BaseException) -> bool:
 
     error = exc.error if isinstance(exc, ConnectorRefusal) else exc
     # Typed refusals from the tool body (NOT_FOUND, CONFLICT, INVALID_PATH) are raised
-    # before any change is made; a timeout or a crash after the tool started is not one.
-    return isinstance(error, NexusError) and error.code not in _UNKNOWN_OUTCOME_CODES
+    # before any change is made; a timeout or a crash after the tool started is not one,
+    # and neither is a failure the tool marks as after its write was sent (a forge that
+    # merged and then lost its answer): ``outcome_unknown``.
+    return (
+        isinstance(error, NexusError)
+        and error.code not in _UNKNOWN_OUTCOME_CODES
+        and not error.facts.get(FACT_OUTCOME_UNKNOWN)
+    )
 
 
 _CONTENT = TypeAdapter(list[ContentBlock])

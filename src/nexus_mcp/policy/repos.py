@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -39,6 +40,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -151,12 +153,22 @@ class ForgeConfig(_Model):
     timeout_seconds: float = Field(default=10.0, gt=0, le=120)
     ca_file: Path | None = None
 
+    @field_validator("base_url", "push_url")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        # A credential goes in ``token`` (by reference); one in a URL would be inline.
+        if value is not None and "@" in urlsplit(value).netloc:
+            raise ValueError("must not carry credentials: use token")
+        return value
+
 
 class MergeSettings(_Model):
     """What ``merge_guarded`` re-checks on the forge right before it merges."""
 
     required_checks: tuple[StrictStr, ...] = ()
     required_approvals: StrictInt = Field(default=1, ge=0, le=100)
+    # The branches a pull request may be merged into; none given: the default branch.
+    allowed_bases: tuple[StrictStr, ...] = ()
     dismiss_stale_reviews: StrictBool = True
     method: Literal["merge", "squash", "rebase"] = "merge"
 

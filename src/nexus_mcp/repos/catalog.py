@@ -81,10 +81,17 @@ class RepoCatalog:
         return repository
 
     def target_of(self, principal: Principal, arguments: Mapping[str, Any]) -> str:
-        """A repository write's idempotency target: the repository's object store."""
+        """A repository write's idempotency target: the repository's object store and the
+        forge repository it opens pull requests on, so a record made against one never
+        replays for another."""
         repository = self.get(arguments.get(ARG_REPO))
+        forge = repository.config.forge
         return to_target_id(
-            KIND_REPOSITORY, repository.name, identify_folder(repository.common_dir)
+            KIND_REPOSITORY,
+            repository.name,
+            identify_folder(repository.common_dir),
+            forge.base_url if forge is not None else "",
+            forge.repository if forge is not None else "",
         )
 
     def close(self) -> None:

@@ -24,15 +24,25 @@ from pydantic import SecretStr
 
 from nexus_mcp.errors import ConflictError, UpstreamError
 from nexus_mcp.repos.git import GitError, GitRunner
-from nexus_mcp.repos.repository import Repository, check_branch_name
+from nexus_mcp.repos.repository import Repository, check_branch_name, committing
+from nexus_mcp.workspace import CommitGuard
 
 PUSH_TIMEOUT_SECONDS = 120.0
 
 
 def push_branch(
-    repository: Repository, branch: str, commit: str, push_url: str, token: SecretStr | None
+    repository: Repository,
+    branch: str,
+    commit: str,
+    push_url: str,
+    token: SecretStr | None,
+    guard: CommitGuard | None = None,
 ) -> None:
-    """Make ``refs/heads/<branch>`` on ``push_url`` point at ``commit`` (fast-forward only)."""
+    """Make ``refs/heads/<branch>`` on ``push_url`` point at ``commit`` (fast-forward only).
+
+    The push is the write's commit point: under ``guard``, a call already cancelled never
+    starts it, and one cancelled meanwhile is reported only once it has ended.
+    """
     check_branch_name(branch)
     scheme = urlsplit(push_url).scheme
     if scheme not in ("https", "file"):  # the configuration allows only these
@@ -49,33 +59,18 @@ def push_branch(
         alternates = scratch / "objects" / "info" / "alternates"
         alternates.write_text(f"{repository.objects_dir}\n", encoding="utf-8")
         runner.run(["update-ref", f"refs/heads/{branch}", commit])
-        env: dict[str, str] = {}
-        if scheme == "https" and token is not None:
-            basic = base64.b64encode(f"x-access-token:{token.get_secret_value()}".encode()).decode(
-                "ascii"
+        ref = f"refs/heads/{branch}"
+        with committing(guard):
+            result = runner.run(
+                ["push", "--quiet", "--porcelain", "--no-verify", push_url, f"{ref}:{ref}"],
+                env=_credentials(scheme, token),
+                config=[
+                    (f"protocol.{scheme}.allow", "always"),
+                    ("http.followRedirects", "false"),
+                    ("push.recurseSubmodules", "no"),
+                ],
+                check=False,
             )
-            env = {
-                "GIT_CONFIG_COUNT": "1",
-                "GIT_CONFIG_KEY_0": "http.extraHeader",
-                "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
-            }
-        result = runner.run(
-            [
-                "push",
-                "--quiet",
-                "--porcelain",
-                "--no-verify",
-                push_url,
-                f"refs/heads/{branch}:refs/heads/{branch}",
-            ],
-            env=env,
-            config=[
-                (f"protocol.{scheme}.allow", "always"),
-                ("http.followRedirects", "false"),
-                ("push.recurseSubmodules", "no"),
-            ],
-            check=False,
-        )
     except GitError:
         raise UpstreamError("Upstream unavailable", outcome="push_failed") from None
     finally:
@@ -86,6 +81,18 @@ def push_branch(
         if b"[rejected]" in result.stdout or b"non-fast-forward" in result.stderr:
             raise ConflictError("the remote branch moved", reason="push_rejected")
         raise UpstreamError("Upstream unavailable", outcome="push_failed")
+
+
+def _credentials(scheme: str, token: SecretStr | None) -> dict[str, str]:
+    """The token as an ``http.extraHeader`` in git's environment, never on its command line."""
+    if scheme != "https" or token is None:
+        return {}
+    basic = base64.b64encode(f"x-access-token:{token.get_secret_value()}".encode()).decode()
+    return {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "http.extraHeader",
+        "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
+    }
 
 
 __all__ = ["push_branch"]

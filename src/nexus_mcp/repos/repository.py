@@ -451,7 +451,7 @@ class Repository:
         check_branch_name(branch)
         if self.branch_tip(branch) is not None:
             raise ConflictError("branch already exists", reason=REASON_BRANCH_EXISTS)
-        with _committing(guard):
+        with committing(guard):
             result = self.runner.run(
                 [
                     "update-ref",
@@ -512,7 +512,7 @@ class Repository:
             .stdout.decode("ascii")
             .strip()
         )
-        with _committing(guard):
+        with committing(guard):
             moved = self.runner.run(
                 [
                     "update-ref",
@@ -739,7 +739,8 @@ def _scratch() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def _committing(guard: CommitGuard | None) -> Iterator[None]:
+def committing(guard: CommitGuard | None) -> Iterator[None]:
+    """The commit point of a write: refused once its call was cancelled (``CommitGuard``)."""
     if guard is None:
         yield
         return
@@ -764,5 +765,6 @@ __all__ = [
     "check_ref",
     "check_repo_path",
     "check_sha",
+    "committing",
     "open_repository",
 ]

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import re
 import threading
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +83,9 @@ MAX_MESSAGE_CHARS = 64 * 1024
 MAX_TITLE_CHARS = 256
 MAX_BODY_CHARS = 64 * 1024
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
 _NAME_UNSAFE_RE = re.compile(r"[<>\x00-\x1f\x7f]")
 # The trailers nexus-mcp writes itself: a message may not carry its own.
 _OWN_TRAILER_RE = re.compile(r"^\s*(approved-by|nexus-tool-call)\s*:", re.IGNORECASE | re.MULTILINE)
@@ -148,9 +152,21 @@ class RepoWrites:
         await self.check_owners(prepared, approver)
 
     def describe(self, state: CallState) -> str:
-        repo = state.arguments.get("repo")
-        name = repo if isinstance(repo, str) and len(repo) <= 100 else "?"
-        return f"Approve {state.tool_name} on repository {name}?"
+        """The elicitation question: the tool, the repository and what it acts on (the
+        decision ran first, so these are the validated values)."""
+        prepared = self.prepared_for(state)
+        subject = f"{state.tool_name} on repository {prepared.repository.name}"
+        branch = prepared.arguments.get("branch")
+        if isinstance(branch, str):
+            subject += f", branch {branch}"
+        if prepared.pull is not None:
+            subject += f", pull request #{prepared.pull.number} ({prepared.pull.head_sha[:12]})"
+        if prepared.analysis is not None:
+            facts = prepared.analysis.facts
+            subject += (
+                f": {len(facts.changed_paths)} files, +{facts.lines_added}/-{facts.lines_removed}"
+            )
+        return f"Approve {subject}?"
 
     # --- deciding -----------------------------------------------------------------------
 
@@ -365,6 +381,7 @@ def merge_rules(repository: Repository) -> MergeRules:
         required_checks=merge.required_checks,
         required_approvals=merge.required_approvals,
         dismiss_stale_reviews=merge.dismiss_stale_reviews,
+        allowed_bases=merge.allowed_bases or (repository.default_branch,),
     )
 
 
@@ -377,13 +394,27 @@ def check_text(value: object, *, field_name: str, limit: int, line: bool = False
     (tabs and, unless ``line``, newlines allowed), valid UTF-8."""
     if not isinstance(value, str) or not value.strip() or len(value) > limit:
         raise InvalidInputError(field=field_name)
-    if (line and "\n" in value) or _CONTROL_RE.search(value):
+    if (line and "\n" in value) or _has_unsafe_characters(value):
         raise InvalidInputError(field=field_name)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidInputError(field=field_name) from None
     return value
+
+
+def _has_unsafe_characters(text: str) -> bool:
+    """Control characters (C0 but tab and newline, DEL, C1), Unicode line and paragraph
+    separators, and bidirectional overrides, which make text read otherwise than it is."""
+    if _CONTROL_RE.search(text):
+        return True
+    if text.isascii():
+        return False
+    return any(
+        unicodedata.category(char) in ("Cc", "Zl", "Zp") or char in _BIDI_CONTROLS
+        for char in text
+        if char not in "\t\n"
+    )
 
 
 def to_patch_bytes(patch: object) -> bytes:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, Field
@@ -27,13 +27,15 @@ from pydantic import BaseModel, Field
 from nexus_mcp.calls import current_call
 from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import (
+    FACT_OUTCOME_UNKNOWN,
     ConflictError,
     DocSizeExceededError,
     InvalidInputError,
     MergeBlockedError,
     NotFoundError,
+    UpstreamError,
 )
-from nexus_mcp.policy.merge_rules import evaluate_merge
+from nexus_mcp.policy.merge_rules import approving_reviewers, evaluate_merge
 from nexus_mcp.policy.repos import (
     RULE_DOES_NOT_APPLY,
     PatchFacts,
@@ -599,11 +601,15 @@ def build_repo_tools(
         if forge.push_url is not None:
             push_url = forge.push_url
             token = writes.forge_token(repository)
-            await _git(lambda: push_branch(repository, branch, head_sha, push_url, token))
-        async with contextlib.aclosing(writes.forge(repository)) as client:
-            pull = await client.create_pull(
-                head=branch, base=target_base, title=title, body=body, draft=draft
+            # Guarded like a ref update: a call that timed out never pushes afterwards.
+            await _committing(
+                lambda guard: push_branch(repository, branch, head_sha, push_url, token, guard)
             )
+        async with contextlib.aclosing(writes.forge(repository)) as client:
+            with _after_sending():
+                pull = await client.create_pull(
+                    head=branch, base=target_base, title=title, body=body, draft=draft
+                )
         _target(pull.head_sha or head_sha)
         return PullRequestResult(
             repo=repository.name,
@@ -637,20 +643,24 @@ def build_repo_tools(
             # Asked again at merge time: the rules must hold now, on the head judged.
             pull = await client.get_pull(pull_number)
             rules = merge_rules(repository)
+            reviews = await client.list_reviews(pull_number)
             reason = evaluate_merge(
                 rules,
                 pull,
                 await client.combined_status(pull.head_sha),
                 await client.check_runs(pull.head_sha),
-                await client.list_reviews(pull_number),
+                reviews,
                 expected_head_sha=judged.head_sha,
             )
             if reason is not None:
                 raise MergeBlockedError(reason=reason)
+            # CODEOWNERS counts the approvals standing now, not the ones the gate saw.
+            prepared.reviewers = approving_reviewers(rules, pull, reviews)
             await writes.check_owners(prepared, _approver())
-            outcome = await client.merge_pull(
-                pull_number, sha=judged.head_sha, method=repository.config.merge.method
-            )
+            with _after_sending():
+                outcome = await client.merge_pull(
+                    pull_number, sha=judged.head_sha, method=repository.config.merge.method
+                )
         if outcome.refused is not None or not outcome.merged:
             raise MergeBlockedError(reason=outcome.refused or "not_mergeable")
         _target(outcome.sha or judged.head_sha)
@@ -687,6 +697,20 @@ async def _prepared(writes: RepoWrites, tool: str) -> Prepared:
     prepared = await writes.prepare(tool, state.arguments)
     state.prepared = prepared
     return prepared
+
+
+@contextlib.contextmanager
+def _after_sending() -> Iterator[None]:
+    """Around a forge write request: a failure other than the forge's own 4xx answer may
+    come after the forge acted (a merge whose reply was lost), so its outcome is unknown
+    and the call's idempotency key is never freed for a retry that would act again."""
+    try:
+        yield
+    except UpstreamError as exc:
+        status = exc.facts.get("status")
+        if not (isinstance(status, int) and 400 <= status < 500):
+            exc.facts[FACT_OUTCOME_UNKNOWN] = True
+        raise
 
 
 def _approver() -> str | None:
