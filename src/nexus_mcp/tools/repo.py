@@ -79,7 +79,7 @@ from nexus_mcp.search import (
     line_finder,
 )
 from nexus_mcp.settings import Settings
-from nexus_mcp.tools.files import SearchReport
+from nexus_mcp.tools.files import ApprovalArg, IdempotencyArg, SearchReport
 from nexus_mcp.workspace import CommitGuard, run_guarded
 
 TOOLSET = "repo"
@@ -95,13 +95,6 @@ RepoArg = Annotated[str, Field(description="A configured repository's name.")]
 RefArg = Annotated[str, Field(description="Branch, tag or commit id (default HEAD).")]
 PathArg = Annotated[str, Field(description="Repository-relative path, '/' separated.")]
 BranchArg = Annotated[str, Field(description="Branch name, without refs/heads/.")]
-IdempotencyArg = Annotated[
-    str | None,
-    Field(description="Required for writes: a unique key; retrying with it never writes twice."),
-]
-ApprovalArg = Annotated[
-    str | None, Field(description="Approval token, when the write policy requires approval.")
-]
 
 
 class RepoEntry(BaseModel):
