@@ -65,7 +65,6 @@ MAX_SNIFF_OUTPUT_BYTES = 16 * 1024 * 1024
 # Indexes of branch tips kept in memory per repository (read-tree runs once per tip).
 INDEX_CACHE_BYTES = 64 * 1024 * 1024
 BLOB_BATCH_COUNT = 200
-BLOB_BATCH_BYTES = 32 * 1024 * 1024
 REASON_BRANCH_EXISTS = "branch_exists"
 REASON_BRANCH_MOVED = "branch_moved"
 REASON_BRANCH_CHECKED_OUT = "branch_checked_out"
