@@ -32,7 +32,7 @@ from .node_clients import (
     run_ts_plans,
 )
 from .repo_harness import FILES, POLICY
-from .servers import serve_command, server_env
+from .servers import SRC, serve_command, server_env
 from .test_clients import OK, Case, check_result, envelope_of
 
 pytestmark = pytest.mark.slow
@@ -147,7 +147,8 @@ def test_the_inspector_cli_prints_a_repo_refusal_as_a_result(
     project = make_repo(tmp_path / "roots" / "project", FILES)
     target = serve_command(*serve_args(tmp_path, workspace, project))
     arguments = {"repo": "proj", "branch": "main", "idempotency_key": "insp-main"}
-    stdio = InspectorTarget.stdio(target, server_env())
+    # Only what the server needs: the Inspector refuses an empty value (MAKEFLAGS= under make).
+    stdio = InspectorTarget.stdio(target, {"PYTHONPATH": str(SRC)})
     command = inspector_command(node_clients, stdio, "create_branch", arguments)
     run = run_inspector(command, home=tmp_path)
     assert run.returncode == INSPECTOR_EXIT_TOOL_ERROR
