@@ -50,9 +50,13 @@ class DataHandling:
 
     ``loggable_args`` names the argument fields whose values may appear in the audit log;
     every other argument is represented only by the digest of all arguments.
+    ``secret_args`` names the fields that are secrets: a recording (``serve --record``)
+    neither writes nor hashes them (an argument schema marked ``writeOnly`` or
+    ``format: password`` counts as one too, ``fixtures/lines.secret_fields``).
     """
 
     loggable_args: frozenset[str] = frozenset()
+    secret_args: frozenset[str] = frozenset()
     contains_user_content: bool = True
 
 
@@ -107,6 +111,7 @@ def nexus_tool(
     title: str | None = None,
     required_scopes: Sequence[str] = (),
     loggable_args: Sequence[str] = (),
+    secret_args: Sequence[str] = (),
     contains_user_content: bool = True,
     idempotent: bool | None = None,
 ) -> Callable[[F], F]:
@@ -126,6 +131,7 @@ def nexus_tool(
             required_scopes=frozenset(required_scopes),
             data_handling=DataHandling(
                 loggable_args=frozenset(loggable_args),
+                secret_args=frozenset(secret_args),
                 contains_user_content=contains_user_content,
             ),
             idempotent=idempotent,
@@ -184,6 +190,11 @@ class ConnectorCheck(Protocol):
 
 
 EffectBuilder = Callable[[ToolContract, CallState], Mapping[str, Any]]
+# Called once a call that reached the connector has its outcome: (contract, state, the
+# validated arguments, the result or None, the failure or None). ``serve --record``.
+FinishedHook = Callable[
+    [ToolContract, CallState, Mapping[str, Any], ToolResult | None, BaseException | None], None
+]
 
 
 def to_structured(value: Any) -> dict[str, Any]:
@@ -201,6 +212,7 @@ def bind_tool(
     build_effect: EffectBuilder,
     on_started: Callable[[ToolContract, CallState], None],
     before_run: Callable[[ToolContract, CallState], None] = lambda contract, state: None,
+    on_finished: FinishedHook | None = None,
 ) -> Callable[..., Awaitable[ToolResult]]:
     """Wrap a declared tool with the connector; the result is what FastMCP registers."""
     contract = contract_of(fn)
@@ -228,13 +240,22 @@ def bind_tool(
                 check.after(contract, state, structured)
             effect = build_effect(contract, state)
         except NexusError as exc:
+            if on_finished is not None:
+                on_finished(contract, state, kwargs, None, exc)
             raise ConnectorRefusal(exc) from exc
+        except Exception as exc:
+            if on_finished is not None:
+                on_finished(contract, state, kwargs, None, exc)
+            raise
         state.effect = effect
-        return ToolResult(
+        result = ToolResult(
             content=[TextContent(type="text", text=text)],
             structured_content=structured,
             meta={META_TOOL_EFFECT: dict(effect)},
         )
+        if on_finished is not None:
+            on_finished(contract, state, kwargs, result, None)
+        return result
 
     # functools.wraps copied the declared function's annotations, so FastMCP derives the
     # input and output schemas from them, not from the ToolResult returned here.
@@ -303,6 +324,7 @@ __all__ = [
     "ConnectorCheck",
     "ConnectorRefusal",
     "DataHandling",
+    "FinishedHook",
     "NexusTool",
     "Risk",
     "ToolContract",

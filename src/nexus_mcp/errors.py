@@ -33,6 +33,7 @@ means: no input values, no paths the caller sent, no exception text, no secrets.
     │   ├── RateLimitedError             RATE_LIMITED
     │   └── ToolTimeoutError             TOOL_TIMEOUT
     ├── UpstreamError                    UPSTREAM_ERROR (Knowtation-compatible messages)
+    ├── FixtureNotFoundError             FIXTURE_NOT_FOUND (replay: no recorded answer)
     └── InternalError                    INTERNAL_ERROR
 
 ``ConfigError`` is separate: it stops start-up and never reaches a client.
@@ -71,6 +72,7 @@ class Code(StrEnum):
     NOT_FOUND = "NOT_FOUND"
     CONFLICT = "CONFLICT"
     UPSTREAM_ERROR = "UPSTREAM_ERROR"
+    FIXTURE_NOT_FOUND = "FIXTURE_NOT_FOUND"
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
 
@@ -333,6 +335,14 @@ class UpstreamError(NexusError):
         return cls(UPSTREAM_RUNTIME_FAILURE, outcome="runtime_failure")
 
 
+class FixtureNotFoundError(NexusError):
+    """Replay (``serve --replay``): the fixtures hold no answer for this tool, contract
+    version and normalized arguments. Names nothing of the arguments."""
+
+    code = Code.FIXTURE_NOT_FOUND
+    default_message = "no recorded result for this call (tool, version and arguments)"
+
+
 class InternalError(NexusError):
     code = Code.INTERNAL_ERROR
 
@@ -344,6 +354,26 @@ class InternalError(NexusError):
 # A fact a tool sets on a failure that came after its write was sent: the write may have
 # happened, so an idempotency key is never freed for it (its retry must not run again).
 FACT_OUTCOME_UNKNOWN = "outcome_unknown"
+
+
+def _leaf_classes() -> dict[Code, type[NexusError]]:
+    """The one class of this module that carries each code (the most derived one)."""
+    found: dict[Code, type[NexusError]] = {}
+    stack: list[type[NexusError]] = [NexusError]
+    while stack:
+        cls = stack.pop()
+        own = [sub for sub in cls.__subclasses__() if sub.__module__ == __name__]
+        stack.extend(own)
+        if not own or cls.code not in found:
+            found[cls.code] = cls
+    return found
+
+
+def rebuild_error(code: str, message: str, facts: dict[str, Any] | None = None) -> NexusError:
+    """The typed refusal a recording kept (code, the safe message the caller saw, its audit
+    facts), made again for a replay; an unknown code is ``ValueError``."""
+    cls = _leaf_classes()[Code(code)]
+    return cls(message, **(facts or {}))
 
 
 def correlation_ref(correlation_id: str) -> str:
@@ -383,6 +413,7 @@ __all__ = [
     "DocPointerInvalidError",
     "DocSizeExceededError",
     "DocumentError",
+    "FixtureNotFoundError",
     "IdempotencyKeyConflictError",
     "IdempotencyKeyRequiredError",
     "InputError",
@@ -402,5 +433,6 @@ __all__ = [
     "UpstreamError",
     "WritePolicyDeniedError",
     "correlation_ref",
+    "rebuild_error",
     "to_nexus_error",
 ]

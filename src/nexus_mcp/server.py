@@ -7,12 +7,13 @@ real client.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastmcp import FastMCP
 from fastmcp.server.auth import TokenVerifier
@@ -30,12 +31,15 @@ from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.chain import ChainLayers, build_middleware
 from nexus_mcp.decorator import (
     ConnectorCheck,
+    NexusTool,
     ToolContract,
     build_arguments_model,
     contract_of,
 )
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
+from nexus_mcp.fixtures.store import FixtureWriter
 from nexus_mcp.identity import (
     HTTP_TRANSPORTS,
     IdentityResolver,
@@ -61,6 +65,7 @@ from nexus_mcp.policy.approvals import (
 )
 from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
 from nexus_mcp.policy.launch import describe_setting
+from nexus_mcp.policy.pins import PinState, load_pins
 from nexus_mcp.policy.profiles import default_profiles_path, load_profiles
 from nexus_mcp.policy.registry import (
     RegistrySet,
@@ -70,15 +75,23 @@ from nexus_mcp.policy.registry import (
     upstream_registry_dir,
 )
 from nexus_mcp.policy.repos import ReposConfig, load_repos_config
-from nexus_mcp.policy.upstreams import load_upstreams
+from nexus_mcp.policy.upstreams import UpstreamsConfig, decide_upstream_write, load_upstreams
 from nexus_mcp.policy.write_policy import (
     PathGate,
     WriteDecision,
     WritePolicyConfig,
     load_write_policy_config,
 )
+from nexus_mcp.providers.fixtures import (
+    FixtureProvider,
+    Recorder,
+    ReplaySet,
+    listed_definition,
+    load_replay,
+)
 from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
+from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import RepoWrites
@@ -103,7 +116,7 @@ from nexus_mcp.tools.notes import build_notes_tools
 from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
 from nexus_mcp.tools.repo import build_repo_tools
 from nexus_mcp.vaults import VaultRouter, check_canister_deadline
-from nexus_mcp.workspace import Workspace
+from nexus_mcp.workspace import LexicalPaths, Workspace
 
 log = get_logger(__name__)
 
@@ -139,7 +152,7 @@ class Runtime:
 
     settings: Settings
     config_file: Path | None
-    workspace: Workspace
+    workspace: Workspace | LexicalPaths
     audit_log: AuditLog
     registry: RegistrySet
     enforcer: RegistryEnforcer
@@ -160,6 +173,9 @@ class Runtime:
     verifier: TokenVerifier | None = None
     upstreams: UpstreamGateway | None = None
     repos: RepoWrites | None = None
+    # serve --replay: the upstreams' configuration decides their writes (none is started).
+    upstream_config: UpstreamsConfig | None = None
+    recorder: Recorder | None = None  # serve --record
     identity: IdentityResolver = field(init=False)  # one resolver for MCP and plain routes
     _registry_summary: dict[str, Any] | None = None
 
@@ -190,9 +206,12 @@ class Runtime:
             spend_approval(claims, self.nonces)
 
     def upstream_policy(self, server_id: str, tool_name: str) -> WriteDecision:
-        if self.upstreams is None:
-            return WriteDecision(False, "upstream_no_policy")
-        return self.upstreams.decide_write(server_id, tool_name)
+        if self.upstreams is not None:
+            return self.upstreams.decide_write(server_id, tool_name)
+        for server in self.upstream_config.servers if self.upstream_config is not None else ():
+            if server.server_id == server_id:
+                return decide_upstream_write(server, tool_name, mode=self.settings.mode)
+        return WriteDecision(False, "upstream_no_policy")
 
     def close(self) -> None:
         self.audit_log.close()
@@ -201,6 +220,8 @@ class Runtime:
         self.grants.close()
         if self.repos is not None:
             self.repos.catalog.close()
+        if self.recorder is not None:
+            self.recorder.close()
 
 
 @dataclass
@@ -266,10 +287,10 @@ def build_server(
     sections = config_sections(config_file)
     repos_config = load_repos_config(sections.get("repos"), mode=settings.mode)
     # The repositories are opened (and checked) first; nothing else holds them if start-up
-    # stops later, so they are closed here then.
+    # stops later, so they are closed here then. A replay opens none.
     repos = (
         RepoWrites(RepoCatalog.open(repos_config, mode=settings.mode), environ)
-        if repos_config.enabled
+        if repos_config.enabled and settings.replay is None
         else None
     )
     try:
@@ -307,28 +328,45 @@ def _build_server(
         )
     check_launch_settings(settings)  # before any state is created; build_identity decides
     write_policies = load_write_policies(sections, settings)
-    workspace = resolve_workspace(settings, write_policies)
+    replaying = settings.replay is not None
+    # A replay serves no folder: the write policy judges paths as named (workspace.py).
+    workspace = LexicalPaths() if replaying else resolve_workspace(settings, write_policies)
     catalog = ToolCatalog()
     vaults = VaultRouter(settings)
     # The discovery tools ask the namespace, which is built from the tool list below; the
     # late binding closes that loop without a global.
     late: dict[str, GrantedTools] = {}
-    functions: list[ToolFunction] = [
-        *build_files_tools(workspace, settings),
-        *build_notes_tools(vaults.backend_for),
-        *build_discovery_tools(catalog, lambda principal: late["access"].visible_tools(principal)),
-        *(build_repo_tools(repos.catalog, repos, settings) if repos is not None else ()),
-        *extra_tools,
-    ]
+    visible = lambda principal: late["access"].visible_tools(principal)  # noqa: E731
+    if isinstance(workspace, Workspace):
+        functions: list[ToolFunction] = [
+            *build_files_tools(workspace, settings),
+            *build_notes_tools(vaults.backend_for),
+            *build_discovery_tools(catalog, visible),
+            *(build_repo_tools(repos.catalog, repos, settings) if repos is not None else ()),
+            *extra_tools,
+        ]
+    else:
+        # Every native tool's contract, to check the recording against; none of them runs.
+        functions = [*replay_stand_ins(settings, catalog, visible), *extra_tools]
     contracts: dict[str, ToolContract] = {}
     for fn in functions:
         contract = contract_of(fn)
         if contract.name in contracts:
             raise ConfigError(f"two tools are named {contract.name}")
         contracts[contract.name] = contract
-    check_canister_deadline(
-        settings, [name for name, c in contracts.items() if c.toolset == NOTES_TOOLSET]
+    argument_models = {contract_of(fn).name: build_arguments_model(fn) for fn in functions}
+    upstream_config = load_upstreams(
+        sections.get("upstreams"), mode=settings.mode, native_server_id=settings.registry.server_id
     )
+    replay = None
+    if settings.replay is not None:
+        replay = load_replay_set(settings, functions, contracts, argument_models, upstream_config)
+        contracts = replay.contracts
+        argument_models = {n: m for n, m in argument_models.items() if n in contracts}
+    else:
+        check_canister_deadline(
+            settings, [name for name, c in contracts.items() if c.toolset == NOTES_TOOLSET]
+        )
 
     registry = load_registry(settings)
     check_registry_parity(registry, settings, contracts)
@@ -337,9 +375,6 @@ def _build_server(
     )
     approval_keys, approval_settings = load_approvals(
         sections, environ, settings, write_policies, repos_config
-    )
-    upstream_config = load_upstreams(
-        sections.get("upstreams"), mode=settings.mode, native_server_id=settings.registry.server_id
     )
     upstreams = (
         UpstreamGateway.build(
@@ -352,7 +387,15 @@ def _build_server(
             native_tools=contracts,
             environ=environ,
         )
-        if upstream_config.servers
+        if upstream_config.servers and replay is None
+        else None
+    )
+    recorder = (
+        Recorder(
+            FixtureWriter(settings.record),
+            SecretScanner.of(configured_secrets(settings, sections, environ)),
+        )
+        if settings.record is not None
         else None
     )
     warn_about_replicas(settings, approval_keys)
@@ -397,27 +440,47 @@ def _build_server(
         approval_keys=approval_keys,
         approval_settings=approval_settings,
         nonces=SqliteNonceStore(nonces_path(settings)),
-        targets=build_targets(workspace, vaults, contracts, repos),
+        targets=(
+            build_targets(workspace, vaults, contracts, repos)
+            if isinstance(workspace, Workspace)
+            else replay_targets(settings, contracts)
+        ),
         contracts=contracts,
-        argument_models={contract_of(fn).name: build_arguments_model(fn) for fn in functions},
+        argument_models=argument_models,
         connector_checks=[RegistryConnectorCheck(enforcer)],
         verifier=build_verifier(settings) if settings.transport == "http" else None,
         upstreams=upstreams,
         repos=repos,
+        upstream_config=upstream_config if replay is not None else None,
+        recorder=recorder,
     )
     late["access"] = runtime.access
     runtime.access.grant_profiles()
-    for fn in functions:
-        contract = contract_of(fn)
-        catalog.add(
-            name=contract.name,
-            server_id=settings.registry.server_id,
-            toolset=contract.toolset,
-            description=contract.description,
-            risk=contract.risk,
-            input_schema=runtime.argument_models[contract.name].model_json_schema(),
-            annotations=contract.annotations(),
-        )
+    if replay is not None:
+        bind_replayed_upstreams(runtime, replay)
+        for name, record in replay.records.items():
+            contract = contracts[name]
+            catalog.add(
+                name=name,
+                server_id=record.server_id,
+                toolset=contract.toolset,
+                description=str(record.definition.get("description") or ""),
+                risk=contract.risk,
+                input_schema=dict(record.definition.get("inputSchema") or {}),
+                annotations=dict(record.definition.get("annotations") or {}),
+            )
+    else:
+        for fn in functions:
+            contract = contract_of(fn)
+            catalog.add(
+                name=contract.name,
+                server_id=settings.registry.server_id,
+                toolset=contract.toolset,
+                description=contract.description,
+                risk=contract.risk,
+                input_schema=runtime.argument_models[contract.name].model_json_schema(),
+                annotations=contract.annotations(),
+            )
     trail = AuditTrail(runtime.audit_log, runtime.contracts, runtime.registry_info)
     mcp: FastMCP[Any] = FastMCP(
         settings.server_name,
@@ -432,17 +495,45 @@ def _build_server(
     )
     index = ToolIndex(mcp)  # by-name lookup for tools/call, FastMCP's innermost transform
     mcp.add_transform(index)
-    register_native_tools(
-        mcp,
-        index,
-        functions,
-        argument_models=runtime.argument_models,
-        checks=runtime.connector_checks,
-        build_effect=runtime.build_effect,
-        on_started=trail.started,
-        before_run=runtime.before_run,
-    )
+    if replay is not None:
+        provider = FixtureProvider(
+            replay.records,
+            replay.calls,
+            contracts=runtime.contracts,
+            argument_models=runtime.argument_models,
+        )
+        provider.hooks = (
+            list(runtime.connector_checks),
+            runtime.build_effect,
+            trail.started,
+            runtime.before_run,
+        )
+        mcp.add_provider(provider)
+        log.info(
+            "fixtures_replaying",
+            tools=len(replay.records),
+            calls=sum(len(answers) for answers in replay.calls.values()),
+        )
+    else:
+        native = register_native_tools(
+            mcp,
+            index,
+            functions,
+            argument_models=runtime.argument_models,
+            checks=runtime.connector_checks,
+            build_effect=runtime.build_effect,
+            on_started=trail.started,
+            before_run=runtime.before_run,
+            on_finished=recorder.record_call if recorder is not None else None,
+        )
+        if recorder is not None:
+            for tool in native:
+                recorder.record_tool(
+                    settings.registry.server_id, tool, runtime.contracts[tool.name]
+                )
+            log.info("fixtures_recording", tools=len(native))
     if upstreams is not None:
+        upstreams.recorder = recorder
         upstreams.bind(runtime, catalog, trail)
         mcp.add_provider(upstreams.provider)
     _add_health_routes(mcp, runtime)
@@ -553,6 +644,102 @@ def build_targets(
     if untargeted:
         log.warning("write_tools_without_target", tools=untargeted)
     return targets
+
+
+class _Absent:
+    """Stands in for what a replaying server never touches (the workspace, a vault, a
+    repository): any use is a bug, and fails instead of reaching the world."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"a replay never touches the {self._what}")
+
+
+def replay_stand_ins(
+    settings: Settings, catalog: ToolCatalog, visible: Callable[[Any], Any]
+) -> list[ToolFunction]:
+    """Every native toolset over stand-ins, for its contracts and argument models only
+    (``serve --replay`` answers every call from the recording)."""
+
+    def no_vault(_principal: Any) -> Any:
+        raise RuntimeError("a replay never touches a vault")
+
+    absent_repos: Any = _Absent("repositories")
+    return [
+        *build_files_tools(cast(Workspace, _Absent("workspace")), settings),
+        *build_notes_tools(no_vault),
+        *build_discovery_tools(catalog, visible),
+        *build_repo_tools(absent_repos, absent_repos, settings),
+    ]
+
+
+def load_replay_set(
+    settings: Settings,
+    functions: Iterable[ToolFunction],
+    contracts: Mapping[str, ToolContract],
+    argument_models: Mapping[str, type[BaseModel]],
+    upstream_config: UpstreamsConfig,
+) -> ReplaySet:
+    """The recording in ``settings.replay``, checked against this build and configuration."""
+    assert settings.replay is not None
+    definitions = {}
+    for fn in functions:
+        contract = contract_of(fn)
+        tool = NexusTool.bind(fn, contract, argument_models[contract.name])
+        definitions[contract.name] = listed_definition(tool)
+    configured = {server.server_id: server for server in upstream_config.servers}
+    pins_dir = upstream_registry_dir(
+        settings.registry.directory, settings.registry.upstream_directory
+    )
+
+    def exposed(server_id: str, tool: str) -> str | None:
+        server = configured.get(server_id)
+        return server.exposed_name(tool) if server is not None and server.allows(tool) else None
+
+    def pin(server_id: str, tool: str) -> str | None:
+        return load_pins(pins_dir, server_id).digests.get(tool) if server_id in configured else None
+
+    return load_replay(
+        settings.replay,
+        native_server_id=settings.registry.server_id,
+        native_contracts=contracts,
+        native_definitions=definitions,
+        upstream_exposed=exposed,
+        upstream_pin=pin,
+    )
+
+
+def replay_targets(settings: Settings, contracts: Mapping[str, ToolContract]) -> ToolTargets:
+    """A replay's writes act on the recording, whatever their toolset: idempotency records
+    of a replay never match a live run's (or another recording's)."""
+    assert settings.replay is not None
+    target = identify_folder(settings.replay)
+    return ToolTargets(
+        {c.toolset: (lambda _principal, _arguments: target) for c in contracts.values()},
+        {name: contract.toolset for name, contract in contracts.items()},
+    )
+
+
+def bind_replayed_upstreams(runtime: Runtime, replay: ReplaySet) -> None:
+    """Recorded upstream tools, known to the chain as a live gateway makes them known:
+    their route in the registry enforcer, their argument check, the tools that exist."""
+    for name, record in replay.upstream_records.items():
+        assert record.upstream_tool is not None
+        runtime.enforcer.routes[name] = (record.server_id, record.upstream_tool)
+        view = ToolView(
+            upstream_name=record.upstream_tool,
+            exposed_name=name,
+            definition=record.definition,
+            digest=record.digest,
+            entry=None,
+            pin_state=PinState.PINNED,
+            status="exposed",
+        )
+        runtime.argument_checks[name] = functools.partial(check_arguments, view)
+    writes = frozenset(n for n, c in runtime.contracts.items() if c.tool_class == "write")
+    runtime.access.set_tools(frozenset(runtime.contracts), writes)
 
 
 def warn_about_replicas(settings: Settings, approval_keys: ApprovalKeys | None) -> None:

@@ -259,6 +259,10 @@ class Settings(BaseSettings):
     notes: NotesSettings = NotesSettings()
     approver_roles: tuple[str, ...] = ("admin",)
     approvals_elicit_profiles: tuple[str, ...] = ()
+    # Deterministic mode (seed 002): record every call that reaches a tool, or answer every
+    # call from such a recording (providers/fixtures.py). At most one of the two.
+    record: Path | None = None
+    replay: Path | None = None
 
     @field_validator("http_path")
     @classmethod
@@ -266,6 +270,12 @@ class Settings(BaseSettings):
         if not value.startswith("/"):
             raise ValueError("must start with '/'")
         return value
+
+    @model_validator(mode="after")
+    def _record_or_replay(self) -> Settings:
+        if self.record is not None and self.replay is not None:
+            raise ValueError("'record' and 'replay' cannot both be set")
+        return self
 
     @property
     def audit_path(self) -> Path:

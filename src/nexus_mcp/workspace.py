@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nexus_mcp.confinement import (
     DIR_FLAGS,
@@ -887,3 +887,26 @@ __all__ = [
     "is_within",
     "normalize_relative",
 ]
+
+
+class LexicalPaths:
+    """The write policy's view of paths where no folder is served (``serve --replay``).
+
+    A replay touches no file, so a write's paths are judged as named, normalized (hostile
+    names are still ``INVALID_PATH``): nothing is resolved, no link is followed and no
+    folder is walked, because there is nothing to resolve them in.
+    """
+
+    def touched_paths(self, targets: Sequence[str]) -> list[str]:
+        touched: list[str] = []
+        for raw in targets:
+            path = normalize_relative(raw)
+            if path not in touched:
+                touched.append(path)
+        return touched
+
+    def named(self, raw: str) -> str:
+        return normalize_relative(raw)
+
+    def check_subtree(self, operation: str, target: Any, moved_to: str | None = None) -> None:
+        """Nothing to walk: the folder's entries are not known without the folder."""

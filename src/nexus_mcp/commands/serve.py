@@ -52,6 +52,20 @@ SERVE_OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("--user-id", "user_id", "stdio principal: user id", {}),
     ("--canister-user-id", "canister_user_id", "stdio principal: canister user id", {}),
     ("--scopes", "scopes", "stdio principal: scopes, comma or space separated", {}),
+    (
+        "--record",
+        "record",
+        "append every call that reaches a tool to fixture files in DIR "
+        "(<server_id>.jsonl, one per server)",
+        {"type": Path, "metavar": "DIR"},
+    ),
+    (
+        "--replay",
+        "replay",
+        "answer every call from the fixtures in DIR: no workspace, vault, repository or "
+        "upstream is touched (FIXTURE_NOT_FOUND for an unrecorded call)",
+        {"type": Path, "metavar": "DIR"},
+    ),
 )
 
 
@@ -68,8 +82,8 @@ def add_parser(subparsers: Any) -> None:
         "serve",
         help="serve the workspace over stdio or streamable HTTP",
         description=(
-            "Serve the workspace tools. A workspace is required: --workspace, "
-            "NEXUS_MCP_WORKSPACE or 'workspace' in the --config file. "
+            "Serve the workspace tools. A workspace is required (except with --replay): "
+            "--workspace, NEXUS_MCP_WORKSPACE or 'workspace' in the --config file. "
             "Every option can also be set with the environment "
             "variable NEXUS_MCP_<OPTION> (e.g. NEXUS_MCP_PORT=9000) or in the YAML --config "
             "file; flags win over the environment, which wins over the file. The stdio "

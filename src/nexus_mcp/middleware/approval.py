@@ -38,7 +38,7 @@ from nexus_mcp.policy.write_policy import (
 )
 from nexus_mcp.principal import Principal
 from nexus_mcp.stores.nonces import NonceStore
-from nexus_mcp.workspace import Workspace, normalize_relative
+from nexus_mcp.workspace import LexicalPaths, Workspace, normalize_relative
 
 
 def target_paths(operation: str, arguments: dict[str, Any]) -> list[str]:
@@ -91,7 +91,7 @@ class ApprovalMiddleware(Middleware):
     def __init__(
         self,
         policies: WritePolicyConfig,
-        workspace: Workspace,
+        workspace: Workspace | LexicalPaths,
         *,
         keys: ApprovalKeys | None,
         approval_settings: ApprovalSettings,
@@ -205,9 +205,9 @@ class ApprovalMiddleware(Middleware):
             # A folder moved or removed as a whole must not carry a protected entry with
             # it (a nested .git/, say), which patterns on the folder's own path cannot see.
             moved_to = named[1] if operation == "rename" and len(named) == 2 else None
-            self.workspace.check_subtree(
-                operation, self.workspace.named(named[0]), moved_to=moved_to
-            )
+            workspace = self.workspace
+            if isinstance(workspace, Workspace):
+                workspace.check_subtree(operation, workspace.named(named[0]), moved_to=moved_to)
         return decision
 
     async def _check_token(self, state: CallState) -> None:

@@ -43,6 +43,7 @@ from nexus_mcp.targets import TargetOf, identify_upstream
 
 if TYPE_CHECKING:
     from nexus_mcp.middleware.audit import AuditTrail
+    from nexus_mcp.providers.fixtures import Recorder
     from nexus_mcp.server import Runtime
 
 log = get_logger(__name__)
@@ -60,6 +61,7 @@ class UpstreamGateway:
     _native: frozenset[str] = frozenset()
     _native_writes: frozenset[str] = frozenset()
     _listed: dict[str, set[str]] = field(default_factory=dict)
+    recorder: Recorder | None = None  # serve --record: the tools as listed, and every call
 
     @classmethod
     def build(
@@ -126,6 +128,8 @@ class UpstreamGateway:
                 trail.started,
                 runtime.before_run,
             )
+            if self.recorder is not None:
+                server.on_finished = self.recorder.record_call
             endpoint = server.config.endpoint()
             target = identify_upstream(server.server_id, endpoint)
             runtime.targets.add_toolset(
@@ -146,6 +150,13 @@ class UpstreamGateway:
             runtime.enforcer.routes[name] = (server.server_id, view.upstream_name)
             runtime.argument_checks[name] = functools.partial(check_arguments, view)
             runtime.targets.add_tool(name, toolset)
+            if self.recorder is not None:
+                self.recorder.record_tool(
+                    server.server_id,
+                    tool,
+                    runtime.contracts[name],
+                    upstream_tool=view.upstream_name,
+                )
         listed = self._listed.setdefault(server.server_id, set())
         for name in listed - set(visible):
             catalog.remove(name)

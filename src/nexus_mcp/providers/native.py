@@ -13,7 +13,14 @@ from fastmcp import FastMCP
 from pydantic import BaseModel
 
 from nexus_mcp.calls import CallState
-from nexus_mcp.decorator import ConnectorCheck, NexusTool, ToolContract, bind_tool, contract_of
+from nexus_mcp.decorator import (
+    ConnectorCheck,
+    FinishedHook,
+    NexusTool,
+    ToolContract,
+    bind_tool,
+    contract_of,
+)
 from nexus_mcp.tool_index import ToolIndex
 
 ToolFunction = Callable[..., Awaitable[Any]]
@@ -29,7 +36,9 @@ def register_native_tools(
     build_effect: Callable[[ToolContract, CallState], Mapping[str, Any]],
     on_started: Callable[[ToolContract, CallState], None],
     before_run: Callable[[ToolContract, CallState], None],
-) -> None:
+    on_finished: FinishedHook | None = None,
+) -> list[NexusTool]:
+    tools: list[NexusTool] = []
     for fn in functions:
         contract = contract_of(fn)
         bound = bind_tool(
@@ -38,10 +47,13 @@ def register_native_tools(
             build_effect=build_effect,
             on_started=on_started,
             before_run=before_run,
+            on_finished=on_finished,
         )
         tool = NexusTool.bind(bound, contract, argument_models[contract.name])
         mcp.add_tool(tool)
         index.add(tool)
+        tools.append(tool)
+    return tools
 
 
 __all__ = ["ToolFunction", "register_native_tools"]

@@ -43,7 +43,7 @@ from fastmcp import Client
 
 from nexus_mcp.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
 from nexus_mcp.calls import CallState
-from nexus_mcp.decorator import ConnectorCheck, ToolContract
+from nexus_mcp.decorator import ConnectorCheck, FinishedHook, ToolContract
 from nexus_mcp.ids import new_id
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.classification import DEV_MODE
@@ -125,6 +125,7 @@ class UpstreamServer:
         self.seen: dict[str, set[str]] = {}
         self.tools: dict[str, UpstreamTool] = {}  # exposed name -> tool
         self.hooks: ConnectorHooks | None = None
+        self.on_finished: FinishedHook | None = None  # serve --record (providers/fixtures.py)
         self._sessions: dict[SessionKey, UpstreamSession] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._key_locks: dict[SessionKey, asyncio.Lock] = {}

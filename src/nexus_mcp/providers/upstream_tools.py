@@ -139,17 +139,27 @@ class UpstreamTool(Tool):
                     check.after(contract, state, result.document)
             effect = build_effect(contract, state)
         except NexusError as exc:
+            if server.on_finished is not None:
+                server.on_finished(contract, state, arguments, None, exc)
             raise ConnectorRefusal(exc) from exc
+        except Exception as exc:
+            if server.on_finished is not None:
+                server.on_finished(contract, state, arguments, None, exc)
+            raise
         state.effect = effect
         if result.is_error:
-            return ToolResult(
+            answer = ToolResult(
                 content=result.content, meta={META_TOOL_EFFECT: dict(effect)}, is_error=True
             )
-        return ToolResult(
-            content=result.content,
-            structured_content=result.structured,
-            meta={META_TOOL_EFFECT: dict(effect)},
-        )
+        else:
+            answer = ToolResult(
+                content=result.content,
+                structured_content=result.structured,
+                meta={META_TOOL_EFFECT: dict(effect)},
+            )
+        if server.on_finished is not None:
+            server.on_finished(contract, state, arguments, answer, None)
+        return answer
 
 
 def _skip(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:

@@ -1,0 +1,531 @@
+"""The fixture provider (seed 002, "Deterministic tool providers"): record and replay.
+
+Recording (``serve --record DIR``): ``Recorder`` is a connector hook. Every call that
+reached a tool, native or upstream, successful or refused by the tool, is appended to the
+server's fixture file (``fixtures/lines.py``) once the connector has its outcome, exactly
+as the caller receives it; a recording failure is logged and never changes that outcome.
+The tools themselves are recorded as listed, native ones at start-up and an upstream's
+as it publishes them.
+
+Replaying (``serve --replay DIR``): ``FixtureProvider`` lists every recorded tool (name,
+schemas, annotations from the recording) and answers each call from the fixtures by
+(tool, contract version, normalized-arguments hash), with no workspace, vault, repository
+or upstream at all. The whole chain runs around it as for live tools: grants,
+classification, approvals and write policy, documents, limits, audit. ``ReplayTool.run``
+is the connector of a replayed call: the same connector checks, approval spend and audit
+start, then the recorded answer (or the recorded refusal, re-raised as the same typed
+error, so the envelope and the audit say what they said live). Several answers recorded
+for one key are given in order, per session (per caller where the protocol has no
+session), and the last one then repeats. An unrecorded call is ``FIXTURE_NOT_FOUND``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
+from fastmcp.server.providers import Provider
+from fastmcp.tools import Tool, ToolResult
+from fastmcp.utilities.versions import VersionSpec
+from mcp_types import ContentBlock, ToolAnnotations
+from pydantic import BaseModel, TypeAdapter
+from pydantic import ValidationError as PydanticValidationError
+
+from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
+from nexus_mcp.decorator import ConnectorCheck, ConnectorRefusal, ToolContract
+from nexus_mcp.errors import (
+    Code,
+    ConfigError,
+    FixtureNotFoundError,
+    InternalError,
+    NexusError,
+    correlation_ref,
+    rebuild_error,
+)
+from nexus_mcp.fixtures.lines import (
+    arguments_hash,
+    call_line,
+    definition_digest,
+    secret_fields,
+    stable_effect,
+    tool_line,
+)
+from nexus_mcp.fixtures.secrets import SecretScanner
+from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read_fixtures
+from nexus_mcp.logs import get_logger
+from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope
+
+log = get_logger(__name__)
+
+_CONTENT = TypeAdapter(ContentBlock)
+# Sessions whose replay position is remembered (the least recently used is forgotten).
+MAX_REPLAY_SESSIONS = 4096
+FASTMCP_META = "fastmcp"
+
+
+def listed_definition(tool: Tool) -> dict[str, Any]:
+    """A tool as ``tools/list`` gives it, before the chain's listing transforms."""
+    return tool.to_mcp_tool().model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def dump_content(content: Sequence[Any]) -> list[dict[str, Any]]:
+    return [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in content]
+
+
+# -- recording -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    server_id: str
+    version: str
+    secret: frozenset[str]
+
+
+class Recorder:
+    """Appends what reached each tool to ``<DIR>/<server_id>.jsonl`` (``serve --record``)."""
+
+    def __init__(self, writer: FixtureWriter, scanner: SecretScanner) -> None:
+        self.writer = writer
+        self.scanner = scanner
+        self._tools: dict[str, _Recorded] = {}
+        self._lock = threading.Lock()
+
+    def record_tool(
+        self,
+        server_id: str,
+        tool: Tool,
+        contract: ToolContract,
+        *,
+        upstream_tool: str | None = None,
+    ) -> None:
+        """Record ``tool`` as listed (once per definition) and remember how its calls hash."""
+        definition = listed_definition(tool)
+        secret = secret_fields(contract.data_handling.secret_args, definition.get("inputSchema"))
+        with self._lock:
+            self._tools[contract.name] = _Recorded(server_id, contract.version, secret)
+        key = (contract.name, contract.version, definition_digest(definition))
+        try:
+            if self.writer.has_definition(server_id, key):
+                return
+            line = tool_line(
+                server_id=server_id,
+                tool=contract.name,
+                version=contract.version,
+                definition=definition,
+                risk=contract.risk,
+                toolset=contract.toolset,
+                secret_args=secret,
+                upstream_tool=upstream_tool,
+            )
+            clean, redacted = self.scanner.redact(line)
+            if redacted:
+                log.warning("fixture_redacted", tool=contract.name, part="definition")
+            self.writer.append(server_id, clean)
+        except Exception as exc:  # noqa: BLE001 - recording never stops the server
+            log.error("fixture_record_failed", tool=contract.name, exc_type=type(exc).__name__)
+
+    def record_call(
+        self,
+        contract: ToolContract,
+        state: CallState,
+        arguments: Mapping[str, Any],
+        result: ToolResult | None,
+        error: BaseException | None,
+    ) -> None:
+        """The connector's hook once a call has its outcome. Only a call that reached the
+        tool is recorded; nothing here can change what the caller receives."""
+        if not state.executed:
+            return
+        try:
+            self._record_call(contract, state, arguments, result, error)
+        except Exception as exc:  # noqa: BLE001 - recording never changes the answer
+            log.error("fixture_record_failed", tool=contract.name, exc_type=type(exc).__name__)
+
+    def _record_call(
+        self,
+        contract: ToolContract,
+        state: CallState,
+        arguments: Mapping[str, Any],
+        result: ToolResult | None,
+        error: BaseException | None,
+    ) -> None:
+        with self._lock:
+            recorded = self._tools.get(contract.name)
+        if recorded is None:
+            # A tool is recorded as listed before it can be called; one that was not is
+            # not replayable, and its answer is not kept.
+            log.warning("fixture_tool_not_recorded", tool=contract.name)
+            return
+        digest = arguments_hash(arguments, secret=recorded.secret)
+        refusal: dict[str, Any] | None = None
+        if result is None:
+            nexus = _as_nexus_error(error, state)
+            envelope = to_envelope(nexus)
+            answer: dict[str, Any] = {"content": dump_content(envelope.content), "isError": True}
+            refusal = {"code": str(nexus.code), "message": nexus.message}
+            facts = _safe_facts(nexus)
+            if facts:
+                refusal["facts"] = facts
+            effect = None
+        else:
+            answer = {"content": dump_content(result.content)}
+            if result.structured_content is not None:
+                answer["structuredContent"] = result.structured_content
+            answer["isError"] = bool(result.is_error)
+            effect = stable_effect((result.meta or {}).get(META_TOOL_EFFECT))
+        payload, redacted = self.scanner.redact(
+            {"result": answer, "effect": effect, "error": refusal}
+        )
+        if redacted:
+            log.warning("fixture_redacted", tool=contract.name, part="result")
+        self.writer.append(
+            recorded.server_id,
+            call_line(
+                server_id=recorded.server_id,
+                tool=contract.name,
+                version=recorded.version,
+                args_sha256=digest,
+                result=payload["result"],
+                effect=payload["effect"],
+                error=payload["error"],
+                redacted=redacted,
+            ),
+        )
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _as_nexus_error(error: BaseException | None, state: CallState) -> NexusError:
+    if isinstance(error, NexusError):
+        return error
+    if isinstance(error, ConnectorRefusal):
+        return error.error
+    # What the envelope makes of any other failure (errors.to_nexus_error).
+    return InternalError(
+        ref=correlation_ref(state.correlation_id),
+        exception=type(error).__name__ if error is not None else "unknown",
+    )
+
+
+def _safe_facts(error: NexusError) -> dict[str, Any]:
+    """The refusal's audit facts (scalars only, as the audit log keeps them)."""
+    return {k: v for k, v in error.facts.items() if isinstance(v, str | int | float | bool)}
+
+
+# -- replaying -----------------------------------------------------------------------------
+
+ConnectorHooks = tuple[
+    Sequence[ConnectorCheck],
+    Callable[[ToolContract, CallState], Mapping[str, Any]],
+    Callable[[ToolContract, CallState], None],
+    Callable[[ToolContract, CallState], None],
+]
+
+
+class ReplayTool(Tool):
+    """A recorded tool as FastMCP holds it; ``run`` is the connector of a replayed call."""
+
+    _replayer: Any = None
+    _record: Any = None
+
+    @classmethod
+    def for_record(cls, record: ToolRecord, replayer: FixtureProvider) -> ReplayTool:
+        definition = record.definition
+        meta = dict(definition.get("_meta") or {})
+        fastmcp_meta = meta.pop(FASTMCP_META, None)
+        tags = fastmcp_meta.get("tags") if isinstance(fastmcp_meta, Mapping) else None
+        annotations = definition.get("annotations")
+        tool = cls(
+            name=record.tool,
+            title=definition.get("title"),
+            description=definition.get("description"),
+            parameters=definition.get("inputSchema") or {"type": "object"},
+            output_schema=definition.get("outputSchema"),
+            annotations=ToolAnnotations(**annotations)
+            if isinstance(annotations, Mapping)
+            else None,
+            meta=meta or None,
+            tags={str(t) for t in tags} if isinstance(tags, list) else set(),
+        )
+        tool._replayer = replayer
+        tool._record = record
+        return tool
+
+    @property
+    def record(self) -> ToolRecord:
+        return self._record  # type: ignore[no-any-return]
+
+    async def run(self, arguments: dict[str, Any], context: Any = None) -> ToolResult:
+        replayer: FixtureProvider = self._replayer
+        return await replayer.answer(self, arguments)
+
+
+class FixtureProvider(Provider):
+    """FastMCP's ``Provider`` for the recorded tools (``serve --replay``)."""
+
+    # In replay the recorded tools are the only ones (nothing is registered locally).
+    disjoint_from_local = True
+
+    def __init__(
+        self,
+        records: Mapping[str, ToolRecord],
+        calls: Mapping[tuple[str, str, str], Sequence[CallRecord]],
+        *,
+        contracts: Mapping[str, ToolContract],
+        argument_models: Mapping[str, type[BaseModel]],
+    ) -> None:
+        super().__init__()
+        self.contracts = contracts
+        self.argument_models = argument_models
+        self.calls = calls
+        self.tools = {name: ReplayTool.for_record(r, self) for name, r in records.items()}
+        self.hooks: ConnectorHooks | None = None
+        self._positions: OrderedDict[tuple[str, tuple[str, str, str]], int] = OrderedDict()
+        self._sessions: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    async def _list_tools(self) -> list[Tool]:
+        return list(self.tools.values())
+
+    async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
+        return self.tools.get(name)
+
+    # -- one call ----------------------------------------------------------------------
+
+    async def answer(self, tool: ReplayTool, arguments: dict[str, Any]) -> ToolResult:
+        state = current_call()
+        if state is None or state.principal is None or self.tools.get(tool.name) is not tool:
+            # Reached without the chain: the answer a hidden or missing tool gets.
+            raise FastMCPNotFoundError(f"Unknown tool: {tool.name!r}")
+        hooks = self.hooks
+        assert hooks is not None, "the composition root binds the connector hooks"
+        checks, build_effect, on_started, before_run = hooks
+        record = tool.record
+        contract = self.contracts[tool.name]
+        try:
+            normalized = self._normalized(record, state, arguments)
+            for check in checks:
+                check.before(contract, state, normalized)
+            key = (
+                record.tool,
+                record.version,
+                arguments_hash(normalized, secret=record.secret_args),
+            )
+            recorded = self._next(state, key)
+            if recorded is None:
+                raise FixtureNotFoundError(args_sha256=key[2])
+            # The call runs from here on, as a live one would: its approval is spent.
+            before_run(contract, state)
+            state.executed = True
+            on_started(contract, state)
+            if recorded.error is not None:
+                error = recorded.error
+                raise rebuild_error(str(error["code"]), str(error["message"]), error.get("facts"))
+            result = recorded.result
+            content = [_CONTENT.validate_python(block) for block in result["content"]]
+            structured = result.get("structuredContent")
+            is_error = bool(result.get("isError"))
+            target_ref = (recorded.effect or {}).get("target_ref")
+            if isinstance(target_ref, str):
+                state.target_ref = target_ref
+            if not is_error:
+                document: dict[str, Any] = (
+                    dict(structured or {})
+                    if record.upstream_tool is None
+                    else {"content": result["content"], "structuredContent": structured}
+                )
+                for check in checks:
+                    check.after(contract, state, document)
+            effect = build_effect(contract, state)
+        except NexusError as exc:
+            raise ConnectorRefusal(exc) from exc
+        state.effect = effect
+        return ToolResult(
+            content=content,
+            structured_content=structured if not is_error else None,
+            meta={META_TOOL_EFFECT: dict(effect)},
+            is_error=is_error,
+        )
+
+    def _normalized(
+        self, record: ToolRecord, state: CallState, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The arguments as the recording hashed them: a native tool's validated ones (its
+        defaults filled in), an upstream tool's as sent."""
+        model = self.argument_models.get(record.tool) if record.upstream_tool is None else None
+        if model is None:
+            return arguments
+        checked = state.validated_arguments
+        if checked is not None and checked[0] is arguments:
+            return checked[1]
+        try:
+            return dict(model.model_validate(arguments).__dict__)
+        except PydanticValidationError as exc:
+            raise invalid_input_from(exc) from None
+
+    def _next(self, state: CallState, key: tuple[str, str, str]) -> CallRecord | None:
+        answers = self.calls.get(key)
+        if not answers:
+            return None
+        principal = state.principal
+        session = state.session_key or (principal.subject if principal is not None else "")
+        with self._lock:
+            position = self._positions.get((session, key), 0)
+            self._positions[(session, key)] = position + 1
+            self._positions.move_to_end((session, key))
+            self._sessions[session] = None
+            self._sessions.move_to_end(session)
+            while len(self._sessions) > MAX_REPLAY_SESSIONS:
+                forgotten, _ = self._sessions.popitem(last=False)
+                for stale in [k for k in self._positions if k[0] == forgotten]:
+                    del self._positions[stale]
+        return answers[min(position, len(answers) - 1)]
+
+
+__all__ = [
+    "FixtureProvider",
+    "Recorder",
+    "ReplayTool",
+    "dump_content",
+    "listed_definition",
+]
+
+
+# -- loading a recording for replay -------------------------------------------------------
+
+PRUNE_HINT = "record again, or drop them: nexus-mcp fixtures prune DIR --tool {tool}"
+MAX_LISTED_PROBLEMS = 20
+
+
+@dataclass
+class ReplaySet:
+    """What a replaying server serves: the recorded tools, their answers and contracts."""
+
+    records: dict[str, ToolRecord]
+    calls: dict[tuple[str, str, str], list[CallRecord]]
+    contracts: dict[str, ToolContract]
+    upstream_records: dict[str, ToolRecord]
+
+
+def load_replay(
+    directory: Path,
+    *,
+    native_server_id: str,
+    native_contracts: Mapping[str, ToolContract],
+    native_definitions: Mapping[str, Mapping[str, Any]],
+    upstream_exposed: Callable[[str, str], str | None],
+    upstream_pin: Callable[[str, str], str | None],
+) -> ReplaySet:
+    """Read ``directory`` and check it against this build, every problem at once.
+
+    Refused (``ConfigError``): a line that is not a fixture line; a call of a tool the
+    recording never listed; a native tool this build lacks, or whose contract version
+    differs (a version change invalidates its fixtures), or whose schemas changed without
+    a version bump; an upstream the configuration no longer exposes under that name, or
+    whose pinned definition differs from the recorded one; an unknown error code.
+    ``upstream_exposed(server_id, upstream_tool)`` is the name the configuration exposes
+    (None: not configured or not allowed); ``upstream_pin`` the pinned digest, if any.
+    """
+    servers, line_problems = read_fixtures(directory)
+    problems = [
+        f"{p.path.name} line {p.line}: not a fixture line ({p.problem})" for p in line_problems
+    ]
+    records: dict[str, ToolRecord] = {}
+    upstream_records: dict[str, ToolRecord] = {}
+    calls: dict[tuple[str, str, str], list[CallRecord]] = {}
+    contracts: dict[str, ToolContract] = {}
+    for server_id, fixtures in sorted(servers.items()):
+        for tool in sorted(set(fixtures.call_versions) - set(fixtures.tools)):
+            problems.append(f"{server_id}: calls of {tool}, which the recording never listed")
+        for name, record in sorted(fixtures.tools.items()):
+            if name in records:
+                problems.append(f"{server_id}: {name} is also recorded by another server")
+                continue
+            stale = sorted(fixtures.call_versions.get(name, set()) - {record.version})
+            if record.upstream_tool is None and server_id == native_server_id:
+                problem = _native_problem(record, native_contracts, native_definitions)
+            elif record.upstream_tool is not None and server_id != native_server_id:
+                problem = _upstream_problem(record, upstream_exposed, upstream_pin)
+            else:
+                problem = "recorded for a server this build does not serve it from"
+            if problem is None and stale:
+                problem = (
+                    f"calls recorded with version {', '.join(stale)}, "
+                    f"the recording's listing has {record.version}"
+                )
+            if problem is not None:
+                problems.append(f"{server_id}: {name}: {problem}; " + PRUNE_HINT.format(tool=name))
+                continue
+            records[name] = record
+            if record.upstream_tool is not None:
+                upstream_records[name] = record
+                contracts[name] = ToolContract(
+                    name=name,
+                    description=str(record.definition.get("description") or record.upstream_tool),
+                    risk=record.risk,  # type: ignore[arg-type]
+                    toolset=record.toolset,
+                    version=record.version,
+                    title=record.definition.get("title"),
+                )
+            else:
+                contracts[name] = native_contracts[name]
+        for key, answers in fixtures.calls.items():
+            for answer in answers:
+                code = (answer.error or {}).get("code")
+                if code is not None and code not in Code.__members__:
+                    problems.append(
+                        f"{server_id}: {key[0]}: a recorded refusal has an unknown code"
+                    )
+                    break
+            if key[0] in records and key[1] == records[key[0]].version:
+                calls.setdefault(key, []).extend(answers)
+    if problems:
+        shown = problems[:MAX_LISTED_PROBLEMS]
+        more = len(problems) - len(shown)
+        raise ConfigError(
+            f"the fixtures in 'replay' ({directory}) do not fit this server:\n  "
+            + "\n  ".join(shown)
+            + (f"\n  ... and {more} more" if more > 0 else "")
+        )
+    return ReplaySet(records, calls, contracts, upstream_records)
+
+
+def _native_problem(
+    record: ToolRecord,
+    contracts: Mapping[str, ToolContract],
+    definitions: Mapping[str, Mapping[str, Any]],
+) -> str | None:
+    contract = contracts.get(record.tool)
+    if contract is None:
+        return "no such tool in this build"
+    if contract.version != record.version:
+        return f"recorded with version {record.version}, this build has {contract.version}"
+    current = definitions.get(record.tool, {})
+    for part in ("inputSchema", "outputSchema"):
+        if current.get(part) != record.definition.get(part):
+            return f"its {part} changed without a contract version bump"
+    return None
+
+
+def _upstream_problem(
+    record: ToolRecord,
+    exposed: Callable[[str, str], str | None],
+    pin: Callable[[str, str], str | None],
+) -> str | None:
+    upstream_tool = str(record.upstream_tool)
+    if exposed(record.server_id, upstream_tool) != record.tool:
+        return "the configuration does not expose this upstream tool under this name"
+    pinned = pin(record.server_id, upstream_tool)
+    if pinned is not None and pinned[: len(record.version)] != record.version:
+        return "its pinned definition differs from the recorded one (the contract changed)"
+    return None
+
+
+__all__ += ["ReplaySet", "load_replay"]
