@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "nexus_mcp.commands.audit",
     "nexus_mcp.commands.call",
     "nexus_mcp.commands.upstream",
+    "nexus_mcp.commands.fixtures",
 )
 
 

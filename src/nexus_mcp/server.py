@@ -47,7 +47,7 @@ from nexus_mcp.identity import (
     check_launch_settings,
 )
 from nexus_mcp.logs import ensure_logging, get_logger
-from nexus_mcp.middleware.approval import ApprovalMiddleware
+from nexus_mcp.middleware.approval import ApprovalMiddleware, WriteGate
 from nexus_mcp.middleware.audit import AuditMiddleware, AuditTrail
 from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.middleware.documents import DocumentsMiddleware
@@ -94,7 +94,7 @@ from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
-from nexus_mcp.repos.writes import RepoWrites
+from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
 from nexus_mcp.settings import Settings, config_sections
 from nexus_mcp.state import (
     grants_path,
@@ -175,6 +175,7 @@ class Runtime:
     repos: RepoWrites | None = None
     # serve --replay: the upstreams' configuration decides their writes (none is started).
     upstream_config: UpstreamsConfig | None = None
+    repos_config: ReposConfig | None = None
     recorder: Recorder | None = None  # serve --record
     identity: IdentityResolver = field(init=False)  # one resolver for MCP and plain routes
     _registry_summary: dict[str, Any] | None = None
@@ -452,6 +453,7 @@ def _build_server(
         upstreams=upstreams,
         repos=repos,
         upstream_config=upstream_config if replay is not None else None,
+        repos_config=repos_config,
         recorder=recorder,
     )
     late["access"] = runtime.access
@@ -603,7 +605,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             elicit_profiles=frozenset(settings.approvals_elicit_profiles),
             profile_of=runtime.access.select,
             upstream_policy=runtime.upstream_policy,
-            write_gates=dict.fromkeys(REPO_WRITE_TOOLS, runtime.repos) if runtime.repos else None,
+            write_gates=repo_write_gates(runtime),
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
         limits=LimitsMiddleware(
@@ -614,6 +616,16 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             ),
         ),
     )
+
+
+def repo_write_gates(runtime: Runtime) -> Mapping[str, WriteGate] | None:
+    """The repository writes' gate: the repositories themselves, or in a replay (which
+    opens none) their configured write policy alone (``repos/writes.py``)."""
+    if runtime.repos is not None:
+        return dict.fromkeys(REPO_WRITE_TOOLS, runtime.repos)
+    if runtime.settings.replay is not None and runtime.repos_config is not None:
+        return dict.fromkeys(REPO_WRITE_TOOLS, ConfiguredPolicyGate(runtime.repos_config))
+    return None
 
 
 def build_targets(

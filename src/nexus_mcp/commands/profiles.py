@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from nexus_mcp.access import PROFILE_SUBJECT_PREFIX, profile_subject
+from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError, NexusError, NotFoundError
 from nexus_mcp.policy.grants import (
     DIRECT_RELATION,
@@ -122,7 +123,7 @@ def list_profiles(args: argparse.Namespace) -> int:
         (p.name, p.extends or "-", str(len(p.tools)), p.description)
         for p in config.profiles.values()
     ]
-    _print_table(("PROFILE", "EXTENDS", "TOOLS", "DESCRIPTION"), rows)
+    print_table(("PROFILE", "EXTENDS", "TOOLS", "DESCRIPTION"), rows)
     print(f"\ndefault profile: {config.default_profile}")
     roles = ", ".join(f"{role}={name}" for role, name in config.role_profiles.items())
     print(f"roles: {roles}")
@@ -254,7 +255,7 @@ def _print_inspection(
     for tool in direct:
         sources.setdefault(tool, []).append("direct")
     rows = [(tool, ", ".join(sources[tool])) for tool in sorted(sources)]
-    _print_table(("TOOL", "SOURCE"), rows)
+    print_table(("TOOL", "SOURCE"), rows)
     stored = _served_profile_tools(store, selection.name, args.zone)
     if stored is not None and stored != profile_tools:
         print(STALE_PROFILE_NOTE)
@@ -347,14 +348,6 @@ def _open_store(args: argparse.Namespace) -> SqliteTupleStore:
 def _refuse(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return EXIT_REFUSED
-
-
-def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
 
 
 __all__ = ["add_parser", "default_grants_path"]

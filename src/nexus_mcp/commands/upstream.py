@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import ensure_logging
 from nexus_mcp.policy.pins import PinState, load_pins, lock_path, write_pins
@@ -75,7 +76,7 @@ def run_list(args: argparse.Namespace) -> int:
     if not rows:
         print("no upstreams configured")
         return EXIT_OK
-    _print_table(_COLUMNS, rows)
+    print_table(_COLUMNS, rows)
     return EXIT_OK
 
 
@@ -84,7 +85,7 @@ def run_check(args: argparse.Namespace) -> int:
         _context, report = _connect(args)
     except ConfigError as exc:
         return _refuse(str(exc))
-    _print_table(_COLUMNS, _rows(report))
+    print_table(_COLUMNS, _rows(report))
     drift = _drift(report)
     if report["state"] != "ready":
         print(f"{args.server}: could not connect ({report['failure']})", file=sys.stderr)
@@ -113,7 +114,7 @@ def run_pin(args: argparse.Namespace) -> int:
         for name in sorted(wanted)
         if tools[name]["pin"] != PinState.PINNED
     }
-    _print_table(_COLUMNS, _rows(report, only=set(wanted)))
+    print_table(_COLUMNS, _rows(report, only=set(wanted)))
     if not changes:
         print(f"{args.server}: nothing to pin")
         return EXIT_OK
@@ -260,12 +261,6 @@ def _rows(report: dict[str, Any], only: set[str] | None = None) -> list[Sequence
     if not rows:
         rows.append((report["server_id"], report["state"], "-", "-", "-", "-", "-"))
     return rows
-
-
-def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-    for row in (header, *rows):
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
 
 
 def _refuse(message: str) -> int:

@@ -56,14 +56,18 @@ from nexus_mcp.policy.merge_rules import (
     evaluate_merge,
 )
 from nexus_mcp.policy.repos import (
+    RULE_BRANCH_NOT_ALLOWED,
     RULE_BRANCH_SYMBOLIC,
     RULE_CODEOWNERS,
     RULE_DOES_NOT_APPLY,
     RULE_NO_FORGE,
+    RULE_NO_POLICY,
     PolicyRisk,
     RepoOperation,
+    ReposConfig,
     branch_rule,
     decide_operation,
+    is_branch_allowed,
     patch_risks,
     precheck_patch,
 )
@@ -448,3 +452,43 @@ __all__ = [
     "merge_rules",
     "to_patch_bytes",
 ]
+
+
+class ConfiguredPolicyGate:
+    """The repository write gate of a replay (``serve --replay``), which opens no
+    repository: each repository's write policy as configured, on the call's arguments:
+    whether the repository and the operation are allowed, the approval it needs, the
+    branch patterns, a patch's size and binary precheck. What needs git (a protected
+    default branch, whether the patch applies, CODEOWNERS) was judged when recording: a
+    refusal it made came before the tool ran, so it was not recorded and replays as
+    ``FIXTURE_NOT_FOUND``.
+    """
+
+    def __init__(self, config: ReposConfig) -> None:
+        self.config = config
+
+    async def decide(self, state: CallState) -> WriteDecision:
+        operation = WRITE_OPERATIONS.get(state.tool_name)
+        arguments = state.arguments
+        name = arguments.get("repo")
+        repository = self.config.repositories.get(name) if isinstance(name, str) else None
+        if operation is None or repository is None:
+            raise WritePolicyDeniedError(rule=RULE_NO_POLICY)
+        policy = repository.write_policy
+        decision = decide_operation(policy, operation)
+        if not decision.allowed or policy is None:
+            raise WritePolicyDeniedError(rule=decision.rule)
+        for key in ("branch", "base"):
+            branch = arguments.get(key)
+            if isinstance(branch, str) and not is_branch_allowed(policy, branch):
+                raise WritePolicyDeniedError(rule=RULE_BRANCH_NOT_ALLOWED)
+        if operation == "apply_patch":
+            refuse_risks(precheck_patch(policy, to_patch_bytes(arguments.get("patch"))))
+        return decision
+
+    async def check_approver(self, state: CallState, approver: str | None) -> None:
+        """CODEOWNERS needs the repository: judged when recording."""
+
+    def describe(self, state: CallState) -> str:
+        name = state.arguments.get("repo")
+        return f"Approve {state.tool_name} on repository {name}?"
