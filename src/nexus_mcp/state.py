@@ -50,7 +50,8 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
     (``~/.local/share/nexus-mcp``), and ``--data-dir`` may put it anywhere; then the audit
     log, the grants, the idempotency records and the used approval nonces are in reach of
     the file tools. A caller must not read the audit trail, delete it, rewrite its own
-    grants or forget a spent approval. That is the whole data
+    grants or forget a spent approval (nor read or forge the fixtures ``--record`` writes).
+    That is the whole data
     directory, unless the served folder is itself inside it (``make run`` serves
     ``.nexus-data/demo-workspace``); then each state file (with SQLite's sidecar files)
     and the vault folders. Files configured elsewhere are always included. Callers keep
@@ -62,6 +63,10 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
     paths += [db.with_name(db.name + suffix) for db in databases for suffix in SQLITE_SIDECARS]
     if not is_within(data_dir, served_root.resolve()):
         paths.append(data_dir)
+    if settings.record is not None:
+        # A recording holds results, and a replay believes it: never readable or
+        # writable by the tools whose calls it records.
+        paths.append(settings.record)
     return paths
 
 

@@ -39,13 +39,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     commands = parser.add_subparsers(dest="fixtures_command", required=True)
     listing = commands.add_parser("list", help="tools, calls and sizes of a fixture folder")
-    listing.add_argument("directory", type=Path, metavar="DIR")
+    listing.add_argument("directory", type=Path, metavar="DIR", help="the fixture folder")
     listing.set_defaults(func=run_list)
 
     verify = commands.add_parser(
         "verify", help="every line valid, every call's tool listed, no secret in any line"
     )
-    verify.add_argument("directory", type=Path, metavar="DIR")
+    verify.add_argument("directory", type=Path, metavar="DIR", help="the fixture folder")
     verify.add_argument(
         "--config", type=Path, default=None,
         help="the YAML configuration whose secrets to look for [NEXUS_MCP_CONFIG]",
@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     verify.set_defaults(func=run_verify)
 
     pruning = commands.add_parser("prune", help="remove a tool's lines from a fixture folder")
-    pruning.add_argument("directory", type=Path, metavar="DIR")
+    pruning.add_argument("directory", type=Path, metavar="DIR", help="the fixture folder")
     pruning.add_argument("--tool", required=True, metavar="T", help="the tool's name")
     pruning.add_argument(
         "--version", default=None, metavar="V", help="only the lines of this contract version"
