@@ -356,6 +356,7 @@ def _build_server(
             raise ConfigError(f"two tools are named {contract.name}")
         contracts[contract.name] = contract
     argument_models = {contract_of(fn).name: build_arguments_model(fn) for fn in functions}
+    native_contracts = dict(contracts)
     upstream_config = load_upstreams(
         sections.get("upstreams"), mode=settings.mode, native_server_id=settings.registry.server_id
     )
@@ -370,7 +371,11 @@ def _build_server(
         )
 
     registry = load_registry(settings)
-    check_registry_parity(registry, settings, contracts)
+    # The native tools' risks against the native registry (a replay's upstream tools are
+    # classified by their own registries, as live).
+    check_registry_parity(
+        registry, settings, {n: c for n, c in contracts.items() if n in native_contracts}
+    )
     enforcer = RegistryEnforcer(
         registry, server_id=settings.registry.server_id, mode=settings.mode, contracts=contracts
     )

@@ -141,7 +141,8 @@ def run_verify(args: argparse.Namespace) -> int:
                     "which no tool line lists"
                 )
     for problem in problems:
-        print(problem)
+        # A name read from a line may itself be a planted secret: never printed.
+        print(scanner.redact_text(problem)[0])
     if problems:
         print(f"{len(problems)} problem(s) in {lines} line(s)", file=sys.stderr)
         return EXIT_PROBLEMS

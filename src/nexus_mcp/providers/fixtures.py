@@ -33,6 +33,7 @@ from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
 from mcp_types import ContentBlock, ToolAnnotations
+from mcp_types import Tool as McpTool
 from pydantic import BaseModel, TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
@@ -55,7 +56,7 @@ from nexus_mcp.fixtures.lines import (
     stable_effect,
     tool_line,
 )
-from nexus_mcp.fixtures.secrets import SecretScanner
+from nexus_mcp.fixtures.secrets import MIN_ARGUMENT_SECRET_CHARS, SecretScanner
 from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read_fixtures
 from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope
@@ -105,7 +106,8 @@ class Recorder:
         upstream_tool: str | None = None,
     ) -> None:
         """Record ``tool`` as listed (once per definition) and remember how its calls hash."""
-        definition = listed_definition(tool)
+        # Redacted before it is digested, so the digest a replay checks is the line's own.
+        definition, redacted = self.scanner.redact(listed_definition(tool))
         secret = secret_fields(contract.data_handling.secret_args, definition.get("inputSchema"))
         with self._lock:
             self._tools[contract.name] = _Recorded(server_id, contract.version, secret)
@@ -123,10 +125,9 @@ class Recorder:
                 secret_args=secret,
                 upstream_tool=upstream_tool,
             )
-            clean, redacted = self.scanner.redact(line)
             if redacted:
                 log.warning("fixture_redacted", tool=contract.name, part="definition")
-            self.writer.append(server_id, clean)
+            self.writer.append(server_id, line)
         except Exception as exc:  # noqa: BLE001 - recording never stops the server
             log.error("fixture_record_failed", tool=contract.name, exc_type=type(exc).__name__)
 
@@ -179,9 +180,12 @@ class Recorder:
                 answer["structuredContent"] = result.structured_content
             answer["isError"] = bool(result.is_error)
             effect = stable_effect((result.meta or {}).get(META_TOOL_EFFECT))
-        payload, redacted = self.scanner.redact(
-            {"result": answer, "effect": effect, "error": refusal}
-        )
+        scanner = self.scanner
+        own = [v for k, v in arguments.items() if k in recorded.secret and isinstance(v, str)]
+        if own:
+            # A secret argument the tool echoed back is as secret as the argument.
+            scanner = scanner.with_values(own, min_chars=MIN_ARGUMENT_SECRET_CHARS)
+        payload, redacted = scanner.redact({"result": answer, "effect": effect, "error": refusal})
         if redacted:
             log.warning("fixture_redacted", tool=contract.name, part="result")
         self.writer.append(
@@ -455,6 +459,8 @@ def load_replay(
                 problem = _upstream_problem(record, upstream_exposed, upstream_pin)
             else:
                 problem = "recorded for a server this build does not serve it from"
+            if problem is None:
+                problem = _definition_problem(record)
             if problem is None and stale:
                 problem = (
                     f"calls recorded with version {', '.join(stale)}, "
@@ -476,6 +482,9 @@ def load_replay(
                 )
             else:
                 contracts[name] = native_contracts[name]
+                # Listed as this build lists it: a description, title, annotation or
+                # _meta edited in the file is never served (same version, same schemas).
+                record.definition = dict(native_definitions[name])
         for key, answers in fixtures.calls.items():
             for answer in answers:
                 code = (answer.error or {}).get("code")
@@ -483,6 +492,9 @@ def load_replay(
                     problems.append(
                         f"{server_id}: {key[0]}: a recorded refusal has an unknown code"
                     )
+                    break
+                if not _content_is_valid(answer.result.get("content")):
+                    problems.append(f"{server_id}: {key[0]}: a result that is no MCP content")
                     break
             if key[0] in records and key[1] == records[key[0]].version:
                 calls.setdefault(key, []).extend(answers)
@@ -495,6 +507,34 @@ def load_replay(
             + (f"\n  ... and {more} more" if more > 0 else "")
         )
     return ReplaySet(records, calls, contracts, upstream_records)
+
+
+def _definition_problem(record: ToolRecord) -> str | None:
+    """A definition that is not an MCP tool, or not the one its line's digest names."""
+    definition = record.definition
+    if definition_digest(definition) != record.digest:
+        return "its definition differs from the digest recorded with it"
+    if definition.get("name") != record.tool:
+        return "its definition names another tool"
+    try:
+        annotations = definition.get("annotations")
+        if annotations is not None:
+            ToolAnnotations.model_validate(annotations)
+        McpTool.model_validate(definition)
+    except PydanticValidationError:
+        return "its definition is not an MCP tool definition"
+    return None
+
+
+def _content_is_valid(content: Any) -> bool:
+    if not isinstance(content, list):
+        return False
+    try:
+        for block in content:
+            _CONTENT.validate_python(block)
+    except PydanticValidationError:
+        return False
+    return True
 
 
 def _native_problem(
