@@ -147,7 +147,7 @@ class AuditTrail:
             record["policy_rule"] = state.policy_rule
         if state.idempotency_outcome is not None:
             record["idempotency"] = state.idempotency_outcome
-        facts = _safe_facts(error)
+        facts = safe_facts(error)
         if facts is not None:
             record["facts"] = facts
         record["ts"] = utc_timestamp()
@@ -189,7 +189,7 @@ def _is_read_class(contract: ToolContract, state: CallState) -> bool:
     return getattr(state.classification, "tool_class", "read") == "read"
 
 
-def _safe_facts(error: NexusError | None) -> dict[str, Any] | None:
+def safe_facts(error: NexusError | None) -> dict[str, Any] | None:
     if error is None or not error.facts:
         return None
     return {k: v for k, v in error.facts.items() if isinstance(v, str | int | float | bool)}
@@ -227,4 +227,10 @@ class AuditMiddleware(Middleware):
         return result
 
 
-__all__ = ["OUTCOME_TOOL_ERROR", "OUTCOME_UNKNOWN_TOOL", "AuditMiddleware", "AuditTrail"]
+__all__ = [
+    "OUTCOME_TOOL_ERROR",
+    "OUTCOME_UNKNOWN_TOOL",
+    "AuditMiddleware",
+    "AuditTrail",
+    "safe_facts",
+]

@@ -43,9 +43,7 @@ from nexus_mcp.errors import (
     Code,
     ConfigError,
     FixtureNotFoundError,
-    InternalError,
     NexusError,
-    correlation_ref,
     rebuild_error,
 )
 from nexus_mcp.fixtures.lines import (
@@ -59,7 +57,8 @@ from nexus_mcp.fixtures.lines import (
 from nexus_mcp.fixtures.secrets import MIN_ARGUMENT_SECRET_CHARS, SecretScanner
 from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read_fixtures
 from nexus_mcp.logs import get_logger
-from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope
+from nexus_mcp.middleware.audit import safe_facts
+from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope, to_wire_error
 
 log = get_logger(__name__)
 
@@ -166,11 +165,12 @@ class Recorder:
         digest = arguments_hash(arguments, secret=recorded.secret)
         refusal: dict[str, Any] | None = None
         if result is None:
-            nexus = _as_nexus_error(error, state)
+            # What the envelope makes of it, by the envelope's own mapping.
+            nexus = to_wire_error(error or Exception(), correlation_id=state.correlation_id)
             envelope = to_envelope(nexus)
             answer: dict[str, Any] = {"content": dump_content(envelope.content), "isError": True}
             refusal = {"code": str(nexus.code), "message": nexus.message}
-            facts = _safe_facts(nexus)
+            facts = safe_facts(nexus)
             if facts:
                 refusal["facts"] = facts
             effect = None
@@ -204,23 +204,6 @@ class Recorder:
 
     def close(self) -> None:
         self.writer.close()
-
-
-def _as_nexus_error(error: BaseException | None, state: CallState) -> NexusError:
-    if isinstance(error, NexusError):
-        return error
-    if isinstance(error, ConnectorRefusal):
-        return error.error
-    # What the envelope makes of any other failure (errors.to_nexus_error).
-    return InternalError(
-        ref=correlation_ref(state.correlation_id),
-        exception=type(error).__name__ if error is not None else "unknown",
-    )
-
-
-def _safe_facts(error: NexusError) -> dict[str, Any]:
-    """The refusal's audit facts (scalars only, as the audit log keeps them)."""
-    return {k: v for k, v in error.facts.items() if isinstance(v, str | int | float | bool)}
 
 
 # -- replaying -----------------------------------------------------------------------------
