@@ -38,3 +38,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop(XDG_DATA_HOME, None)
     else:
         os.environ[XDG_DATA_HOME] = saved
+
+
+# Real PostgreSQL and Redis (tests/support/shared_state.py): a database and a key prefix
+# per test, private servers for the outage tests, one summary line for what was skipped.
+from tests.support.shared_state import (  # noqa: E402
+    postgres_url,
+    private_postgres,
+    private_redis,
+    redis_url,
+    report_skips,
+    state_prefix,
+)
+
+__all__ = ["postgres_url", "private_postgres", "private_redis", "redis_url", "state_prefix"]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    report_skips(terminalreporter)

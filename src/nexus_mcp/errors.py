@@ -73,6 +73,7 @@ class Code(StrEnum):
     CONFLICT = "CONFLICT"
     UPSTREAM_ERROR = "UPSTREAM_ERROR"
     FIXTURE_NOT_FOUND = "FIXTURE_NOT_FOUND"
+    UNAVAILABLE = "UNAVAILABLE"
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
 
@@ -343,6 +344,16 @@ class FixtureNotFoundError(NexusError):
     default_message = "no recorded result for this call (tool, version and arguments)"
 
 
+class UnavailableError(NexusError):
+    """A shared state store (PostgreSQL, Redis) could not answer in time: the call is
+    refused (fail closed) and nothing was done. ``store`` names which one (``grants``,
+    ``idempotency``, ``nonces``, ``limits``), never its address or the driver's text.
+    The store recovers by itself; a retry later works."""
+
+    code = Code.UNAVAILABLE
+    default_message = "a state store is unavailable; retry later"
+
+
 class InternalError(NexusError):
     code = Code.INTERNAL_ERROR
 
@@ -430,6 +441,7 @@ __all__ = [
     "ToolClassMismatchError",
     "ToolTimeoutError",
     "ToolUnclassifiedError",
+    "UnavailableError",
     "UpstreamError",
     "WritePolicyDeniedError",
     "correlation_ref",

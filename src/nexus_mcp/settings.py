@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.upstreams import SecretValue
 
 MIB = 1024 * 1024
 ENV_PREFIX = "NEXUS_MCP_"
@@ -212,6 +213,41 @@ class LimitSettings(_Section):
     max_list_entries: int = Field(default=1000, ge=1)
 
 
+class StateSettings(_Section):
+    """Where the chain's state lives (README "Running several replicas").
+
+    ``embedded`` (default): SQLite files in the data dir and process memory, for one server
+    process. ``shared``: PostgreSQL (grants, assignments, idempotency records) and Redis
+    (approval nonces, budgets, rate limits), so every replica enforces the same limits.
+    The URLs are given by reference (``{env: NAME}`` or ``{file: path}``); an inline URL
+    is accepted only when it holds no password.
+    """
+
+    backend: Literal["embedded", "shared"] = "embedded"
+    postgres_url: SecretValue | None = None
+    redis_url: SecretValue | None = None
+    # Every Redis key and the PostgreSQL notification channel start with it, so several
+    # deployments (or test runs) can share one server.
+    key_prefix: str = Field(default="nexus", pattern=r"^[A-Za-z0-9_.-]{1,48}$")
+    pool_size: int = Field(default=10, ge=1, le=200)
+    connect_timeout_seconds: float = Field(default=2.0, gt=0, le=30)
+    timeout_seconds: float = Field(default=2.0, gt=0, le=30)
+    # Session affinity: the 2025-11-25 era's Mcp-Session-Id starts with "<instance_id>."
+    # so a balancer can route a session back to the replica that holds it.
+    instance_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,32}$")
+    # Keys that seal the requestState handed to clients (first seals, every key opens);
+    # replicas share them. Unset: a per-process key (refused with the shared backend).
+    request_state_keys: tuple[SecretValue, ...] = ()
+
+    @model_validator(mode="after")
+    def _shared_needs_urls(self) -> StateSettings:
+        if self.backend == "shared":
+            missing = [n for n in ("postgres_url", "redis_url") if getattr(self, n) is None]
+            if missing:
+                raise ValueError(f"backend 'shared' needs {' and '.join(missing)}")
+        return self
+
+
 class Settings(BaseSettings):
     """Every setting of a nexus-mcp process. See the configuration table in README.md."""
 
@@ -257,6 +293,7 @@ class Settings(BaseSettings):
     budgets: BudgetSettings = BudgetSettings()
     profiles: ProfileSettings = ProfileSettings()
     notes: NotesSettings = NotesSettings()
+    state: StateSettings = StateSettings()
     approver_roles: tuple[str, ...] = ("admin",)
     approvals_elicit_profiles: tuple[str, ...] = ()
     # Deterministic mode (seed 002): record every call that reaches a tool, or answer every

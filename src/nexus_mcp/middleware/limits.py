@@ -13,13 +13,11 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from nexus_mcp.calls import current_call
 from nexus_mcp.deadlines import DeadlineWatch
 from nexus_mcp.errors import ToolTimeoutError
-from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
+from nexus_mcp.policy.budgets import CallBudget, RateLimiter, ToolTimeouts
 
 
 class LimitsMiddleware(Middleware):
-    def __init__(
-        self, budget: SessionBudget, rate: SlidingWindowRateLimiter, timeouts: ToolTimeouts
-    ) -> None:
+    def __init__(self, budget: CallBudget, rate: RateLimiter, timeouts: ToolTimeouts) -> None:
         self.budget = budget
         self.rate = rate
         self.timeouts = timeouts

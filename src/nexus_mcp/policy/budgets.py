@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from nexus_mcp.errors import BudgetExceededError, ConfigError, RateLimitedError
 
@@ -90,6 +90,27 @@ class IdleExpiringMap(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+class CallBudget(Protocol):
+    """Calls per session key: ``SessionBudget`` here, a Redis counter with the shared
+    backend (``stores/redis_state.py``)."""
+
+    @property
+    def max_calls(self) -> int: ...
+
+    def charge(self, key: str) -> int:
+        """Count one call; the calls left, or ``BudgetExceededError`` (nothing counted)."""
+        ...
+
+
+class RateLimiter(Protocol):
+    """Calls per subject in a sliding window: ``SlidingWindowRateLimiter`` here, one Lua
+    script on Redis with the shared backend."""
+
+    def check(self, subject: str) -> None:
+        """Accept and count one call, or raise ``RateLimitedError`` (nothing counted)."""
+        ...
 
 
 class SessionBudget:
