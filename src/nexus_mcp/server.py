@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from fastmcp import FastMCP
 from fastmcp.server.auth import TokenVerifier
+from mcp.server.request_state import RequestStateSecurity
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -63,7 +64,7 @@ from nexus_mcp.policy.approvals import (
     load_approval_settings,
     spend_approval,
 )
-from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter, ToolTimeouts
+from nexus_mcp.policy.budgets import ToolTimeouts
 from nexus_mcp.policy.launch import describe_setting
 from nexus_mcp.policy.pins import PinState, load_pins
 from nexus_mcp.policy.profiles import default_profiles_path, load_profiles
@@ -97,15 +98,13 @@ from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
 from nexus_mcp.settings import Settings, config_sections
 from nexus_mcp.state import (
-    grants_path,
-    idempotency_path,
-    nonces_path,
     prepare_state,
     server_state_paths,
 )
-from nexus_mcp.stores.grants import SqliteTupleStore
-from nexus_mcp.stores.idempotency import SqliteIdempotencyStore
-from nexus_mcp.stores.nonces import SqliteNonceStore
+from nexus_mcp.stores.backends import StateStores, open_state, request_state_keys
+from nexus_mcp.stores.grants import TupleStore
+from nexus_mcp.stores.idempotency import IdempotencyStore
+from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.targets import ToolTargets, identify_folder
 from nexus_mcp.tool_index import ToolIndex
 from nexus_mcp.tools.discovery import build_discovery_tools
@@ -127,9 +126,10 @@ INSTRUCTIONS = (
 )
 
 APPROVAL_REPLICAS_WARNING = (
-    "--stateless-http with approval tokens: a used token is remembered in this server's "
-    "data directory only, so replicas that do not share it can each accept the same token "
-    "once; single use across replicas needs the shared nonce store (a later release)"
+    "--stateless-http with approval tokens on the embedded state backend: a used token is "
+    "remembered in this server's data directory only, so replicas that do not share it can "
+    "each accept the same token once; replicas need state.backend: shared (README, "
+    '"Running several replicas")'
 )
 
 # Start-up warning when callers would have no principal (prod stdio without a subject).
@@ -156,15 +156,17 @@ class Runtime:
     audit_log: AuditLog
     registry: RegistrySet
     enforcer: RegistryEnforcer
-    idempotency: SqliteIdempotencyStore
-    grants: SqliteTupleStore
+    idempotency: IdempotencyStore
+    grants: TupleStore
     access: GrantedTools
     write_policies: WritePolicyConfig
     vaults: VaultRouter
     approval_keys: ApprovalKeys | None
     approval_settings: ApprovalSettings
-    nonces: SqliteNonceStore
+    nonces: NonceStore
     targets: ToolTargets
+    # The backend the stores above come from (stores/backends.py), with budgets and rates.
+    state: StateStores
     contracts: dict[str, ToolContract] = field(default_factory=dict)
     argument_models: dict[str, type[BaseModel]] = field(default_factory=dict)
     # Argument checks of tools without a model (upstream tools, by exposed name).
@@ -216,9 +218,7 @@ class Runtime:
 
     def close(self) -> None:
         self.audit_log.close()
-        self.idempotency.close()
-        self.nonces.close()
-        self.grants.close()
+        self.state.close()
         if self.repos is not None:
             self.repos.catalog.close()
         if self.recorder is not None:
@@ -408,59 +408,63 @@ def _build_server(
     prepare_state(settings)  # one line naming the setting, not a store's traceback
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
     audit_log = AuditLog(sinks)
-    grants = SqliteTupleStore(grants_path(settings))
-    profiles = load_profiles(
-        settings.profiles.file or default_profiles_path(),
-        known_tools=[
-            *contracts,
-            *(upstreams.known_names() if upstreams else ()),
-            # Classified native tools of a toolset this deployment does not mount (the
-            # repo toolset without repos:) are optional, not typos.
-            *native_registry_names(registry, settings.registry.server_id),
-        ],
-    )
-    write_tools = [name for name, c in contracts.items() if c.tool_class == "write"]
-    runtime = Runtime(
-        settings=settings,
-        config_file=config_file,
-        workspace=workspace,
-        audit_log=audit_log,
-        registry=registry,
-        enforcer=enforcer,
-        idempotency=SqliteIdempotencyStore(
-            idempotency_path(settings),
-            ttl_seconds=settings.registry.idempotency_ttl_seconds,
-            lease_seconds=idempotency_lease(settings),
-        ),
-        grants=grants,
-        access=GrantedTools(
-            grants,
-            profiles,
-            write_tools=write_tools,
-            required_scopes={n: c.required_scopes for n, c in contracts.items()},
-            zone=settings.profiles.zone,
-            cache_ttl_seconds=settings.profiles.cache_ttl_seconds,
-        ),
-        write_policies=write_policies,
-        vaults=vaults,
-        approval_keys=approval_keys,
-        approval_settings=approval_settings,
-        nonces=SqliteNonceStore(nonces_path(settings)),
-        targets=(
-            build_targets(workspace, vaults, contracts, repos)
-            if isinstance(workspace, Workspace)
-            else replay_targets(settings, contracts)
-        ),
-        contracts=contracts,
-        argument_models=argument_models,
-        connector_checks=[RegistryConnectorCheck(enforcer)],
-        verifier=build_verifier(settings) if settings.transport == "http" else None,
-        upstreams=upstreams,
-        repos=repos,
-        upstream_config=upstream_config if replay is not None else None,
-        repos_config=repos_config,
-        recorder=recorder,
-    )
+    state = open_state(settings, environ)
+    try:
+        profiles = load_profiles(
+            settings.profiles.file or default_profiles_path(),
+            known_tools=[
+                *contracts,
+                *(upstreams.known_names() if upstreams else ()),
+                # Classified native tools of a toolset this deployment does not mount (the
+                # repo toolset without repos:) are optional, not typos.
+                *native_registry_names(registry, settings.registry.server_id),
+            ],
+        )
+        write_tools = [name for name, c in contracts.items() if c.tool_class == "write"]
+        runtime = Runtime(
+            settings=settings,
+            config_file=config_file,
+            workspace=workspace,
+            audit_log=audit_log,
+            registry=registry,
+            enforcer=enforcer,
+            idempotency=state.idempotency,
+            grants=state.grants,
+            access=GrantedTools(
+                state.grants,
+                profiles,
+                write_tools=write_tools,
+                required_scopes={n: c.required_scopes for n, c in contracts.items()},
+                zone=settings.profiles.zone,
+                cache_ttl_seconds=settings.profiles.cache_ttl_seconds,
+            ),
+            write_policies=write_policies,
+            vaults=vaults,
+            approval_keys=approval_keys,
+            approval_settings=approval_settings,
+            nonces=state.nonces,
+            targets=(
+                build_targets(workspace, vaults, contracts, repos)
+                if isinstance(workspace, Workspace)
+                else replay_targets(settings, contracts)
+            ),
+            contracts=contracts,
+            argument_models=argument_models,
+            connector_checks=[RegistryConnectorCheck(enforcer)],
+            verifier=build_verifier(settings) if settings.transport == "http" else None,
+            upstreams=upstreams,
+            repos=repos,
+            upstream_config=upstream_config if replay is not None else None,
+            repos_config=repos_config,
+            recorder=recorder,
+            state=state,
+        )
+    except BaseException:
+        state.close()  # Runtime closes it itself once built
+        raise
+    # A grant change on any replica reaches this one's visible-tools cache at once (the
+    # cache's revision refresh and TTL remain the backstop).
+    state.watch_grants(lambda zone: _grants_changed(runtime, zone))
     late["access"] = runtime.access
     runtime.access.grant_profiles()
     if replay is not None:
@@ -499,6 +503,7 @@ def _build_server(
         mask_error_details=True,
         strict_input_validation=True,
         dereference_schemas=False,  # chain.build_middleware places it, after filtering
+        request_state_security=sealing(settings, environ),
     )
     index = ToolIndex(mcp)  # by-name lookup for tools/call, FastMCP's innermost transform
     mcp.add_transform(index)
@@ -614,8 +619,8 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
         limits=LimitsMiddleware(
-            SessionBudget(budgets.max_calls_per_session),
-            SlidingWindowRateLimiter(budgets.rate_limit_calls, budgets.rate_limit_window_seconds),
+            runtime.state.budget,
+            runtime.state.rate,
             ToolTimeouts(
                 default_seconds=budgets.tool_timeout_seconds, overrides=dict(budgets.tool_timeouts)
             ),
@@ -759,27 +764,24 @@ def bind_replayed_upstreams(runtime: Runtime, replay: ReplaySet) -> None:
     runtime.access.set_tools(frozenset(runtime.contracts), writes)
 
 
+def sealing(settings: Settings, environ: Mapping[str, str]) -> RequestStateSecurity | None:
+    """FastMCP's own requestState sealing (AES-256-GCM, rotation ring), with the keys every
+    replica shares; None keeps its per-process key (embedded backend, one process)."""
+    keys = request_state_keys(settings, environ)
+    if not keys:
+        return None
+    return RequestStateSecurity(keys=keys, audience=settings.server_name)
+
+
+def _grants_changed(runtime: Runtime, zone: str) -> None:
+    if zone in ("*", runtime.settings.profiles.zone):
+        runtime.access.forget()
+
+
 def warn_about_replicas(settings: Settings, approval_keys: ApprovalKeys | None) -> None:
     """Stateless HTTP is for replicas; approval nonces are only shared through one data dir."""
-    if settings.stateless_http and approval_keys is not None:
+    if settings.stateless_http and approval_keys is not None and settings.state.backend != "shared":
         log.warning("approval_nonces_not_shared", message=APPROVAL_REPLICAS_WARNING)
-
-
-def idempotency_lease(settings: Settings) -> float:
-    """How long a pending idempotency claim is trusted: twice the longest tool timeout.
-
-    After it, the claim's outcome is unknown (the process may have died mid-call). A record
-    must outlive its lease, so a TTL shorter than the lease is refused by name.
-    """
-    longest = max([settings.budgets.tool_timeout_seconds, *settings.budgets.tool_timeouts.values()])
-    lease = 2 * longest
-    if settings.registry.idempotency_ttl_seconds < lease:
-        raise ConfigError(
-            f"invalid setting 'registry.idempotency_ttl_seconds' "
-            f"(NEXUS_MCP_REGISTRY__IDEMPOTENCY_TTL_SECONDS): must be at least {lease:g} "
-            "seconds, twice the longest tool timeout"
-        )
-    return lease
 
 
 def load_registry(settings: Settings) -> RegistrySet:
