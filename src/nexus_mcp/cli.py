@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "nexus_mcp.commands.call",
     "nexus_mcp.commands.upstream",
     "nexus_mcp.commands.fixtures",
+    "nexus_mcp.commands.state",
 )
 
 

@@ -624,6 +624,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             ToolTimeouts(
                 default_seconds=budgets.tool_timeout_seconds, overrides=dict(budgets.tool_timeouts)
             ),
+            offload=runtime.state.shared,
         ),
     )
 

@@ -265,6 +265,9 @@ class Settings(BaseSettings):
     port: int = Field(default=8765, ge=0, le=65535)
     http_path: str = "/mcp"
     stateless_http: bool = False
+    # serve --workers N: N processes behind one HTTP socket (workers.py); needs the shared
+    # state backend and stateless HTTP.
+    workers: int = Field(default=1, ge=1, le=64)
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     workspace: Path | None = None

@@ -67,6 +67,52 @@ class _TooLarge(Exception):
     pass
 
 
+SESSION_HEADER = b"mcp-session-id"
+
+
+class SessionAffinityMiddleware:
+    """Makes the 2025-11-25 era's ``Mcp-Session-Id`` routable by a load balancer.
+
+    The MCP SDK names sessions with a random id and keeps them in this process's memory,
+    so every request of a session must reach the replica that opened it. This layer puts
+    ``<instance_id>.`` in front of the id the SDK hands out and takes it off again on the
+    way in; a balancer maps that prefix to its replica (README, "Running several
+    replicas": an nginx ``map`` on the header). An id carrying another replica's prefix is
+    passed on unchanged, so the SDK answers it as the unknown session it is here (404)
+    and the client starts a new one. Nothing else of the request is touched.
+    """
+
+    def __init__(self, app: ASGIApp, instance_id: str) -> None:
+        self.app = app
+        self.prefix = instance_id.encode("ascii") + b"."
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", [])
+        if any(name == SESSION_HEADER for name, _ in headers):
+            scope = dict(scope)
+            scope["headers"] = [
+                (name, self._inbound(value) if name == SESSION_HEADER else value)
+                for name, value in headers
+            ]
+
+        async def outbound(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = [
+                    (name, self.prefix + value if name.lower() == SESSION_HEADER else value)
+                    for name, value in message.get("headers", [])
+                ]
+            await send(message)
+
+        await self.app(scope, receive, outbound)
+
+    def _inbound(self, value: bytes) -> bytes:
+        return value[len(self.prefix) :] if value.startswith(self.prefix) else value
+
+
 async def _reject(send: Send) -> None:
     body = b'{"error":"request body too large"}'
     await send(
@@ -95,6 +141,15 @@ def http_options(settings: Settings) -> dict[str, Any]:
             ASGIMiddlewareSpec(BodyLimitMiddleware, max_bytes=settings.limits.max_request_bytes),
             # The SDK's own 400 errors quote the body they refuse (wire_errors.py).
             ASGIMiddlewareSpec(TransportErrorsMiddleware),
+            *(
+                [
+                    ASGIMiddlewareSpec(
+                        SessionAffinityMiddleware, instance_id=settings.state.instance_id
+                    )
+                ]
+                if settings.state.instance_id and not settings.stateless_http
+                else []
+            ),
         ],
     }
 
@@ -209,6 +264,7 @@ async def serve(server: NexusServer) -> None:
 
 __all__ = [
     "BodyLimitMiddleware",
+    "SessionAffinityMiddleware",
     "announce",
     "bind_listener",
     "client_config",

@@ -16,6 +16,7 @@ the machine's own servers are never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -287,10 +288,8 @@ def private_postgres(request: pytest.FixtureRequest) -> Iterator[PrivatePostgres
     try:
         yield server
     finally:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             server.stop()
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -43,7 +43,7 @@ from nexus_mcp.state import (
     load_state_settings,
     prepare_folder,
 )
-from nexus_mcp.stores.grants import DEFAULT_ZONE, TOOLS_PREFIX, SqliteTupleStore
+from nexus_mcp.stores.grants import DEFAULT_ZONE, TOOLS_PREFIX, SqliteTupleStore, TupleStore
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -147,7 +147,7 @@ def show_profile(args: argparse.Namespace) -> int:
 
 
 def assign_subject(args: argparse.Namespace) -> int:
-    def act(config: ToolProfileConfig, store: SqliteTupleStore) -> str:
+    def act(config: ToolProfileConfig, store: TupleStore) -> str:
         if args.profile not in config.profiles:
             raise NotFoundError("unknown profile; see 'nexus-mcp profiles list'")
         revision = assign_profile(store, config, args.subject, args.profile, args.zone)
@@ -171,7 +171,7 @@ def grant_subject(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
-    def act(config: ToolProfileConfig, store: SqliteTupleStore) -> str:
+    def act(config: ToolProfileConfig, store: TupleStore) -> str:
         revision = grant_tool(store, args.subject, args.tool, args.zone)
         return f"granted tool '{args.tool}' directly (revision {revision})"
 
@@ -179,7 +179,7 @@ def grant_subject(args: argparse.Namespace) -> int:
 
 
 def revoke_subject(args: argparse.Namespace) -> int:
-    def act(config: ToolProfileConfig, store: SqliteTupleStore) -> str:
+    def act(config: ToolProfileConfig, store: TupleStore) -> str:
         if args.profile:
             revoke_profile_grants(store, args.subject, args.zone)
             revision = store.clear_assignment(args.subject, args.zone)
@@ -228,7 +228,7 @@ def known_tools(config: ToolProfileConfig) -> frozenset[str]:
 
 
 def _print_inspection(
-    args: argparse.Namespace, config: ToolProfileConfig, store: SqliteTupleStore | None
+    args: argparse.Namespace, config: ToolProfileConfig, store: TupleStore | None
 ) -> None:
     assignment = store.get_assignment(args.subject, args.zone) if store is not None else None
     direct = (
@@ -262,7 +262,7 @@ def _print_inspection(
 
 
 def _served_profile_tools(
-    store: SqliteTupleStore | None, profile: str, zone: str
+    store: TupleStore | None, profile: str, zone: str
 ) -> frozenset[str] | None:
     """The tools a server wrote for ``profile`` when it started (``None``: no server has
     started with this database and zone, so there is nothing to differ from)."""
@@ -310,14 +310,14 @@ def _load_config(args: argparse.Namespace) -> ToolProfileConfig | None:
 
 
 def _with_store(
-    args: argparse.Namespace, act: Callable[[ToolProfileConfig, SqliteTupleStore], str]
+    args: argparse.Namespace, act: Callable[[ToolProfileConfig, TupleStore], str]
 ) -> int:
     """Open config and store, run one action, print its confirmation, always close."""
     config = _load_config(args)
     if config is None:
         return EXIT_CONFIG
     try:
-        store = _open_store(args)
+        store, close = _open_store(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -326,23 +326,36 @@ def _with_store(
     except NexusError as exc:
         return _refuse(f"{exc.message} ({exc.code})")
     finally:
-        store.close()
+        close()
     if message:
         print(f"{to_log_subject(args.subject)}: {message}")
     return EXIT_OK
 
 
-def _open_store(args: argparse.Namespace) -> SqliteTupleStore:
-    """The grants database ``serve`` uses (or ``--db``), its folder made and writable."""
+def _open_store(args: argparse.Namespace) -> tuple[TupleStore, Callable[[], None]]:
+    """The grants store ``serve`` uses (or ``--db``), and how to close it.
+
+    With ``state.backend: shared`` it is the PostgreSQL store every replica reads, and a
+    change is announced to all of them at once; otherwise the SQLite file, its folder made
+    and writable.
+    """
     if args.db is not None:
-        return SqliteTupleStore(args.db)  # its own error names the file given
+        store = SqliteTupleStore(args.db)  # its own error names the file given
+        return store, store.close
     settings = load_state_settings(args.data_dir)
+    if settings.state.backend == "shared":
+        import os
+
+        from nexus_mcp.stores.backends import open_shared_grants
+
+        return open_shared_grants(settings, os.environ)
     db = grants_path(settings)
     # A folder that cannot be made or written is one line naming the setting to change.
     prepare_folder(
         db.parent, GRANTS_DB_SETTING if settings.profiles.grants_db else DATA_DIR_SETTING
     )
-    return SqliteTupleStore(db)
+    store = SqliteTupleStore(db)
+    return store, store.close
 
 
 def _refuse(message: str) -> int:

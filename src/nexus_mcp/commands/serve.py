@@ -20,6 +20,13 @@ SERVE_OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("--port", "port", "HTTP port (default 8765)", {"type": int}),
     ("--http-path", "http_path", "HTTP endpoint path (default /mcp)", {}),
     (
+        "--workers",
+        "workers",
+        "HTTP worker processes behind one socket (default 1); more than one needs "
+        "state.backend: shared and --stateless-http",
+        {"type": int},
+    ),
+    (
         "--workspace",
         "workspace",
         "folder the file and notes tools serve (required)",
@@ -124,6 +131,11 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(config, overrides, flags=SERVE_FLAGS)
         configure_logging(settings.log_level)
+        if settings.workers > 1:
+            from nexus_mcp.workers import serve_workers
+
+            serve_workers(settings, config, overrides)
+            return 0
         server = build_server(settings, config_file=config)
     except ConfigError as exc:
         sys.stderr.write(f"nexus-mcp: {exc}\n")

@@ -6,6 +6,7 @@ The timeout cancels the running call; file tools forbid their own commit once ca
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -17,10 +18,22 @@ from nexus_mcp.policy.budgets import CallBudget, RateLimiter, ToolTimeouts
 
 
 class LimitsMiddleware(Middleware):
-    def __init__(self, budget: CallBudget, rate: RateLimiter, timeouts: ToolTimeouts) -> None:
+    """``offload``: the counters are a network store (the shared backend's Redis), so they
+    are asked from a worker thread and a slow store never stalls the event loop; the
+    in-process counters are answered inline (microseconds)."""
+
+    def __init__(
+        self,
+        budget: CallBudget,
+        rate: RateLimiter,
+        timeouts: ToolTimeouts,
+        *,
+        offload: bool = False,
+    ) -> None:
         self.budget = budget
         self.rate = rate
         self.timeouts = timeouts
+        self.offload = offload
         self.deadlines = DeadlineWatch()  # asyncio.timeout's semantics, one timer per loop
 
     async def on_call_tool(
@@ -29,8 +42,12 @@ class LimitsMiddleware(Middleware):
         state = current_call()
         if state is None or state.principal is None:  # pragma: no cover - identity ran first
             return await call_next(context)
-        self.rate.check(state.principal.subject)
-        self.budget.charge(state.session_key or f"principal:{state.principal.subject}")
+        subject = state.principal.subject
+        session_key = state.session_key or f"principal:{subject}"
+        if self.offload:
+            await asyncio.to_thread(self._charge, subject, session_key)
+        else:
+            self._charge(subject, session_key)
         seconds = self.timeouts.timeout_for(state.tool_name)
         within = self.deadlines.within(seconds)
         try:
@@ -40,6 +57,10 @@ class LimitsMiddleware(Middleware):
             if within.expired:
                 raise ToolTimeoutError(timeout_seconds=seconds) from None
             raise
+
+    def _charge(self, subject: str, session_key: str) -> None:
+        self.rate.check(subject)
+        self.budget.charge(session_key)
 
 
 __all__ = ["LimitsMiddleware"]

@@ -220,7 +220,7 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
     lease = idempotency_lease(settings)
     pg_url = resolve_url(state.postgres_url, "state.postgres_url", settings, environ)
     redis_url = resolve_url(state.redis_url, "state.redis_url", settings, environ)
-    channel = f"{state.key_prefix.replace('-', '_').replace('.', '_')}{GRANTS_CHANNEL_SUFFIX}"
+    channel = grants_channel(settings)
     closers: list[Callable[[], None]] = []
     try:
         pool = PostgresPool(
@@ -270,6 +270,52 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
     )
 
 
+def grants_channel(settings: Settings) -> str:
+    """The PostgreSQL notification channel grant changes are announced on."""
+    return f"{settings.state.key_prefix.replace('-', '_').replace('.', '_')}{GRANTS_CHANNEL_SUFFIX}"
+
+
+def open_postgres(settings: Settings, environ: Mapping[str, str]) -> Any:
+    """The configured PostgreSQL pool (``PostgresPool``), reached or ``ConfigError``;
+    the schema is not checked (``state migrate`` uses it on an unmigrated database)."""
+    from nexus_mcp.stores.postgres import PostgresPool
+
+    state = settings.state
+    url = resolve_url(state.postgres_url, "state.postgres_url", settings, environ)
+    pool = PostgresPool(
+        url,
+        pool_size=state.pool_size,
+        connect_timeout=state.connect_timeout_seconds,
+        timeout=state.timeout_seconds,
+    )
+    return pool
+
+
+def open_shared_grants(
+    settings: Settings, environ: Mapping[str, str]
+) -> tuple[TupleStore, Callable[[], None]]:
+    """The shared grants store for operator commands (``profiles``, ``state import``):
+    a change made through it is announced to every running replica."""
+    from nexus_mcp.stores.postgres import PostgresTupleStore, check_schema
+
+    pool = open_postgres(settings, environ)
+    try:
+        _reachable(
+            lambda: check_schema(pool),
+            "PostgreSQL",
+            "state.postgres_url",
+            _url_of(settings, environ),
+        )
+    except BaseException:
+        pool.close()
+        raise
+    return PostgresTupleStore(pool, notify_channel=grants_channel(settings)), pool.close
+
+
+def _url_of(settings: Settings, environ: Mapping[str, str]) -> str:
+    return resolve_url(settings.state.postgres_url, "state.postgres_url", settings, environ)
+
+
 def _reachable(probe: Callable[[], Any], engine: str, setting: str, url: str) -> None:
     """Start-up: a store that cannot be reached stops the server with one clear line
     (its address, never its credentials); a schema problem is the probe's own message."""
@@ -295,7 +341,10 @@ __all__ = [
     "SHARED",
     "StateStores",
     "describe_address",
+    "grants_channel",
     "idempotency_lease",
+    "open_postgres",
+    "open_shared_grants",
     "open_state",
     "request_state_keys",
     "resolve_url",
