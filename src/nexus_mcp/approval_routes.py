@@ -104,6 +104,8 @@ def add_approval_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
         except InvalidInputError as exc:  # arguments with no canonical JSON (NaN, Infinity)
             return _refuse(400, exc.message, str(exc.code))
         log.info("approval_minted", approver=principal.log_subject, tool=mint_request.tool)
+        if runtime.observability is not None:
+            runtime.observability.count_approval("minted")
         return JSONResponse(
             {"approval_token": token, "expires_in": runtime.approval_settings.ttl_seconds},
             headers=NO_STORE,

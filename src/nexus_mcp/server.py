@@ -18,9 +18,9 @@ from typing import Any, cast
 from fastmcp import FastMCP
 from fastmcp.server.auth import TokenVerifier
 from mcp.server.request_state import RequestStateSecurity
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from nexus_mcp import __version__
 from nexus_mcp.access import GrantedTools
@@ -56,6 +56,13 @@ from nexus_mcp.middleware.envelope import EnvelopeMiddleware
 from nexus_mcp.middleware.identity import IdentityMiddleware
 from nexus_mcp.middleware.limits import LimitsMiddleware
 from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
+from nexus_mcp.observability import (
+    Observability,
+    build_observability,
+    configure_tracing,
+    measured,
+    metrics_response,
+)
 from nexus_mcp.policy.approvals import (
     ApprovalKeys,
     ApprovalSettings,
@@ -76,7 +83,12 @@ from nexus_mcp.policy.registry import (
     upstream_registry_dir,
 )
 from nexus_mcp.policy.repos import ReposConfig, load_repos_config
-from nexus_mcp.policy.upstreams import UpstreamsConfig, decide_upstream_write, load_upstreams
+from nexus_mcp.policy.upstreams import (
+    UpstreamsConfig,
+    decide_upstream_write,
+    load_upstreams,
+    resolve_secret,
+)
 from nexus_mcp.policy.write_policy import (
     PathGate,
     WriteDecision,
@@ -179,6 +191,7 @@ class Runtime:
     upstream_config: UpstreamsConfig | None = None
     repos_config: ReposConfig | None = None
     recorder: Recorder | None = None  # serve --record
+    observability: Observability | None = None  # metrics and per-call telemetry
     identity: IdentityResolver = field(init=False)  # one resolver for MCP and plain routes
     _registry_summary: dict[str, Any] | None = None
 
@@ -405,10 +418,11 @@ def _build_server(
         else None
     )
     warn_about_replicas(settings, approval_keys)
+    observability = build_server_observability(settings, environ)
     prepare_state(settings)  # one line naming the setting, not a store's traceback
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
     audit_log = AuditLog(sinks)
-    state = open_state(settings, environ)
+    state = measure_state(open_state(settings, environ), observability)
     try:
         profiles = load_profiles(
             settings.profiles.file or default_profiles_path(),
@@ -458,6 +472,7 @@ def _build_server(
             repos_config=repos_config,
             recorder=recorder,
             state=state,
+            observability=observability,
         )
     except BaseException:
         state.close()  # Runtime closes it itself once built
@@ -465,6 +480,7 @@ def _build_server(
     # A grant change on any replica reaches this one's visible-tools cache at once (the
     # cache's revision refresh and TTL remain the backstop).
     state.watch_grants(lambda zone: _grants_changed(runtime, zone))
+    bind_observability(runtime)
     late["access"] = runtime.access
     runtime.access.grant_profiles()
     if replay is not None:
@@ -549,6 +565,7 @@ def _build_server(
         upstreams.bind(runtime, catalog, trail)
         mcp.add_provider(upstreams.provider)
     _add_health_routes(mcp, runtime)
+    _add_metrics_route(mcp, runtime)
     add_approval_routes(mcp, runtime)
     log.info(
         "server_built",
@@ -589,7 +606,9 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
     budgets = settings.budgets
     return ChainLayers(
         envelope=EnvelopeMiddleware(settings.limits.max_request_bytes),
-        audit=AuditMiddleware(trail),
+        audit=AuditMiddleware(
+            trail, runtime.observability.telemetry if runtime.observability else None
+        ),
         identity=IdentityMiddleware(runtime.identity),
         namespace=ToolNamespaceMiddleware(
             runtime.access,
@@ -859,6 +878,66 @@ def load_approvals(
             "set NEXUS_MCP_APPROVAL_SECRET (32+ bytes) or approvals.secret in the config file"
         )
     return keys, approval_settings
+
+
+# --- observability (README "Observability"; observability.py) -----------------------
+
+
+def build_server_observability(settings: Settings, environ: Mapping[str, str]) -> Observability:
+    """Traces when the OTEL_* environment asks; metrics on the HTTP transport."""
+    configure_tracing(environ)
+    metrics = settings.metrics
+    token = metrics.bearer_token
+    if token is not None and not isinstance(token, SecretStr):
+        token = resolve_secret(token, environ)
+    return build_observability(
+        metrics_enabled=metrics.enabled and settings.transport == "http",
+        native_server_id=settings.registry.server_id,
+        bearer_token=token,
+    )
+
+
+def measure_state(state: StateStores, observability: Observability) -> StateStores:
+    """Every store of the backend behind a timing proxy (``observability.Measured``)."""
+    metrics = observability.metrics
+    if metrics is None:
+        return state
+    state.grants = measured(state.grants, "grants", metrics)
+    state.idempotency = measured(state.idempotency, "idempotency", metrics)
+    state.nonces = measured(state.nonces, "nonces", metrics)
+    state.budget = measured(state.budget, "budget", metrics)
+    state.rate = measured(state.rate, "rate", metrics)
+    return state
+
+
+def bind_observability(runtime: Runtime) -> None:
+    """What the metrics read at scrape time: the exposed tool names (label values),
+    the visible-tool cache's counters, each upstream's state."""
+    observability = runtime.observability
+    if observability is None:
+        return
+    upstreams = runtime.upstreams
+    observability.bind(
+        tools=runtime.contracts,
+        cache=runtime.access.metrics,
+        upstreams=(
+            (lambda: {sid: s.state == "ready" for sid, s in upstreams.servers.items()})
+            if upstreams is not None
+            else None
+        ),
+    )
+
+
+def _add_metrics_route(mcp: FastMCP[Any], runtime: Runtime) -> None:
+    """``GET /metrics``: only when metrics are on (HTTP). The app's Host/Origin guard
+    covers it like every route; a configured bearer token is required."""
+    observability = runtime.observability
+    if observability is None or observability.metrics is None:
+        return
+
+    @mcp.custom_route("/metrics", methods=["GET"])
+    async def metrics(request: Request) -> Response:
+        return metrics_response(observability, request.headers.get("authorization"))
 
 
 def _add_health_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:

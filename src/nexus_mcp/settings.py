@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.policy.upstreams import SecretValue
+from nexus_mcp.policy.upstreams import SecretRef, SecretValue
 
 MIB = 1024 * 1024
 ENV_PREFIX = "NEXUS_MCP_"
@@ -248,6 +248,17 @@ class StateSettings(_Section):
         return self
 
 
+class MetricsSettings(_Section):
+    """``/metrics`` (Prometheus text format) on the HTTP transport (README "Observability").
+
+    It answers under the same Host/Origin rules as the MCP endpoint; with ``bearer_token``
+    set (inline, ``{env: NAME}`` or ``{file: path}``) a scrape must send it as a bearer.
+    """
+
+    enabled: bool = True
+    bearer_token: SecretStr | SecretRef | None = None
+
+
 class Settings(BaseSettings):
     """Every setting of a nexus-mcp process. See the configuration table in README.md."""
 
@@ -297,6 +308,7 @@ class Settings(BaseSettings):
     profiles: ProfileSettings = ProfileSettings()
     notes: NotesSettings = NotesSettings()
     state: StateSettings = StateSettings()
+    metrics: MetricsSettings = MetricsSettings()
     approver_roles: tuple[str, ...] = ("admin",)
     approvals_elicit_profiles: tuple[str, ...] = ()
     # Deterministic mode (seed 002): record every call that reaches a tool, or answer every

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from nexus_mcp.errors import ConfigError
 from nexus_mcp.settings import Settings
 
 WORKER_SPEC_ENV = "NEXUS_MCP_WORKER_SPEC"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def check_workers(settings: Settings) -> None:
@@ -70,6 +72,11 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
         "port": port,
     }
     os.environ[WORKER_SPEC_ENV] = json.dumps(spec)
+    # /metrics answers from whichever worker takes the scrape: prometheus-client's
+    # multiprocess mode makes every worker's counters part of that answer. A folder of
+    # this run's own, unless the operator chose one.
+    if not os.environ.get(MULTIPROC_ENV):
+        os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="nexus-mcp-metrics-")
     config = uvicorn.Config(
         "nexus_mcp.workers:create_app",
         factory=True,

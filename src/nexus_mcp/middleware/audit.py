@@ -36,6 +36,7 @@ from nexus_mcp.calls import PLUMBING_ARGS, CallState, current_call
 from nexus_mcp.decorator import ToolContract
 from nexus_mcp.errors import Code, NexusError
 from nexus_mcp.middleware.envelope import to_wire_error
+from nexus_mcp.observability import CallRecord, CallTelemetry
 from nexus_mcp.policy.hashing import fingerprint_arguments
 
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"
@@ -196,8 +197,12 @@ def safe_facts(error: NexusError | None) -> dict[str, Any] | None:
 
 
 class AuditMiddleware(Middleware):
-    def __init__(self, trail: AuditTrail) -> None:
+    """Writes each call's end record; also where the call's telemetry (its span and
+    metrics, ``observability.CallTelemetry``) learns the outcome, when it is on."""
+
+    def __init__(self, trail: AuditTrail, telemetry: CallTelemetry | None = None) -> None:
         self.trail = trail
+        self.telemetry = telemetry
 
     async def on_call_tool(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
@@ -207,24 +212,44 @@ class AuditMiddleware(Middleware):
             return await call_next(context)
         # Every way out below writes the call's end record, so a read's start may wait.
         state.audit_finishes = True
+        # The telemetry record is entered by hand, not in a ``with`` of its own frame:
+        # every resumption of a suspended call travels through this one (chain.py).
+        record = self.telemetry.call(state) if self.telemetry is not None else None
+        if record is not None:
+            record.__enter__()
         try:
             result = await call_next(context)
         except FastMCPNotFoundError:
             state.block_reason = state.block_reason or "unknown_tool"
-            self.trail.finished(state, outcome=OUTCOME_UNKNOWN_TOOL)
+            self._finished(state, record, OUTCOME_UNKNOWN_TOOL)
             raise
         except BaseException as exc:
             if isinstance(exc, Exception):
                 error = to_wire_error(exc, correlation_id=state.correlation_id)
             else:  # cancellation: record it, then let it propagate untouched
                 error = NexusError("cancelled")
-            self.trail.finished(state, outcome=str(error.code), error=error)
+            self._finished(state, record, str(error.code), error)
             raise
-        # An upstream tool's own error answer (``isError``) is its result, not a refusal;
-        # the audit still tells it from a success.
-        is_error = getattr(result, "is_error", False) is True
-        self.trail.finished(state, outcome=OUTCOME_TOOL_ERROR if is_error else OUTCOME_OK)
-        return result
+        else:
+            # An upstream tool's own error answer (``isError``) is its result, not a
+            # refusal; the audit still tells it from a success.
+            is_error = getattr(result, "is_error", False) is True
+            self._finished(state, record, OUTCOME_TOOL_ERROR if is_error else OUTCOME_OK)
+            return result
+        finally:
+            if record is not None:
+                record.__exit__(None, None, None)
+
+    def _finished(
+        self,
+        state: CallState,
+        record: CallRecord | None,
+        outcome: str,
+        error: NexusError | None = None,
+    ) -> None:
+        self.trail.finished(state, outcome=outcome, error=error)
+        if record is not None:
+            record.finish(outcome)
 
 
 __all__ = [
