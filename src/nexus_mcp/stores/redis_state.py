@@ -1,0 +1,338 @@
+"""Approval nonces, call budgets and rate limits in Redis, shared by every replica (issue 15).
+
+- ``RedisNonceStore``: ``SET {prefix}:nonce:{sha256(jti)} 1 NX EXAT ...``. Redis executes
+  commands one at a time, so exactly one caller on any replica sees the id set; the key
+  expires by itself when the token could no longer verify.
+- ``RedisSessionBudget``: ``SessionBudget``'s semantics in one Lua script per call.
+- ``RedisRateLimiter``: ``SlidingWindowRateLimiter``'s semantics in one Lua script per
+  call, timed by the Redis server's clock.
+
+Every key starts with the configured prefix and holds only sha256 digests of token ids,
+session keys and subjects, never the values themselves.
+
+Fail closed: any Redis failure (refused or lost connection, timeout, a server still
+loading its data, a script error, no free connection in the pool) is
+``UnavailableError(store="nonces")`` or ``UnavailableError(store="limits")``. A nonce is
+never accepted and a call never counted as allowed on an error. The error says which
+store, never its address or the driver's text.
+
+Recovery needs no restart: a connection that broke is dropped and the next call opens a
+new one (the pool reconnects a pooled socket the server closed before handing it out, the
+health check PINGs long-idle ones, and one immediate retry on a connection error covers a
+socket that breaks in between), and the scripts are loaded again when a restarted Redis
+answers ``NOSCRIPT`` (redis-py's ``Script`` does this on ``NoScriptError``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from nexus_mcp.errors import BudgetExceededError, ConfigError, RateLimitedError, UnavailableError
+from nexus_mcp.policy.budgets import DEFAULT_SESSION_IDLE_TTL_SECONDS
+
+NONCES = "nonces"
+LIMITS = "limits"
+DEFAULT_CLIENT_NAME = "nexus-mcp"
+# Idle pooled connections are PINGed before reuse after this many seconds, so a socket a
+# Redis restart (or a proxy) closed is found and replaced before a command is sent on it.
+HEALTH_CHECK_INTERVAL_SECONDS = 15
+_MICROSECONDS = 1_000_000
+
+T = TypeVar("T")
+
+
+def redis_client(
+    url: str,
+    *,
+    pool_size: int,
+    connect_timeout: float,
+    timeout: float,
+    client_name: str = DEFAULT_CLIENT_NAME,
+) -> redis.Redis:
+    """A Redis client on a bounded, blocking pool of at most ``pool_size`` connections.
+
+    A caller waits at most ``timeout`` seconds for a free connection (then the call fails
+    closed), ``connect_timeout`` to connect and ``timeout`` for each answer. The pool
+    reconnects a pooled socket the server closed (a Redis restart) before handing it out,
+    and PINGs one idle for ``HEALTH_CHECK_INTERVAL_SECONDS``; a connection error is retried
+    once, immediately, on a fresh connection (a socket that broke in between), never long
+    enough to stretch an outage past the timeouts. Timeouts are not retried (the server
+    is slow; waiting twice would double the caller's wait). ``client_name`` is sent with
+    ``CLIENT SETNAME`` so an operator can count this process's connections in
+    ``CLIENT LIST``.
+
+    ``close()`` on the returned client closes the pool.
+    """
+    try:
+        pool = redis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=pool_size,
+            timeout=timeout,
+            socket_connect_timeout=connect_timeout,
+            socket_timeout=timeout,
+            health_check_interval=HEALTH_CHECK_INTERVAL_SECONDS,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            client_name=client_name,
+        )
+    except (ValueError, TypeError):
+        # Not chained: the driver's message may quote the URL, which may hold a password.
+        raise ConfigError("state.redis_url is not a valid Redis URL") from None
+    return redis.Redis.from_pool(pool)
+
+
+def call_store(store: str, operation: str, call: Callable[[], T]) -> T:
+    """Run one Redis operation of ``store``; any Redis failure is ``UnavailableError``.
+
+    The one boundary every Redis call of this module goes through, so latency and errors
+    can be measured per store and operation in one place (``operation`` names it).
+    """
+    try:
+        return call()
+    except (RedisError, OSError) as exc:
+        # Only the store and the failure's class: the driver's text names the host.
+        raise UnavailableError(store=store, error=type(exc).__name__) from exc
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8")).hexdigest()
+
+
+def _require_prefix(prefix: str) -> None:
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigError("state.key_prefix must be a non-empty string")
+
+
+def _require_positive_int(value: int, setting: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{setting} must be a positive integer")
+
+
+def _require_positive_seconds(value: float, setting: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{setting} must be a number of seconds")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{setting} must be greater than 0 seconds")
+
+
+# --- nonces -------------------------------------------------------------------------------
+
+
+class RedisNonceStore:
+    """``NonceStore`` on Redis: a used id is a key that expires with its token.
+
+    ``SET key 1 NX`` is atomic on the server, so the first caller on any replica gets
+    ``True`` and every later one ``False`` while the key lives. The key expires at
+    ``expires_at`` rounded up to the next second (remembering an id a little longer is
+    the safe side), and at least one second from now so an id is never stored already
+    expired. ``clock`` (epoch seconds) is only used for that floor.
+    """
+
+    def __init__(
+        self, client: redis.Redis, prefix: str, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        _require_prefix(prefix)
+        self._client = client
+        self._prefix = prefix
+        self._clock = clock
+
+    def key(self, jti: str) -> str:
+        """The Redis key that remembers ``jti`` (its sha256 only)."""
+        return f"{self._prefix}:nonce:{_digest(jti)}"
+
+    def consume(self, jti: str, expires_at: float) -> bool:
+        if not math.isfinite(expires_at):
+            raise ValueError("expires_at must be a finite epoch time")
+        at = max(math.ceil(expires_at), math.floor(self._clock()) + 1)
+        key = self.key(jti)
+        stored = call_store(NONCES, "consume", lambda: self._client.set(key, 1, nx=True, exat=at))
+        # SET NX answers OK when it stored the key, nil when the key existed.
+        return bool(stored)
+
+    def close(self) -> None:
+        """Release the client's connections (shared with the budget and rate limiter,
+        which reopen them if still used)."""
+        self._client.close()
+
+
+# --- budgets --------------------------------------------------------------------------------
+
+# KEYS[1] the session's counter; ARGV[1] max calls, ARGV[2] idle TTL in milliseconds.
+# Answers the calls left, or -1 when the budget is exhausted (nothing counted; the TTL is
+# renewed so a session hammering an exhausted budget stays exhausted, as SessionBudget).
+_BUDGET_SCRIPT = """
+local max = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+if used >= max then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  return -1
+end
+used = redis.call('INCR', KEYS[1])
+redis.call('PEXPIRE', KEYS[1], ttl)
+return max - used
+"""
+
+
+class RedisSessionBudget:
+    """``CallBudget`` on Redis: ``SessionBudget``'s rules, one counter per session key.
+
+    At most ``max_calls_per_session`` calls per key across every replica; a key idle for
+    ``idle_ttl_seconds`` is forgotten (the counter's TTL, renewed on every call, refused
+    ones too). The read, the check and the increment are one script, so concurrent calls
+    on several replicas never overspend. No ``maxsize``: Redis's memory is bounded by the
+    idle TTL, every counter being one small key.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        max_calls_per_session: int,
+        *,
+        idle_ttl_seconds: float = DEFAULT_SESSION_IDLE_TTL_SECONDS,
+    ) -> None:
+        _require_prefix(prefix)
+        _require_positive_int(max_calls_per_session, "budgets.max_calls_per_session")
+        _require_positive_seconds(idle_ttl_seconds, "budgets.idle_ttl_seconds")
+        self._client = client
+        self._prefix = prefix
+        self._max_calls = max_calls_per_session
+        self._ttl_ms = max(1, math.ceil(idle_ttl_seconds * 1000))
+        self._script = client.register_script(_BUDGET_SCRIPT)
+
+    @property
+    def max_calls(self) -> int:
+        return self._max_calls
+
+    def key(self, session_key: str) -> str:
+        """The Redis key counting ``session_key``'s calls (its sha256 only)."""
+        return f"{self._prefix}:budget:{_digest(session_key)}"
+
+    def charge(self, key: str) -> int:
+        """Count one call for ``key``; returns the calls left, or raises ``BudgetExceededError``."""
+        redis_key = self.key(key)
+        left = call_store(
+            LIMITS,
+            "budget",
+            lambda: self._script(keys=[redis_key], args=[self._max_calls, self._ttl_ms]),
+        )
+        left = _as_int(left)
+        if left < 0:
+            raise BudgetExceededError(limit=self._max_calls)
+        return left
+
+
+# --- rate limits ----------------------------------------------------------------------------
+
+# Why one Lua script rather than the ``limits`` library: its moving window stamps calls
+# with the *client's* clock (replicas with skewed clocks would disagree about the window),
+# it has its own key layout (raw subjects in key names, where we keep only digests), and
+# it answers a boolean with the driver's exceptions passing through, where we need the
+# retry time of the refusal and typed fail-closed errors. The script is short, atomic and
+# timed by the server: every replica sees one clock.
+#
+# KEYS[1] the subject's sorted set of accepted calls (score = server time in microseconds);
+# ARGV[1] max calls, ARGV[2] window in microseconds, ARGV[3] window in milliseconds (the
+# key's TTL), ARGV[4] a random token that keeps members unique within one microsecond.
+# Answers {1, 0} when accepted, {0, microseconds until a call would be accepted} when not.
+_RATE_SCRIPT = """
+local max = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+local count = redis.call('ZCARD', KEYS[1])
+if count >= max then
+  local oldest = redis.call('ZRANGE', KEYS[1], count - max, count - max, 'WITHSCORES')
+  local wait = tonumber(oldest[2]) + window - now
+  if wait < 0 then wait = 0 end
+  return {0, wait}
+end
+redis.call('ZADD', KEYS[1], now, t[1] .. '.' .. t[2] .. ':' .. ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {1, 0}
+"""
+
+
+class RedisRateLimiter:
+    """``RateLimiter`` on Redis: ``SlidingWindowRateLimiter``'s rules for every replica.
+
+    At most ``max_calls`` accepted calls per subject in any ``window_seconds``, a true
+    sliding window over the accepted calls' server timestamps (a call exactly one window
+    old no longer counts, as locally). Refused calls are not recorded. The subject's key
+    expires one window after its last accepted call, when all its stamps are stale.
+    ``retry_after_seconds`` is rounded up to whole seconds, like the local limiter's.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        max_calls: int,
+        window_seconds: float,
+    ) -> None:
+        _require_prefix(prefix)
+        _require_positive_int(max_calls, "rate_limit.max_calls")
+        _require_positive_seconds(window_seconds, "rate_limit.window_seconds")
+        self._client = client
+        self._prefix = prefix
+        self._max_calls = max_calls
+        self._window = float(window_seconds)
+        self._window_us = max(1, round(window_seconds * _MICROSECONDS))
+        self._window_ms = max(1, math.ceil(self._window_us / 1000))
+        self._script = client.register_script(_RATE_SCRIPT)
+
+    def key(self, subject: str) -> str:
+        """The Redis key holding ``subject``'s accepted calls (its sha256 only)."""
+        return f"{self._prefix}:rate:{_digest(subject)}"
+
+    def check(self, subject: str) -> None:
+        """Accept and record one call for ``subject``, or raise ``RateLimitedError``."""
+        redis_key = self.key(subject)
+        args: list[int | str] = [
+            self._max_calls,
+            self._window_us,
+            self._window_ms,
+            secrets.token_hex(8),
+        ]
+        answer = call_store(LIMITS, "rate", lambda: self._script(keys=[redis_key], args=args))
+        if not isinstance(answer, list | tuple) or len(answer) != 2:
+            raise UnavailableError(store=LIMITS, error="UnexpectedReply")
+        accepted, wait_us = _as_int(answer[0]), _as_int(answer[1])
+        if accepted != 1:
+            raise RateLimitedError(
+                limit=self._max_calls,
+                window_seconds=self._window,
+                retry_after_seconds=math.ceil(max(0, wait_us) / _MICROSECONDS),
+            )
+
+
+def _as_int(value: Any) -> int:
+    """A script's integer reply; anything else means the store misbehaved (fail closed)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UnavailableError(store=LIMITS, error="UnexpectedReply")
+    return value
+
+
+__all__ = [
+    "DEFAULT_CLIENT_NAME",
+    "HEALTH_CHECK_INTERVAL_SECONDS",
+    "LIMITS",
+    "NONCES",
+    "RedisNonceStore",
+    "RedisRateLimiter",
+    "RedisSessionBudget",
+    "call_store",
+    "redis_client",
+]
