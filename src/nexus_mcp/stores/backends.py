@@ -56,6 +56,8 @@ class StateStores:
     nonces: NonceStore
     budget: CallBudget
     rate: RateLimiter
+    # Shared backend: the Redis client the stores above use (upstream quarantine evidence).
+    redis: Any = None
     # Shared backend: start the cross-replica grant-change listener (watch_grants).
     _watch: Callable[[Callable[[str], None]], None] | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
@@ -247,7 +249,7 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
     listener: list[GrantsListener] = []
 
     def watch(on_change: Callable[[str], None]) -> None:
-        started = GrantsListener(pg_url, channel, on_change)
+        started = GrantsListener(pool, channel, on_change)
         listener.append(started)
         closers.append(started.stop)
 
@@ -265,6 +267,7 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
             budgets.rate_limit_calls,
             budgets.rate_limit_window_seconds,
         ),
+        redis=client,
         _watch=watch,
         _closers=closers,
     )

@@ -1,10 +1,11 @@
 """The ReBAC tuple store: (subject, relation, object) grants and profile assignments per zone.
 
 ``TupleStore`` is the small protocol policy code depends on; ``SqliteTupleStore`` is the
-embedded default. Every zone has a revision number stored in the database: each write,
-delete or assignment batch commits in one transaction and increases it by one, so another
-process sharing the file (or a restart) sees the same revision, and caches keyed by it
-notice foreign writes.
+embedded default, ``postgres.PostgresTupleStore`` the shared one (same semantics, and the
+same validation: ``_check_text`` / ``_checked`` below). Every zone has a revision number
+stored in the database: each write, delete or assignment batch commits in one transaction
+and increases it by one, so another process sharing the file (or a restart) sees the same
+revision, and caches keyed by it notice foreign writes.
 
 Concurrency: one SQLite connection per thread (WAL journal, so readers never block the
 writer), write batches under ``BEGIN IMMEDIATE`` with a busy timeout, so several
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from nexus_mcp.errors import ConfigError, InvalidInputError
 
@@ -48,6 +49,12 @@ _SELECT_TUPLE = (
 )
 _BUMP_REVISION = """INSERT INTO zone_revisions (zone, revision) VALUES (?, 1)
     ON CONFLICT (zone) DO UPDATE SET revision = revision + 1 RETURNING revision"""
+# An import lands above both the zone's current revision and the exported one.
+_RAISE_REVISION = """INSERT INTO zone_revisions (zone, revision) VALUES (?, ?)
+    ON CONFLICT (zone) DO UPDATE SET revision = max(revision + 1, excluded.revision)
+    RETURNING revision"""
+_ZONES = """SELECT zone FROM tuples UNION SELECT zone FROM assignments
+    UNION SELECT zone FROM zone_revisions ORDER BY zone"""
 
 
 class RelationTuple(NamedTuple):
@@ -59,7 +66,11 @@ class RelationTuple(NamedTuple):
 
 
 class TupleStore(Protocol):
-    """What policy needs from a grants backend (SQLite now, a shared service later)."""
+    """What policy needs from a grants backend (SQLite embedded, PostgreSQL shared).
+
+    ``zones``, ``export_zone`` and ``import_zone`` move grants between backends
+    (``nexus-mcp state export|import``); their format is ``export_document``'s.
+    """
 
     def write(self, tuples: Iterable[RelationTuple], zone: str) -> int: ...
 
@@ -88,6 +99,12 @@ class TupleStore(Protocol):
     def clear_assignment(self, subject: str, zone: str) -> int: ...
 
     def list_subjects(self, zone: str) -> list[str]: ...
+
+    def zones(self) -> list[str]: ...
+
+    def export_zone(self, zone: str) -> dict[str, Any]: ...
+
+    def import_zone(self, data: Mapping[str, Any], zone: str) -> int: ...
 
     def close(self) -> None: ...
 
@@ -240,6 +257,49 @@ class SqliteTupleStore:
         )
         return [row[0] for row in rows]
 
+    # --- export / import (``nexus-mcp state export|import``) ---------------------------
+
+    def zones(self) -> list[str]:
+        """Every zone with tuples, assignments or a revision, sorted."""
+        return [row[0] for row in self._connection().execute(_ZONES).fetchall()]
+
+    def export_zone(self, zone: str) -> dict[str, Any]:
+        """The zone as a JSON-able dict, read in one transaction (``export_document``)."""
+        conn = self._connection()
+        conn.execute("BEGIN")
+        try:
+            revision = conn.execute(
+                "SELECT revision FROM zone_revisions WHERE zone = ?", (zone,)
+            ).fetchone()
+            tuples = conn.execute(
+                "SELECT subject, relation, object FROM tuples WHERE zone = ?", (zone,)
+            ).fetchall()
+            assignments = conn.execute(
+                "SELECT subject, profile FROM assignments WHERE zone = ?", (zone,)
+            ).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        return export_document(
+            zone, int(revision[0]) if revision is not None else 0, tuples, assignments
+        )
+
+    def import_zone(self, data: Mapping[str, Any], zone: str) -> int:
+        """Replace the zone's tuples and assignments with ``data`` (an ``export_zone``
+        dict) in one transaction; returns the new revision, above both the current and
+        the exported one, so caches keyed by revision notice."""
+        exported, tuples, assignments = parse_export(data)
+        _check_text(zone, "zone")
+        with self._transaction() as conn:
+            revision = int(conn.execute(_RAISE_REVISION, (zone, exported + 1)).fetchone()[0])
+            conn.execute("DELETE FROM tuples WHERE zone = ?", (zone,))
+            conn.execute("DELETE FROM assignments WHERE zone = ?", (zone,))
+            conn.executemany(_INSERT_TUPLE, [(zone, *t) for t in tuples])
+            conn.executemany(
+                "INSERT INTO assignments (zone, subject, profile) VALUES (?, ?, ?)",
+                [(zone, subject, profile) for subject, profile in assignments.items()],
+            )
+            return revision
+
     def close(self) -> None:
         """Close every thread's connection; the store cannot be used afterwards."""
         with self._lock:
@@ -326,7 +386,9 @@ def _bump(conn: sqlite3.Connection, zone: str) -> int:
 
 
 def _check_text(value: object, field: str) -> None:
-    if not isinstance(value, str) or not value:
+    # NUL is refused like '': PostgreSQL text cannot hold it, and both backends must
+    # accept the same grants (an export from one imports into the other).
+    if not isinstance(value, str) or not value or "\x00" in value:
         raise InvalidInputError(field=field)
 
 
@@ -336,6 +398,48 @@ def _checked(item: RelationTuple | tuple[str, str, str]) -> RelationTuple:
     _check_text(relation, "relation")
     _check_text(obj, "object")
     return RelationTuple(subject, relation, obj)
+
+
+def export_document(
+    zone: str,
+    revision: int,
+    tuples: Iterable[Iterable[str]],
+    assignments: Iterable[Iterable[str]],
+) -> dict[str, Any]:
+    """The export format of one zone: plain JSON types, tuples sorted (code point order)."""
+    return {
+        "zone": zone,
+        "revision": revision,
+        "tuples": sorted([str(part) for part in row] for row in tuples),
+        "assignments": dict(sorted((str(s), str(p)) for s, p in assignments)),
+    }
+
+
+def parse_export(data: Mapping[str, Any]) -> tuple[int, list[RelationTuple], dict[str, str]]:
+    """(exported revision, tuples, assignments) of an ``export_zone`` dict, validated
+    whole before anything is written (``InvalidInputError`` naming the field)."""
+    if not isinstance(data, Mapping):
+        raise InvalidInputError(field="zone")
+    revision = data.get("revision", 0)
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
+        raise InvalidInputError(field="revision")
+    raw_tuples = data.get("tuples", [])
+    raw_assignments = data.get("assignments", {})
+    if not isinstance(raw_tuples, list | tuple):
+        raise InvalidInputError(field="tuples")
+    if not isinstance(raw_assignments, Mapping):
+        raise InvalidInputError(field="assignments")
+    tuples: list[RelationTuple] = []
+    for item in raw_tuples:
+        if not isinstance(item, list | tuple) or len(item) != 3:
+            raise InvalidInputError(field="tuples")
+        tuples.append(_checked((item[0], item[1], item[2])))
+    assignments: dict[str, str] = {}
+    for subject, profile in raw_assignments.items():
+        _check_text(subject, "subject")
+        _check_text(profile, "profile")
+        assignments[subject] = profile
+    return revision, tuples, assignments
 
 
 def _prefix_successor(prefix: str) -> str | None:
@@ -357,4 +461,6 @@ __all__ = [
     "RelationTuple",
     "SqliteTupleStore",
     "TupleStore",
+    "export_document",
+    "parse_export",
 ]

@@ -29,7 +29,8 @@ record, pending or not, is forgotten ``ttl_seconds`` after its claim; the lease 
 outlast the longest tool timeout. The clock is injectable for tests; it is wall-clock
 time because records are shared between processes.
 
-Calls are short synchronous SQLite transactions; an async caller may run them in a thread.
+Calls are short synchronous transactions (SQLite here, PostgreSQL in ``postgres.py``); an
+async caller may run them in a thread.
 """
 
 from __future__ import annotations
@@ -144,6 +145,54 @@ def to_refusal(claim: Claim) -> IdempotencyKeyConflictError | None:
     return None
 
 
+def existing_claim(
+    scope: IdempotencyScope,
+    args_digest: str,
+    stored_digest: str,
+    state: str,
+    result_json: str | None,
+    lease_until: float,
+    now: float,
+) -> Claim:
+    """What ``begin`` answers for a live (unexpired) record held by someone else."""
+    if stored_digest != args_digest:
+        return Claim(ClaimStatus.CONFLICT, scope, args_digest)
+    if state == STATE_SUCCEEDED:
+        return Claim(ClaimStatus.REPLAY, scope, args_digest, result_json=result_json)
+    if state == STATE_PENDING and lease_until > now:
+        return Claim(ClaimStatus.IN_PROGRESS, scope, args_digest)
+    return Claim(ClaimStatus.OUTCOME_UNKNOWN, scope, args_digest)
+
+
+async def wait_for_claim(
+    begin: Callable[[IdempotencyScope, str], Claim],
+    scope: IdempotencyScope,
+    args_digest: str,
+    timeout: float,
+    *,
+    in_thread: bool = False,
+) -> Claim:
+    """Poll ``begin`` until the key is no longer IN_PROGRESS or ``timeout`` passes.
+
+    The one wait loop of every store. A waiter may come back NEW (the owner abandoned):
+    it then owns the claim. ``in_thread`` runs each ``begin`` in a worker thread, for a
+    store whose call is a network round trip that must not block the event loop.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = WAIT_FIRST_POLL_SECONDS
+    while True:
+        if in_thread:
+            claim = await asyncio.to_thread(begin, scope, args_digest)
+        else:
+            claim = begin(scope, args_digest)
+        remaining = deadline - loop.time()
+        if claim.status is not ClaimStatus.IN_PROGRESS or remaining <= 0:
+            return claim
+        await asyncio.sleep(min(delay, remaining))
+        delay = min(delay * 2, WAIT_MAX_POLL_SECONDS)
+
+
 class SqliteIdempotencyStore:
     """SQLite (WAL) store; one connection behind a lock, ``BEGIN IMMEDIATE`` per claim."""
 
@@ -198,13 +247,9 @@ class SqliteIdempotencyStore:
                 )
                 return Claim(ClaimStatus.NEW, scope, args_digest, token=token)
         stored_digest, state, result_json, lease_until, _ = row
-        if stored_digest != args_digest:
-            return Claim(ClaimStatus.CONFLICT, scope, args_digest)
-        if state == STATE_SUCCEEDED:
-            return Claim(ClaimStatus.REPLAY, scope, args_digest, result_json=result_json)
-        if state == STATE_PENDING and lease_until > now:
-            return Claim(ClaimStatus.IN_PROGRESS, scope, args_digest)
-        return Claim(ClaimStatus.OUTCOME_UNKNOWN, scope, args_digest)
+        return existing_claim(
+            scope, args_digest, stored_digest, state, result_json, lease_until, now
+        )
 
     def complete(self, claim: Claim, result_json: str) -> bool:
         """Record the success of an owned claim; False when the claim is no longer ours."""
@@ -235,16 +280,7 @@ class SqliteIdempotencyStore:
 
         A waiter may come back NEW (the owner abandoned): it then owns the claim.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        delay = WAIT_FIRST_POLL_SECONDS
-        while True:
-            claim = self.begin(scope, args_digest)
-            remaining = deadline - loop.time()
-            if claim.status is not ClaimStatus.IN_PROGRESS or remaining <= 0:
-                return claim
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, WAIT_MAX_POLL_SECONDS)
+        return await wait_for_claim(self.begin, scope, args_digest, timeout)
 
     def purge_expired(self, now: float | None = None) -> int:
         moment = self._clock() if now is None else now
@@ -288,5 +324,7 @@ __all__ = [
     "IdempotencyScope",
     "IdempotencyStore",
     "SqliteIdempotencyStore",
+    "existing_claim",
     "to_refusal",
+    "wait_for_claim",
 ]

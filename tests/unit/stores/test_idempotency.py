@@ -1,4 +1,5 @@
-"""Idempotency records on real SQLite: replay, conflict, exactly-once, expiry, crash, scope."""
+"""Idempotency records on real SQLite and PostgreSQL: replay, conflict, exactly-once, expiry,
+crash, scope. Every test runs on both backends unless it names one."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from nexus_mcp.errors import Code, IdempotencyKeyConflictError
+from nexus_mcp.errors import Code, IdempotencyKeyConflictError, UnavailableError
 from nexus_mcp.stores.idempotency import (
     Claim,
     ClaimStatus,
@@ -22,6 +24,8 @@ from nexus_mcp.stores.idempotency import (
     SqliteIdempotencyStore,
     to_refusal,
 )
+from nexus_mcp.stores.postgres import PostgresIdempotencyStore, PostgresPool
+from tests.unit.stores.conftest import BACKENDS, PoolFactory
 
 REPO = Path(__file__).resolve().parents[3]
 TARGET = "f" * 64
@@ -84,17 +88,54 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> Iterator[SqliteIdempotencyStore]:
-    opened = SqliteIdempotencyStore(
-        tmp_path / "idem.sqlite3", ttl_seconds=TTL, lease_seconds=LEASE, clock=clock
-    )
+class Backend:
+    """Opens idempotency stores on one storage: a SQLite file, or a PostgreSQL database
+    through a new pool each (another replica, or the same one after a restart)."""
+
+    def __init__(self, name: str, tmp_path: Path, pools: PoolFactory | None, url: str) -> None:
+        self.name = name
+        self.path = tmp_path / "idem.sqlite3"
+        self.url = url
+        self._pools = pools
+        self._opened: list[IdempotencyStore] = []
+
+    def open(self, **options: Any) -> IdempotencyStore:
+        store: IdempotencyStore
+        if self.name == "sqlite":
+            store = SqliteIdempotencyStore(self.path, **options)
+        else:
+            assert self._pools is not None
+            store = PostgresIdempotencyStore(self._pools(self.url), **options)
+        self._opened.append(store)
+        return store
+
+    def pool(self) -> PostgresPool:
+        assert self._pools is not None
+        return self._pools(self.url)
+
+    def close(self) -> None:
+        for store in self._opened:
+            store.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "sqlite":
+        opened = Backend("sqlite", tmp_path, None, "")
+    else:
+        url: str = request.getfixturevalue("migrated_url")
+        opened = Backend("postgres", tmp_path, request.getfixturevalue("pg_pools"), url)
     yield opened
     opened.close()
 
 
+@pytest.fixture
+def store(backend: Backend, clock: FakeClock) -> IdempotencyStore:
+    return backend.open(ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
+
+
 async def test_a_retry_with_the_same_key_and_arguments_replays_without_running(
-    store: SqliteIdempotencyStore,
+    store: IdempotencyStore,
 ) -> None:
     tool = CountingTool()
     first = await call_once(store, SCOPE, ARGS, tool)
@@ -104,7 +145,7 @@ async def test_a_retry_with_the_same_key_and_arguments_replays_without_running(
 
 
 def test_the_same_key_with_different_arguments_is_a_conflict(
-    store: SqliteIdempotencyStore,
+    store: IdempotencyStore,
 ) -> None:
     claim = store.begin(SCOPE, ARGS)
     assert store.complete(claim, "{}")
@@ -119,7 +160,7 @@ def test_the_same_key_with_different_arguments_is_a_conflict(
 
 
 async def test_twenty_concurrent_calls_with_one_key_run_the_tool_once(
-    store: SqliteIdempotencyStore,
+    store: IdempotencyStore,
 ) -> None:
     tool = CountingTool()
     results = await asyncio.gather(*(call_once(store, SCOPE, ARGS, tool) for _ in range(20)))
@@ -127,8 +168,8 @@ async def test_twenty_concurrent_calls_with_one_key_run_the_tool_once(
     assert set(results) == {json.dumps({"written": True, "run": 1})}
 
 
-def test_concurrent_threads_with_one_key_run_the_tool_once(tmp_path: Path) -> None:
-    store = SqliteIdempotencyStore(tmp_path / "idem.sqlite3")
+def test_concurrent_threads_with_one_key_run_the_tool_once(backend: Backend) -> None:
+    store = backend.open()
     tool = CountingTool()
     results: list[str] = []
     errors: list[BaseException] = []
@@ -153,6 +194,7 @@ def test_concurrent_threads_with_one_key_run_the_tool_once(tmp_path: Path) -> No
 
 
 def test_concurrent_processes_with_one_key_claim_it_once(tmp_path: Path) -> None:
+    """SQLite: processes sharing one file (PostgreSQL: test_postgres.py, replicas)."""
     path = tmp_path / "idem.sqlite3"
     SqliteIdempotencyStore(path).close()
     script = (
@@ -176,7 +218,7 @@ def test_concurrent_processes_with_one_key_claim_it_once(tmp_path: Path) -> None
     assert statuses == ["in_progress", "in_progress", "in_progress", "new"]
 
 
-def test_records_expire_after_the_ttl(store: SqliteIdempotencyStore, clock: FakeClock) -> None:
+def test_records_expire_after_the_ttl(store: IdempotencyStore, clock: FakeClock) -> None:
     claim = store.begin(SCOPE, ARGS)
     assert store.complete(claim, '{"ok":1}')
     clock.now += TTL - 1
@@ -186,9 +228,7 @@ def test_records_expire_after_the_ttl(store: SqliteIdempotencyStore, clock: Fake
     assert fresh.status is ClaimStatus.NEW
 
 
-def test_purge_removes_only_expired_records(
-    store: SqliteIdempotencyStore, clock: FakeClock
-) -> None:
+def test_purge_removes_only_expired_records(store: IdempotencyStore, clock: FakeClock) -> None:
     store.complete(store.begin(SCOPE, ARGS), "{}")
     clock.now += TTL / 2
     later = IdempotencyScope("alice", "nexus", "nexus_write_file", "key-2", target=TARGET)
@@ -200,15 +240,14 @@ def test_purge_removes_only_expired_records(
 
 
 def test_a_crash_between_running_and_recording_refuses_the_retry(
-    tmp_path: Path, clock: FakeClock
+    backend: Backend, clock: FakeClock
 ) -> None:
-    path = tmp_path / "idem.sqlite3"
-    crashed = SqliteIdempotencyStore(path, ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
+    crashed = backend.open(ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
     assert crashed.begin(SCOPE, ARGS).status is ClaimStatus.NEW
     crashed.close()  # the process died: no complete, no abandon
     del crashed
 
-    reopened = SqliteIdempotencyStore(path, ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
+    reopened = backend.open(ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
     clock.now += 1
     assert reopened.begin(SCOPE, ARGS).status is ClaimStatus.IN_PROGRESS
     clock.now += LEASE
@@ -227,13 +266,12 @@ def test_a_crash_between_running_and_recording_refuses_the_retry(
 
 
 async def test_a_retry_after_a_crash_does_not_run_the_tool(
-    tmp_path: Path, clock: FakeClock
+    backend: Backend, clock: FakeClock
 ) -> None:
-    path = tmp_path / "idem.sqlite3"
-    crashed = SqliteIdempotencyStore(path, ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
+    crashed = backend.open(ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
     crashed.begin(SCOPE, ARGS)
     crashed.close()
-    reopened = SqliteIdempotencyStore(path, ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
+    reopened = backend.open(ttl_seconds=TTL, lease_seconds=LEASE, clock=clock)
     clock.now += LEASE
     tool = CountingTool()
     with pytest.raises(IdempotencyKeyConflictError):
@@ -242,7 +280,7 @@ async def test_a_retry_after_a_crash_does_not_run_the_tool(
     reopened.close()
 
 
-def test_keys_are_scoped_by_subject_server_tool_and_target(store: SqliteIdempotencyStore) -> None:
+def test_keys_are_scoped_by_subject_server_tool_and_target(store: IdempotencyStore) -> None:
     scopes = [
         SCOPE,
         IdempotencyScope("bob", "nexus", "nexus_write_file", "key-1", target=TARGET),
@@ -263,20 +301,25 @@ def test_keys_are_scoped_by_subject_server_tool_and_target(store: SqliteIdempote
         assert store.begin(scope, f"{index:064d}").result_json == json.dumps(index)
 
 
-def test_the_database_holds_no_subject_key_or_target_in_clear(tmp_path: Path) -> None:
-    path = tmp_path / "idem.sqlite3"
-    store = SqliteIdempotencyStore(path)
+def test_the_database_holds_no_subject_key_or_target_in_clear(backend: Backend) -> None:
+    store = backend.open()
     secret = IdempotencyScope(
         "subject-7f3a", "nexus", "nexus_write_file", "key-9c1d", target="target-4e2b"
     )
     store.complete(store.begin(secret, ARGS), "{}")
     store.close()
-    stored = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    if backend.name == "sqlite":
+        stored = b"".join(p.read_bytes() for p in backend.path.parent.iterdir())
+    else:
+        with backend.pool().connection() as conn:
+            rows = conn.execute("SELECT r::text FROM idempotency_records r").fetchall()
+        assert len(rows) == 1
+        stored = "".join(row[0] for row in rows).encode()
     for clear in (b"subject-7f3a", b"key-9c1d", b"target-4e2b"):
         assert clear not in stored
 
 
-async def test_an_abandoned_claim_lets_the_retry_run(store: SqliteIdempotencyStore) -> None:
+async def test_an_abandoned_claim_lets_the_retry_run(store: IdempotencyStore) -> None:
     claim = store.begin(SCOPE, ARGS)
     assert store.abandon(claim)
     tool = CountingTool()
@@ -284,7 +327,7 @@ async def test_an_abandoned_claim_lets_the_retry_run(store: SqliteIdempotencySto
     assert tool.runs == 1
 
 
-def test_only_the_owner_of_a_new_claim_can_settle_it(store: SqliteIdempotencyStore) -> None:
+def test_only_the_owner_of_a_new_claim_can_settle_it(store: IdempotencyStore) -> None:
     owner = store.begin(SCOPE, ARGS)
     onlooker = store.begin(SCOPE, ARGS)
     forged = Claim(ClaimStatus.NEW, SCOPE, ARGS, token="0" * 32)
@@ -298,7 +341,7 @@ def test_only_the_owner_of_a_new_claim_can_settle_it(store: SqliteIdempotencySto
     assert store.begin(SCOPE, ARGS).result_json == '{"v":1}'
 
 
-def test_a_claim_marked_unknown_refuses_retries(store: SqliteIdempotencyStore) -> None:
+def test_a_claim_marked_unknown_refuses_retries(store: IdempotencyStore) -> None:
     claim = store.begin(SCOPE, ARGS)
     assert store.mark_unknown(claim)
     assert store.begin(SCOPE, ARGS).status is ClaimStatus.OUTCOME_UNKNOWN
@@ -306,7 +349,7 @@ def test_a_claim_marked_unknown_refuses_retries(store: SqliteIdempotencyStore) -
 
 
 def test_a_late_completion_by_the_owner_still_records_the_result(
-    store: SqliteIdempotencyStore, clock: FakeClock
+    store: IdempotencyStore, clock: FakeClock
 ) -> None:
     claim = store.begin(SCOPE, ARGS)
     clock.now += LEASE + 1
@@ -316,7 +359,7 @@ def test_a_late_completion_by_the_owner_still_records_the_result(
 
 
 def test_a_stale_owner_cannot_touch_a_key_reclaimed_after_expiry(
-    store: SqliteIdempotencyStore, clock: FakeClock
+    store: IdempotencyStore, clock: FakeClock
 ) -> None:
     stale = store.begin(SCOPE, ARGS)
     clock.now += TTL
@@ -328,7 +371,7 @@ def test_a_stale_owner_cannot_touch_a_key_reclaimed_after_expiry(
 
 
 async def test_waiting_gives_up_after_the_timeout_with_in_progress(
-    store: SqliteIdempotencyStore,
+    store: IdempotencyStore,
 ) -> None:
     store.begin(SCOPE, ARGS)
     claim = await store.wait(SCOPE, ARGS, 0.02)
@@ -337,7 +380,7 @@ async def test_waiting_gives_up_after_the_timeout_with_in_progress(
     assert refusal is not None and refusal.facts == {"reason": "in_progress"}
 
 
-async def test_a_waiter_takes_over_when_the_owner_abandons(store: SqliteIdempotencyStore) -> None:
+async def test_a_waiter_takes_over_when_the_owner_abandons(store: IdempotencyStore) -> None:
     owner = store.begin(SCOPE, ARGS)
 
     async def abandon_soon() -> None:
@@ -348,7 +391,7 @@ async def test_a_waiter_takes_over_when_the_owner_abandons(store: SqliteIdempote
     assert claim.status is ClaimStatus.NEW and claim.token not in (None, owner.token)
 
 
-def test_new_and_replay_claims_are_not_refusals(store: SqliteIdempotencyStore) -> None:
+def test_new_and_replay_claims_are_not_refusals(store: IdempotencyStore) -> None:
     claim = store.begin(SCOPE, ARGS)
     assert to_refusal(claim) is None
     store.complete(claim, "{}")
@@ -356,16 +399,21 @@ def test_new_and_replay_claims_are_not_refusals(store: SqliteIdempotencyStore) -
 
 
 @pytest.mark.parametrize(("ttl", "lease"), [(0, 1), (10, 0), (10, 11), (-1, -2)])
-def test_a_lease_longer_than_the_ttl_is_refused(tmp_path: Path, ttl: float, lease: float) -> None:
+def test_a_lease_longer_than_the_ttl_is_refused(backend: Backend, ttl: float, lease: float) -> None:
     with pytest.raises(ValueError):
-        SqliteIdempotencyStore(tmp_path / "x.sqlite3", ttl_seconds=ttl, lease_seconds=lease)
+        backend.open(ttl_seconds=ttl, lease_seconds=lease)
 
 
 def test_a_failed_recording_rolls_back_and_leaves_the_claim_pending(
-    store: SqliteIdempotencyStore,
+    store: IdempotencyStore, backend: Backend
 ) -> None:
     claim = store.begin(SCOPE, ARGS)
-    with pytest.raises(sqlite3.ProgrammingError):
+    expected = sqlite3.ProgrammingError if backend.name == "sqlite" else UnavailableError
+    with pytest.raises(expected):
         store.complete(claim, object())  # type: ignore[arg-type]
     assert store.begin(SCOPE, ARGS).status is ClaimStatus.IN_PROGRESS
     assert store.complete(claim, "{}")
+
+
+def test_purge_on_an_empty_store_removes_nothing(store: IdempotencyStore) -> None:
+    assert store.purge_expired() == 0

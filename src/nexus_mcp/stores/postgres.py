@@ -1,0 +1,839 @@
+"""The shared state backend's PostgreSQL side: grants, assignments, idempotency records.
+
+- ``PostgresPool``: a bounded connection pool (``psycopg_pool``) whose every failure
+  (server down, pool exhausted, statement timeout, connection lost) reaches callers as
+  ``UnavailableError(store=...)``, never as the driver's text or the URL. Connections are
+  checked before use and replaced when broken, so the pool recovers by itself once the
+  server is back: nothing has to be restarted or rebuilt.
+- Versioned migrations (``nexus_mcp/data/migrations/postgres/NNNN_name.sql``), recorded in
+  ``schema_migrations``: ``migrate`` applies the missing ones in order, each in its own
+  transaction under an advisory lock (several replicas may migrate at once);
+  ``check_schema`` stops a server whose database is unmigrated or newer than this build.
+- ``PostgresTupleStore`` and ``PostgresIdempotencyStore``: the ``TupleStore`` and
+  ``IdempotencyStore`` protocols with the SQLite stores' semantics (same validation,
+  revisions, ordering and claim life cycle). Text is compared and sorted in the "C"
+  collation, code point order, as SQLite does.
+- ``GrantsListener``: ``LISTEN`` on a dedicated connection; every committed grant change
+  is announced by ``pg_notify(channel, zone)`` inside the writing transaction, so a
+  rolled-back change announces nothing. After a lost connection the listener reconnects
+  and reports ``"*"`` (changes may have been missed meanwhile).
+
+Every call is synchronous and short (one pool connection, one transaction at most); an
+async caller may run them in a thread.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool
+
+from nexus_mcp.errors import ConfigError, InvalidInputError, UnavailableError
+from nexus_mcp.logs import get_logger
+from nexus_mcp.stores.grants import (
+    TOOLS_PREFIX,
+    RelationTuple,
+    _check_text,
+    _checked,
+    _prefix_successor,
+    export_document,
+    parse_export,
+)
+from nexus_mcp.stores.idempotency import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    STATE_PENDING,
+    STATE_SUCCEEDED,
+    STATE_UNKNOWN,
+    Claim,
+    ClaimStatus,
+    IdempotencyScope,
+    existing_claim,
+    wait_for_claim,
+)
+
+log = get_logger(__name__)
+
+Connection = psycopg.Connection[TupleRow]
+
+DEFAULT_POOL_SIZE = 10
+DEFAULT_TIMEOUT_SECONDS = 2.0
+APPLICATION_NAME = "nexus-mcp"
+# How long the pool keeps retrying one lost connection (backoff 1 s, 2 s, 4 s...) before it
+# gives up on it; the next request then starts a fresh attempt at once. Short, so a server
+# that comes back after a long outage is used within seconds, not after a long backoff.
+RECONNECT_TIMEOUT_SECONDS = 5.0
+POOL_CLOSE_TIMEOUT_SECONDS = 5.0
+
+STORE_GRANTS = "grants"
+STORE_IDEMPOTENCY = "idempotency"
+STORE_SCHEMA = "postgres"
+
+MIGRATIONS_PACKAGE = "nexus_mcp"
+MIGRATIONS_PATH = ("data", "migrations", "postgres")
+_MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+# pg_advisory_xact_lock key serializing migrations across replicas ("nexusmcp" in hex).
+MIGRATIONS_LOCK_KEY = 0x6E657875736D6370
+MIGRATE_COMMAND = "`nexus-mcp state migrate`"
+_SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
+    version integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now())"""
+
+# NOTIFY payloads are limited to 8000 bytes: a longer zone is announced as "*".
+_MAX_NOTIFY_PAYLOAD_BYTES = 7999
+_MAX_CHANNEL_BYTES = 63  # NAMEDATALEN - 1
+ALL_ZONES = "*"
+
+LISTENER_FIRST_BACKOFF_SECONDS = 0.05
+LISTENER_MAX_BACKOFF_SECONDS = 1.0
+LISTENER_POLL_SECONDS = 0.2
+LISTENER_PING_SECONDS = 10.0
+
+
+# --- the pool ---------------------------------------------------------------------------
+
+
+def unavailable(store: str, exc: BaseException) -> UnavailableError:
+    """The refusal for a store failure: logged by type (and SQLSTATE), never by text."""
+    log.warning(
+        "state_store_unavailable",
+        store=store,
+        exc_type=type(exc).__name__,
+        sqlstate=getattr(exc, "sqlstate", None),
+    )
+    return UnavailableError(store=store)
+
+
+def _connect_kwargs(
+    conninfo: str, *, connect_timeout: float, statement_timeout: float | None, application: str
+) -> dict[str, Any]:
+    """Connection parameters added to ``conninfo``: ours win, its ``options`` are kept."""
+    try:
+        given = conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        raise ConfigError("invalid PostgreSQL connection URL") from None
+    options = [str(given["options"])] if given.get("options") else []
+    if statement_timeout is not None:
+        options.append(f"-c statement_timeout={max(1, math.ceil(statement_timeout * 1000))}")
+    kwargs: dict[str, Any] = {
+        # libpq takes whole seconds (and treats 1 as 2).
+        "connect_timeout": max(1, math.ceil(connect_timeout)),
+        "autocommit": True,
+    }
+    if options:
+        kwargs["options"] = " ".join(options)
+    if not given.get("application_name"):
+        kwargs["application_name"] = application
+    return kwargs
+
+
+class PostgresPool:
+    """A bounded pool of autocommit connections; ``connection()`` refuses as UNAVAILABLE.
+
+    ``pool_size`` bounds the connections this process opens; ``timeout`` bounds both the
+    wait for a free connection and every statement (``statement_timeout``), so a call
+    never hangs on a slow or absent server; ``connect_timeout`` bounds one connection
+    attempt. The pool opens at once without waiting for the server (``open=False``
+    defers it to ``open()``); a server that is down is reported by the first call.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        connect_timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        open: bool = True,
+        name: str = APPLICATION_NAME,
+    ) -> None:
+        if pool_size < 1 or connect_timeout <= 0 or timeout <= 0:
+            raise ValueError("need pool_size >= 1 and positive timeouts")
+        self.conninfo = conninfo
+        self.pool_size = pool_size
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        kwargs = _connect_kwargs(
+            conninfo,
+            connect_timeout=connect_timeout,
+            statement_timeout=timeout,
+            application=APPLICATION_NAME,
+        )
+        # psycopg_pool is psycopg's own, maintained pool: bounded (max_size), thread-safe,
+        # replaces broken connections in the background. `check` tests a connection
+        # before handing it out, so one the server dropped (restart, failover) is
+        # discarded instead of failing the caller's statement.
+        self._pool: ConnectionPool[Connection] = ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=pool_size,
+            timeout=timeout,
+            kwargs=kwargs,
+            check=ConnectionPool.check_connection,
+            reconnect_timeout=max(RECONNECT_TIMEOUT_SECONDS, 2 * timeout),
+            name=name,
+            open=False,
+        )
+        if open:
+            self.open()
+
+    def open(self) -> None:
+        """Start the pool's workers; connecting happens in the background."""
+        self._pool.open(wait=False)
+
+    @contextmanager
+    def connection(self, store: str = STORE_SCHEMA) -> Iterator[Connection]:
+        """A pooled autocommit connection; any driver or pool failure inside the block
+        becomes ``UnavailableError(store=store)``. Other exceptions pass unchanged."""
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise unavailable(store, exc) from None
+
+    def close(self) -> None:
+        self._pool.close(timeout=POOL_CLOSE_TIMEOUT_SECONDS)
+
+    def __enter__(self) -> PostgresPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- migrations ---------------------------------------------------------------------------
+
+
+def migrations() -> list[tuple[int, str]]:
+    """(version, SQL) of every packaged migration, in order; versions run 1, 2, ... N."""
+    folder = resources.files(MIGRATIONS_PACKAGE).joinpath(*MIGRATIONS_PATH)
+    found: list[tuple[int, str]] = []
+    for entry in folder.iterdir():
+        match = _MIGRATION_FILE.match(entry.name)
+        if match is not None:
+            found.append((int(match[1]), entry.read_text(encoding="utf-8")))
+    found.sort()
+    if [version for version, _ in found] != list(range(1, len(found) + 1)):
+        raise ConfigError("packaged PostgreSQL migrations are not numbered 1..N")
+    return found
+
+
+def latest_version() -> int:
+    """The schema version this build needs and understands."""
+    return len(migrations())
+
+
+def _current_version(conn: Connection) -> int:
+    row = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+    if row is None or not row[0]:
+        return 0
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+def _newer_than_this_build(current: int, latest: int) -> ConfigError:
+    return ConfigError(
+        f"the PostgreSQL state schema is version {current}, newer than this build "
+        f"understands ({latest}): upgrade nexus-mcp ({MIGRATE_COMMAND} never downgrades)"
+    )
+
+
+def migrate(pool: PostgresPool) -> list[int]:
+    """Apply the missing migrations in order; returns the versions applied (maybe none).
+
+    Each migration runs in one transaction with its ``schema_migrations`` row, under a
+    transaction-level advisory lock: a second replica migrating at the same time waits,
+    then finds the version applied and skips it.
+    """
+    applied: list[int] = []
+    with pool.connection(STORE_SCHEMA) as conn:
+        scripts = migrations()
+        for version, script in scripts:
+            with conn.transaction():
+                # Migrations and the wait for the lock may outlast the pool's statement
+                # timeout; this is an operator's command, not a request.
+                conn.execute("SET LOCAL statement_timeout = 0")
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATIONS_LOCK_KEY,))
+                conn.execute(_SCHEMA_MIGRATIONS)
+                current = _current_version(conn)
+                if current > len(scripts):
+                    raise _newer_than_this_build(current, len(scripts))
+                if version <= current:
+                    continue
+                try:
+                    conn.execute(script.encode("utf-8"))
+                except psycopg.OperationalError:
+                    raise  # the server or the connection: UNAVAILABLE, retry later
+                except psycopg.Error as exc:
+                    # Refused by the server (e.g. permissions): the operator must act.
+                    raise ConfigError(
+                        f"PostgreSQL migration {version} failed ({type(exc).__name__}); "
+                        "nothing of it was applied"
+                    ) from None
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, applied_at) VALUES (%s, now())",
+                    (version,),
+                )
+            applied.append(version)
+    if applied:
+        log.info("state_schema_migrated", versions=applied)
+    return applied
+
+
+def schema_status(pool: PostgresPool) -> tuple[int, int]:
+    """(the database's schema version, 0 when unmigrated; this build's version)."""
+    with pool.connection(STORE_SCHEMA) as conn:
+        current = _current_version(conn)
+    return current, latest_version()
+
+
+def check_schema(pool: PostgresPool) -> None:
+    """``ConfigError`` unless the database holds exactly the schema this build needs."""
+    current, latest = schema_status(pool)
+    if current == 0:
+        raise ConfigError(
+            f"the PostgreSQL database has no nexus-mcp state schema: run {MIGRATE_COMMAND}"
+        )
+    if current < latest:
+        raise ConfigError(
+            f"the PostgreSQL state schema is version {current}, this build needs "
+            f"{latest}: run {MIGRATE_COMMAND}"
+        )
+    if current > latest:
+        raise _newer_than_this_build(current, latest)
+
+
+# --- grants ---------------------------------------------------------------------------------
+
+
+def _has_nul(*values: object) -> bool:
+    return any(isinstance(value, str) and "\x00" in value for value in values)
+
+
+_BUMP_REVISION = """INSERT INTO zone_revisions (zone, revision) VALUES (%s, 1)
+    ON CONFLICT (zone) DO UPDATE SET revision = zone_revisions.revision + 1
+    RETURNING revision"""
+_RAISE_REVISION = """INSERT INTO zone_revisions (zone, revision) VALUES (%s, %s)
+    ON CONFLICT (zone) DO UPDATE
+    SET revision = greatest(zone_revisions.revision + 1, excluded.revision)
+    RETURNING revision"""
+_DELETE_TUPLE = (
+    "DELETE FROM tuples WHERE zone = %s AND subject = %s AND relation = %s AND object = %s"
+)
+_INSERT_TUPLE = """INSERT INTO tuples (zone, subject, relation, object)
+    VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"""
+_INSERT_ASSIGNMENT = "INSERT INTO assignments (zone, subject, profile) VALUES (%s, %s, %s)"
+
+
+class PostgresTupleStore:
+    """``TupleStore`` in PostgreSQL, shared by every replica (semantics of the SQLite one).
+
+    Every write batch is one transaction that first bumps the zone's revision row, which
+    also serializes writers of one zone (so revisions rise by exactly one per batch and
+    batches never deadlock on each other's tuples). With ``notify_channel`` set, the
+    transaction also runs ``pg_notify(channel, zone)``: delivered on commit only.
+    ``close`` leaves the pool, which the stores share, to its owner.
+    """
+
+    def __init__(self, pool: PostgresPool, *, notify_channel: str | None = None) -> None:
+        if notify_channel is not None:
+            _check_channel(notify_channel)
+        self._pool = pool
+        self._channel = notify_channel
+        self._closed = False
+
+    # --- writes ----------------------------------------------------------------------
+
+    def write(self, tuples: Iterable[RelationTuple], zone: str) -> int:
+        """Add tuples (existing ones are kept); one transaction, one revision bump."""
+        return self.update(zone, write=tuples)
+
+    def delete(self, tuples: Iterable[RelationTuple], zone: str) -> int:
+        """Remove tuples (absent ones are ignored); one transaction, one revision bump."""
+        return self.update(zone, delete=tuples)
+
+    def update(
+        self,
+        zone: str,
+        *,
+        write: Iterable[RelationTuple] = (),
+        delete: Iterable[RelationTuple] = (),
+    ) -> int:
+        """Delete then add in one transaction; returns the new revision.
+
+        An empty batch changes nothing and returns the current revision without a bump.
+        """
+        to_write = [_checked(t) for t in write]
+        to_delete = [_checked(t) for t in delete]
+        _check_text(zone, "zone")
+        if not to_write and not to_delete:
+            return self.revision(zone)
+        with self._transaction() as conn:
+            revision = _bump(conn, zone)
+            with conn.cursor() as cursor:
+                if to_delete:
+                    cursor.executemany(_DELETE_TUPLE, [(zone, *t) for t in to_delete])
+                if to_write:
+                    cursor.executemany(_INSERT_TUPLE, [(zone, *t) for t in to_write])
+            self._notify(conn, zone)
+            return revision
+
+    def set_assignment(self, subject: str, profile: str, zone: str) -> int:
+        """Record which profile an operator assigned to a subject; bumps the revision."""
+        _check_text(subject, "subject")
+        _check_text(profile, "profile")
+        _check_text(zone, "zone")
+        with self._transaction() as conn:
+            revision = _bump(conn, zone)
+            conn.execute(
+                _INSERT_ASSIGNMENT
+                + " ON CONFLICT (zone, subject) DO UPDATE SET profile = excluded.profile",
+                (zone, subject, profile),
+            )
+            self._notify(conn, zone)
+            return revision
+
+    def clear_assignment(self, subject: str, zone: str) -> int:
+        """Forget a subject's assigned profile; bumps the revision."""
+        if _has_nul(zone):
+            raise InvalidInputError(field="zone")
+        with self._transaction() as conn:
+            revision = _bump(conn, zone)
+            if not _has_nul(subject):  # else it has no assignment: only the bump, as SQLite
+                conn.execute(
+                    "DELETE FROM assignments WHERE zone = %s AND subject = %s", (zone, subject)
+                )
+            self._notify(conn, zone)
+            return revision
+
+    # --- reads -----------------------------------------------------------------------
+    # A value holding NUL cannot have been stored: its answer is the empty one.
+
+    def check(self, subject: str, relation: str, object: str, zone: str) -> bool:
+        if _has_nul(subject, relation, object, zone):
+            return False
+        row = self._one(
+            "SELECT 1 FROM tuples"
+            " WHERE zone = %s AND subject = %s AND relation = %s AND object = %s",
+            (zone, subject, relation, object),
+        )
+        return row is not None
+
+    def list_objects(
+        self, subject: str, relation: str, zone: str, prefix: str = TOOLS_PREFIX
+    ) -> list[str]:
+        """Objects the subject has ``relation`` on, filtered by prefix in SQL, sorted."""
+        if _has_nul(subject, relation, zone, prefix):
+            return []
+        query = "SELECT object FROM tuples WHERE zone = %s AND subject = %s AND relation = %s"
+        params: list[str] = [zone, subject, relation]
+        if prefix:
+            # The half-open range [prefix, successor) in the "C" collation scans the
+            # primary key; LIKE would need escaping and a pattern index.
+            upper = _prefix_successor(prefix)
+            if upper is None:
+                query += " AND object >= %s AND starts_with(object, %s)"
+                params += [prefix, prefix]
+            else:
+                query += " AND object >= %s AND object < %s"
+                params += [prefix, upper]
+        rows = self._all(query + ' ORDER BY object COLLATE "C"', params)
+        return [str(row[0]) for row in rows]
+
+    def revision(self, zone: str) -> int:
+        """The zone's current revision (0 before its first write); read from the database."""
+        if _has_nul(zone):
+            return 0
+        row = self._one("SELECT revision FROM zone_revisions WHERE zone = %s", (zone,))
+        return int(row[0]) if row is not None else 0
+
+    def get_assignment(self, subject: str, zone: str) -> str | None:
+        if _has_nul(subject, zone):
+            return None
+        row = self._one(
+            "SELECT profile FROM assignments WHERE zone = %s AND subject = %s", (zone, subject)
+        )
+        return str(row[0]) if row is not None else None
+
+    def list_subjects(self, zone: str) -> list[str]:
+        """Subjects with an assignment or at least one tuple in the zone, sorted."""
+        if _has_nul(zone):
+            return []
+        rows = self._all(
+            "SELECT subject FROM assignments WHERE zone = %s"
+            " UNION SELECT subject FROM tuples WHERE zone = %s ORDER BY subject",
+            (zone, zone),
+        )
+        return [str(row[0]) for row in rows]
+
+    # --- export / import (``nexus-mcp state export|import``) ---------------------------
+
+    def zones(self) -> list[str]:
+        """Every zone with tuples, assignments or a revision, sorted."""
+        rows = self._all(
+            "SELECT zone FROM tuples UNION SELECT zone FROM assignments"
+            " UNION SELECT zone FROM zone_revisions ORDER BY zone",
+            (),
+        )
+        return [str(row[0]) for row in rows]
+
+    def export_zone(self, zone: str) -> dict[str, Any]:
+        """The zone as a JSON-able dict (``grants.export_document``), one snapshot."""
+        if _has_nul(zone):
+            return export_document(zone, 0, [], [])
+        with self._transaction() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            row = conn.execute(
+                "SELECT revision FROM zone_revisions WHERE zone = %s", (zone,)
+            ).fetchone()
+            tuples = conn.execute(
+                "SELECT subject, relation, object FROM tuples WHERE zone = %s", (zone,)
+            ).fetchall()
+            assignments = conn.execute(
+                "SELECT subject, profile FROM assignments WHERE zone = %s", (zone,)
+            ).fetchall()
+        return export_document(zone, int(row[0]) if row is not None else 0, tuples, assignments)
+
+    def import_zone(self, data: Mapping[str, Any], zone: str) -> int:
+        """Replace the zone's tuples and assignments with ``data`` (an ``export_zone``
+        dict) in one transaction; returns the new revision, above both the current and
+        the exported one, so caches keyed by revision notice."""
+        exported, tuples, assignments = parse_export(data)
+        _check_text(zone, "zone")
+        with self._transaction() as conn:
+            row = conn.execute(_RAISE_REVISION, (zone, exported + 1)).fetchone()
+            assert row is not None  # RETURNING always yields the row
+            conn.execute("DELETE FROM tuples WHERE zone = %s", (zone,))
+            conn.execute("DELETE FROM assignments WHERE zone = %s", (zone,))
+            with conn.cursor() as cursor:
+                if tuples:
+                    cursor.executemany(_INSERT_TUPLE, [(zone, *t) for t in tuples])
+                if assignments:
+                    cursor.executemany(
+                        _INSERT_ASSIGNMENT, [(zone, s, p) for s, p in assignments.items()]
+                    )
+            self._notify(conn, zone)
+            return int(row[0])
+
+    def close(self) -> None:
+        """Refuse further calls; the shared pool is closed by its owner."""
+        self._closed = True
+
+    # --- plumbing --------------------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        if self._closed:
+            raise UnavailableError(store=STORE_GRANTS)
+        with self._pool.connection(STORE_GRANTS) as conn:
+            yield conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with self._connection() as conn, conn.transaction():
+            yield conn
+
+    def _one(self, query: str, params: Iterable[object]) -> TupleRow | None:
+        with self._connection() as conn:
+            return conn.execute(query, tuple(params)).fetchone()
+
+    def _all(self, query: str, params: Iterable[object]) -> list[TupleRow]:
+        with self._connection() as conn:
+            return conn.execute(query, tuple(params)).fetchall()
+
+    def _notify(self, conn: Connection, zone: str) -> None:
+        if self._channel is None:
+            return
+        payload = zone if len(zone.encode("utf-8")) <= _MAX_NOTIFY_PAYLOAD_BYTES else ALL_ZONES
+        conn.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
+
+
+def _check_channel(channel: str) -> None:
+    # pg_notify refuses a longer name (every write would fail); LISTEN would truncate it.
+    if not channel or "\x00" in channel or len(channel.encode("utf-8")) > _MAX_CHANNEL_BYTES:
+        raise ConfigError(
+            f"PostgreSQL notification channel name must be 1 to {_MAX_CHANNEL_BYTES} bytes"
+        )
+
+
+def _bump(conn: Connection, zone: str) -> int:
+    row = conn.execute(_BUMP_REVISION, (zone,)).fetchone()
+    assert row is not None  # RETURNING always yields the row
+    return int(row[0])
+
+
+# --- grant change notifications ------------------------------------------------------------
+
+
+class GrantsListener:
+    """Calls ``on_change(zone)`` for every grant change committed by any replica.
+
+    A daemon thread holds one dedicated connection (outside the pool) that ``LISTEN``s on
+    ``channel``. When the connection is lost it reconnects with backoff (at most
+    ``max_backoff`` seconds between attempts) and then calls ``on_change("*")``: changes
+    made meanwhile were not announced. An exception from ``on_change`` is logged and
+    never ends the thread. ``stop`` ends it within about ``poll_interval``.
+    """
+
+    def __init__(
+        self,
+        conninfo: str | PostgresPool,
+        channel: str,
+        on_change: Callable[[str], None],
+        *,
+        connect_timeout: float | None = None,
+        max_backoff: float = LISTENER_MAX_BACKOFF_SECONDS,
+        poll_interval: float = LISTENER_POLL_SECONDS,
+        start: bool = True,
+    ) -> None:
+        if isinstance(conninfo, PostgresPool):
+            url, timeout = conninfo.conninfo, conninfo.connect_timeout
+        else:
+            url, timeout = conninfo, DEFAULT_TIMEOUT_SECONDS
+        self._conninfo = url
+        self._kwargs = _connect_kwargs(
+            url,
+            connect_timeout=connect_timeout if connect_timeout is not None else timeout,
+            statement_timeout=None,
+            application=f"{APPLICATION_NAME}-listener",
+        )
+        # Notice a silently dead peer (no FIN, e.g. a failover) within seconds.
+        self._kwargs.update(keepalives=1, keepalives_idle=5, keepalives_interval=2)
+        self._kwargs.update(keepalives_count=3)
+        _check_channel(channel)
+        self._channel = channel
+        self._on_change = on_change
+        self._max_backoff = max_backoff
+        self._poll = poll_interval
+        self._stopping = threading.Event()
+        self._listening = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nexus-grants-listener", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def listening(self) -> bool:
+        """True while ``LISTEN`` is active on a live connection."""
+        return self._listening.is_set()
+
+    def is_alive(self) -> bool:
+        """True until ``stop`` has ended the thread."""
+        return self._thread.is_alive()
+
+    def wait_listening(self, timeout: float) -> bool:
+        """Wait until the listener is listening; False after ``timeout``."""
+        return self._listening.wait(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the thread (within about the poll interval) and close its connection."""
+        self._stopping.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        missed = False
+        delay = LISTENER_FIRST_BACKOFF_SECONDS
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                self._listen(report_missed=missed)
+            except psycopg.Error as exc:
+                log.warning("grants_listener_disconnected", exc_type=type(exc).__name__)
+            except Exception as exc:  # noqa: BLE001 - logged by type; the thread lives on
+                log.warning("grants_listener_failed", exc_type=type(exc).__name__)
+            finally:
+                self._listening.clear()
+            if self._stopping.is_set():
+                break
+            missed = True
+            if time.monotonic() - started > self._max_backoff:
+                delay = LISTENER_FIRST_BACKOFF_SECONDS  # it was connected for a while
+            self._stopping.wait(delay)
+            delay = min(delay * 2, self._max_backoff)
+
+    def _listen(self, *, report_missed: bool) -> None:
+        with psycopg.connect(self._conninfo, **self._kwargs) as conn:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+            self._listening.set()
+            if report_missed:
+                log.info("grants_listener_reconnected")
+                self._emit(ALL_ZONES)
+            last_ping = time.monotonic()
+            while not self._stopping.is_set():
+                for notify in conn.notifies(timeout=self._poll):
+                    if notify.channel == self._channel:
+                        self._emit(notify.payload)
+                    if self._stopping.is_set():
+                        return
+                if time.monotonic() - last_ping >= LISTENER_PING_SECONDS:
+                    conn.execute("SELECT 1")
+                    last_ping = time.monotonic()
+
+    def _emit(self, zone: str) -> None:
+        try:
+            self._on_change(zone)
+        except Exception as exc:  # noqa: BLE001 - a callback bug must not stop listening
+            log.warning("grants_listener_callback_failed", exc_type=type(exc).__name__)
+
+
+# --- idempotency records -----------------------------------------------------------------
+
+
+class PostgresIdempotencyStore:
+    """``IdempotencyStore`` in PostgreSQL (the life cycle of ``stores/idempotency.py``).
+
+    ``begin`` is one transaction: lock the key's row (``FOR UPDATE``), forget it if
+    expired, else claim the key with ``INSERT .. ON CONFLICT DO NOTHING``; when another
+    replica claimed the same new key at the same moment, the insert waits for it and
+    does nothing, and its claim is read back: exactly one caller gets NEW.
+    """
+
+    def __init__(
+        self,
+        pool: PostgresPool,
+        *,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if ttl_seconds <= 0 or lease_seconds <= 0 or lease_seconds > ttl_seconds:
+            raise ValueError("need 0 < lease_seconds <= ttl_seconds")
+        self._pool = pool
+        self._ttl = ttl_seconds
+        self._lease = lease_seconds
+        self._clock = clock
+        self._closed = False
+
+    def begin(self, scope: IdempotencyScope, args_digest: str) -> Claim:
+        key = scope.digest()
+        now = self._clock()
+        with self._transaction() as conn:
+            for _ in range(3):
+                row = conn.execute(
+                    "SELECT args_digest, state, result_json, lease_until, expires_at"
+                    " FROM idempotency_records WHERE scope_key = %s FOR UPDATE",
+                    (key,),
+                ).fetchone()
+                if row is not None and row[4] <= now:
+                    conn.execute("DELETE FROM idempotency_records WHERE scope_key = %s", (key,))
+                    row = None
+                if row is not None:
+                    stored_digest, state, result_json, lease_until, _ = row
+                    return existing_claim(
+                        scope, args_digest, stored_digest, state, result_json, lease_until, now
+                    )
+                token = os.urandom(16).hex()
+                inserted = conn.execute(
+                    "INSERT INTO idempotency_records (scope_key, args_digest, state, owner,"
+                    " result_json, created_at, lease_until, expires_at)"
+                    " VALUES (%s, %s, %s, %s, NULL, %s, %s, %s)"
+                    " ON CONFLICT (scope_key) DO NOTHING RETURNING 1",
+                    (
+                        key,
+                        args_digest,
+                        STATE_PENDING,
+                        token,
+                        now,
+                        now + self._lease,
+                        now + self._ttl,
+                    ),
+                ).fetchone()
+                if inserted is not None:
+                    return Claim(ClaimStatus.NEW, scope, args_digest, token=token)
+                # Another caller committed a claim on this key meanwhile: read theirs.
+        # Claimed and released repeatedly under us: someone is working on the key.
+        return Claim(ClaimStatus.IN_PROGRESS, scope, args_digest)
+
+    def complete(self, claim: Claim, result_json: str) -> bool:
+        """Record the success of an owned claim; False when the claim is no longer ours."""
+        return self._update_owned(
+            claim,
+            "UPDATE idempotency_records SET state = %s, result_json = %s, owner = NULL"
+            " WHERE scope_key = %s AND owner = %s AND state = %s",
+            (STATE_SUCCEEDED, result_json),
+        )
+
+    def abandon(self, claim: Claim) -> bool:
+        """Delete an owned pending claim: the call had no effect, so a retry may run."""
+        return self._update_owned(
+            claim,
+            "DELETE FROM idempotency_records WHERE scope_key = %s AND owner = %s AND state = %s",
+        )
+
+    def mark_unknown(self, claim: Claim) -> bool:
+        """The tool may have acted without a recorded result: retries are refused."""
+        return self._update_owned(
+            claim,
+            "UPDATE idempotency_records SET state = %s, owner = NULL"
+            " WHERE scope_key = %s AND owner = %s AND state = %s",
+            (STATE_UNKNOWN,),
+        )
+
+    async def wait(self, scope: IdempotencyScope, args_digest: str, timeout: float) -> Claim:
+        """Poll ``begin`` until the key is no longer IN_PROGRESS or ``timeout`` passes.
+
+        A waiter may come back NEW (the owner abandoned): it then owns the claim. Each
+        poll runs in a worker thread: it is a round trip to the database.
+        """
+        return await wait_for_claim(self.begin, scope, args_digest, timeout, in_thread=True)
+
+    def purge_expired(self, now: float | None = None) -> int:
+        moment = self._clock() if now is None else now
+        with self._connection() as conn:
+            cursor = conn.execute(
+                "DELETE FROM idempotency_records WHERE expires_at <= %s", (moment,)
+            )
+            return cursor.rowcount
+
+    def close(self) -> None:
+        """Refuse further calls; the shared pool is closed by its owner."""
+        self._closed = True
+
+    def _update_owned(self, claim: Claim, query: str, leading: tuple[str, ...] = ()) -> bool:
+        if claim.status is not ClaimStatus.NEW or claim.token is None:
+            return False
+        with self._connection() as conn:
+            params = (*leading, claim.scope.digest(), claim.token, STATE_PENDING)
+            return conn.execute(query, params).rowcount == 1
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        if self._closed:
+            raise UnavailableError(store=STORE_IDEMPOTENCY)
+        with self._pool.connection(STORE_IDEMPOTENCY) as conn:
+            yield conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with self._connection() as conn, conn.transaction():
+            yield conn
+
+
+__all__ = [
+    "ALL_ZONES",
+    "GrantsListener",
+    "PostgresIdempotencyStore",
+    "PostgresPool",
+    "PostgresTupleStore",
+    "check_schema",
+    "latest_version",
+    "migrate",
+    "migrations",
+    "schema_status",
+    "unavailable",
+]
