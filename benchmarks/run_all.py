@@ -32,6 +32,7 @@ SCRIPTS = [
     "bench_notes.py",
     "bench_upstream.py",
     "bench_repo.py",
+    "bench_replicas.py",
 ]
 
 

@@ -79,6 +79,7 @@ class ServerSpec:
     kind: str  # "nexus", "equal", "plain"
     workspace: Path
     data_dir: Path
+    extra_args: tuple[str, ...] = ()  # more ``serve`` flags (nexus only): --config, --workers
 
     def command(self, transport: str, port: int | None, stateless: bool) -> list[str]:
         if self.kind == "nexus":
@@ -89,7 +90,7 @@ class ServerSpec:
                 cmd += ["--port", str(port)]
             if stateless:
                 cmd.append("--stateless-http")
-            return cmd
+            return cmd + list(self.extra_args)
         cmd = [sys.executable, str(HERE / "bare_server.py"), "--kind", self.kind,
                "--workspace", str(self.workspace), "--transport", transport]  # fmt: skip
         if port is not None:
