@@ -344,6 +344,12 @@ class FixtureNotFoundError(NexusError):
     default_message = "no recorded result for this call (tool, version and arguments)"
 
 
+# The store names an UNAVAILABLE message may carry (our own labels, never an address).
+UNAVAILABLE_STORES = frozenset(
+    {"grants", "idempotency", "nonces", "limits", "postgres", "upstream_quarantine"}
+)
+
+
 class UnavailableError(NexusError):
     """A shared state store (PostgreSQL, Redis) could not answer in time: the call is
     refused (fail closed) and nothing was done. ``store`` names which one (``grants``,
@@ -352,6 +358,12 @@ class UnavailableError(NexusError):
 
     code = Code.UNAVAILABLE
     default_message = "a state store is unavailable; retry later"
+
+    def render(self, facts: dict[str, Any]) -> str:
+        store = facts.get("store")
+        if isinstance(store, str) and store in UNAVAILABLE_STORES:
+            return f"the {store} store is unavailable; retry later"
+        return self.default_message
 
 
 class InternalError(NexusError):

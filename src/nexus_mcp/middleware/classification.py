@@ -32,7 +32,14 @@ from nexus_mcp.calls import (
     current_call,
 )
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
-from nexus_mcp.errors import FACT_OUTCOME_UNKNOWN, Code, InvalidInputError, NexusError
+from nexus_mcp.errors import (
+    FACT_OUTCOME_UNKNOWN,
+    Code,
+    InvalidInputError,
+    NexusError,
+    UnavailableError,
+)
+from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.envelope import invalid_input_from
 from nexus_mcp.policy.hashing import (
     PROBLEM_UNREPRESENTABLE,
@@ -47,6 +54,8 @@ from nexus_mcp.stores.idempotency import (
     to_refusal,
 )
 from nexus_mcp.targets import ToolTargets
+
+log = get_logger(__name__)
 
 META_REPLAYED = "nexus.mcp/idempotent_replay"
 _UNKNOWN_OUTCOME_CODES = frozenset({Code.TOOL_TIMEOUT, Code.INTERNAL_ERROR})
@@ -124,9 +133,16 @@ class ClassificationMiddleware(Middleware):
         except BaseException as exc:
             await asyncio.to_thread(self._release, claim, state, exc)
             raise
-        await asyncio.to_thread(
-            self.store.complete, claim, json.dumps(to_record(result), separators=(",", ":"))
-        )
+        try:
+            await asyncio.to_thread(
+                self.store.complete, claim, json.dumps(to_record(result), separators=(",", ":"))
+            )
+        except UnavailableError:
+            # The tool acted; only its record could not be stored (the shared store went
+            # away in between). The caller gets what the tool did, never a refusal saying
+            # nothing was done. The claim stays pending, so a retry under this key waits,
+            # then is refused as outcome unknown when the lease ends: it never runs again.
+            log.warning("idempotency_record_unavailable", tool=state.tool_name)
         return result
 
     def _begin(self, state: CallState, digest: str) -> tuple[IdempotencyScope, Claim]:
@@ -146,11 +162,17 @@ class ClassificationMiddleware(Middleware):
         # A refusal, or a failure before the tool ran, changed nothing: free the key. If the
         # tool started and then failed or timed out, it may have acted: never run it again
         # under this key (mark the outcome unknown) and never record success.
-        if not state.executed or _is_refusal(exc):
-            self.store.abandon(claim)
-            state.idempotency_outcome = "abandoned"
-        else:
-            self.store.mark_unknown(claim)
+        try:
+            if not state.executed or _is_refusal(exc):
+                self.store.abandon(claim)
+                state.idempotency_outcome = "abandoned"
+            else:
+                self.store.mark_unknown(claim)
+                state.idempotency_outcome = "outcome_unknown"
+        except UnavailableError:
+            # The call's own outcome is what the caller must see; the claim stays pending
+            # and expires into outcome unknown (a retry under this key never runs again).
+            log.warning("idempotency_release_unavailable", tool=state.tool_name)
             state.idempotency_outcome = "outcome_unknown"
 
 
