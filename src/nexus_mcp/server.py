@@ -561,6 +561,10 @@ def _build_server(
                 )
             log.info("fixtures_recording", tools=len(native))
     if upstreams is not None:
+        if state.shared:  # quarantine evidence every replica shares (issue 15)
+            from nexus_mcp.stores.redis_quarantine import RedisSeenDigests
+
+            upstreams.share_evidence(RedisSeenDigests(state.redis, settings.state.key_prefix))
         upstreams.recorder = recorder
         upstreams.bind(runtime, catalog, trail)
         mcp.add_provider(upstreams.provider)

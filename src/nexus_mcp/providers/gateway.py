@@ -24,6 +24,7 @@ from nexus_mcp.decorator import ToolContract
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.pins import load_pins
+from nexus_mcp.policy.quarantine import SeenDigests
 from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.upstreams import (
     UpstreamConfig,
@@ -73,7 +74,10 @@ class UpstreamGateway:
         registry_dir: Path,
         native_tools: Mapping[str, ToolContract],
         environ: Mapping[str, str],
+        seen: SeenDigests | None = None,
     ) -> UpstreamGateway:
+        """``seen``: the quarantine evidence store (``policy/quarantine.py``); None: each
+        upstream keeps its own in process memory (one server process)."""
         check_upstreams(config, registry, registry_dir, native_tools, mode=settings.mode)
         for warning in config.warnings:
             log.warning("upstream_config", message=warning)
@@ -93,6 +97,7 @@ class UpstreamGateway:
                 mode=settings.mode,
                 on_change=on_change,
                 max_result_bytes=settings.limits.max_read_bytes,
+                seen=seen,
             )
         gateway = cls(
             config=config,
@@ -103,6 +108,12 @@ class UpstreamGateway:
         )
         gateway_ref.append(gateway)
         return gateway
+
+    def share_evidence(self, seen: SeenDigests) -> None:
+        """Keep every upstream's quarantine evidence in ``seen``, the store every replica
+        shares (the shared backend's, opened after the gateway is built); before start."""
+        for server in self.servers.values():
+            server.evidence = seen
 
     def known_names(self) -> list[str]:
         """Every name an upstream tool could be exposed under (for profile warnings)."""

@@ -26,7 +26,14 @@ caller's HTTP headers (FASTMCP4_GUIDE section 7). Here:
   ``isError`` result is that tool's result, without its ``structuredContent``;
 - every tool definition is pinned (``policy/pins.py``): on connect and on every list
   refresh (``notifications/tools/list_changed`` included), on every session, a tool whose
-  definition differs from its pin, or has none, is quarantined and audited.
+  definition differs from its pin, or has none, is quarantined and audited;
+- the evidence (every digest any session showed for a tool) is a ``SeenDigests``
+  (``policy/quarantine.py``): process memory, or on the shared backend a Redis set every
+  replica adds to and reads, so a rug pull one replica sees quarantines the tool on all
+  of them. On that backend every call first reads the tool's evidence (one round trip):
+  a replica refuses a tool another one quarantined at the moment of the call, and an
+  unreachable store refuses the call (``UNAVAILABLE``), never forwards it unverified.
+  Every call also checks the lock file's mtime, so a new pin counts at once.
 """
 
 from __future__ import annotations
@@ -44,10 +51,17 @@ from fastmcp import Client
 from nexus_mcp.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
 from nexus_mcp.calls import CallState
 from nexus_mcp.decorator import ConnectorCheck, FinishedHook, ToolContract
+from nexus_mcp.errors import UnavailableError
 from nexus_mcp.ids import new_id
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.classification import DEV_MODE
 from nexus_mcp.policy.pins import PinFile, PinState, definition_digest, load_pins, lock_path
+from nexus_mcp.policy.quarantine import (
+    STORE_UPSTREAM_QUARANTINE,
+    MemorySeenDigests,
+    Observation,
+    SeenDigests,
+)
 from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.principal import Principal
@@ -73,6 +87,8 @@ log = get_logger(__name__)
 
 MAX_RESULT_BYTES_DEFAULT = 10 * 1024 * 1024
 MAX_TOOLS_PER_UPSTREAM = 1000  # more are ignored, with a warning
+# Observations kept to send once the shared evidence store answers again.
+MAX_UNSENT_OBSERVATIONS = 16 * MAX_TOOLS_PER_UPSTREAM
 
 EVENT_DEFINITION_CHANGED = "tool_definition_changed"
 EVENT_UNPINNED = "tool_unpinned"
@@ -80,6 +96,7 @@ EVENT_UPSTREAM_DOWN = "upstream_down"
 EVENT_UPSTREAM_UP = "upstream_up"
 
 ServerState = Literal["starting", "ready", "degraded"]
+Unsent = tuple[str, str, str | None]  # (tool, digest, pin) the shared store has not got yet
 
 ConnectorHooks = tuple[
     list[ConnectorCheck],
@@ -103,6 +120,7 @@ class UpstreamServer:
         on_change: Callable[[UpstreamServer], None],
         max_result_bytes: int = MAX_RESULT_BYTES_DEFAULT,
         client_factory: Callable[[UpstreamServer, SessionKey], Client[Any]] | None = None,
+        seen: SeenDigests | None = None,
     ) -> None:
         self.config = config
         self.server_id = config.server_id
@@ -116,13 +134,19 @@ class UpstreamServer:
         self._client_factory = client_factory or build_client
         self.pins: PinFile = load_pins(registry_dir, config.server_id)
         self._pins_mtime = _mtime(lock_path(registry_dir, config.server_id))
+        self._pins_unreadable: float | None = None  # the mtime a reload failed at
         self.state: ServerState = "starting"
         self.last_failure: str | None = None
         self.views: dict[str, ToolView] = {}
-        # Every digest any session showed for a tool since start: a tool is exposed only
-        # while every one of them equals its pin (an upstream that shows one principal
-        # another definition is quarantined for all).
-        self.seen: dict[str, set[str]] = {}
+        # Every digest any session showed for a tool under its pin: a tool is exposed
+        # only while every one of them equals its pin (an upstream that shows one
+        # principal, or one replica, another definition is quarantined for all).
+        # ``_local``: this process's own copy (what it saw, and what it read from the
+        # shared store); ``evidence``: the store every replica shares (``seen``), or the
+        # local copy itself on the embedded backend.
+        self._local = MemorySeenDigests()
+        self.evidence: SeenDigests = seen if seen is not None else self._local
+        self._unsent: set[Unsent] = set()
         self.tools: dict[str, UpstreamTool] = {}  # exposed name -> tool
         self.hooks: ConnectorHooks | None = None
         self.on_finished: FinishedHook | None = None  # serve --record (providers/fixtures.py)
@@ -401,17 +425,24 @@ class UpstreamServer:
         for tool in listed[:MAX_TOOLS_PER_UPSTREAM]:
             wire = tool.model_dump(mode="json", by_alias=True, exclude_none=False)
             definitions[tool.name] = wire
-        self.evaluate(definitions, authoritative=authoritative)
+        await self._evaluate(definitions, authoritative=authoritative)
 
-    def _reload_pins(self) -> None:
+    def _reload_pins(self) -> bool:
+        """Read the lock file again if its mtime changed (a stat otherwise); True when
+        the pins were reloaded."""
         path = lock_path(self.registry_dir, self.server_id)
         mtime = _mtime(path)
-        if mtime != self._pins_mtime:
-            try:
-                self.pins = load_pins(self.registry_dir, self.server_id)
-                self._pins_mtime = mtime
-            except Exception:  # noqa: BLE001 - keep the old pins; say so
-                log.warning("upstream_pins_unreadable", server_id=self.server_id)
+        if mtime == self._pins_mtime or mtime == self._pins_unreadable:
+            return False
+        try:
+            self.pins = load_pins(self.registry_dir, self.server_id)
+        except Exception:  # noqa: BLE001 - keep the old pins; say so (once per version)
+            self._pins_unreadable = mtime
+            log.warning("upstream_pins_unreadable", server_id=self.server_id)
+            return False
+        self._pins_mtime = mtime
+        self._pins_unreadable = None
+        return True
 
     def evaluate(
         self, definitions: Mapping[str, Mapping[str, Any]], *, authoritative: bool = True
@@ -421,19 +452,188 @@ class UpstreamServer:
         The gateway's own session is authoritative: its list is the upstream's tool set. A
         caller's session can only add evidence: a definition it shows that differs from
         the pin quarantines that tool for everyone; what it adds or leaves out is ignored.
+        (Synchronous: the evidence store is asked inline; the sessions use ``_evaluate``.)
         """
         self._reload_pins()
-        if not authoritative:
-            definitions = {
-                name: definitions.get(name, view.definition) for name, view in self.views.items()
-            }
+        definitions = self._as_listed(definitions, authoritative)
+        seen = self._observations(definitions)
+        sent = self._send(seen, frozenset(self._unsent))
+        self._decide(definitions, seen, self._gather(seen, sent))
+
+    async def _evaluate(
+        self, definitions: Mapping[str, Mapping[str, Any]], *, authoritative: bool
+    ) -> None:
+        """``evaluate``, with the shared evidence store asked from a worker thread."""
+        self._reload_pins()
+        definitions = self._as_listed(definitions, authoritative)
+        seen = self._observations(definitions)
+        sent = await self._offload(self._send, seen, frozenset(self._unsent))
+        self._decide(definitions, seen, self._gather(seen, sent))
+
+    def _as_listed(
+        self, definitions: Mapping[str, Mapping[str, Any]], authoritative: bool
+    ) -> Mapping[str, Mapping[str, Any]]:
+        if authoritative:
+            return definitions
+        return {name: definitions.get(name, view.definition) for name, view in self.views.items()}
+
+    def _observations(self, definitions: Mapping[str, Mapping[str, Any]]) -> dict[str, Observation]:
+        pins = self.pins.digests
+        return {
+            name: (definition_digest(definition), pins.get(name))
+            for name, definition in definitions.items()
+        }
+
+    # -- quarantine evidence (policy/quarantine.py) ---------------------------------
+
+    @property
+    def shares_evidence(self) -> bool:
+        """The evidence is another store than this process's own copy (shared backend)."""
+        return self.evidence is not self._local
+
+    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A network store is asked from a worker thread (a slow store never stalls the
+        event loop); process memory is answered inline."""
+        if isinstance(self.evidence, MemorySeenDigests):
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
+
+    def _send(
+        self, seen: Mapping[str, Observation], unsent: frozenset[Unsent]
+    ) -> tuple[dict[str, frozenset[str]] | None, frozenset[Unsent]]:
+        """(Worker thread on the shared backend.) Add what could not be sent before
+        (``unsent``) and ``seen`` to the shared evidence, read it back. None: the store
+        did not answer."""
+        if not self.shares_evidence:
+            return None, frozenset()
+        try:
+            self._flush(unsent)
+            return self.evidence.observe(self.server_id, seen), unsent
+        except Exception:  # noqa: BLE001 - UnavailableError, or a store's own failure
+            return None, frozenset()
+
+    def _flush(self, unsent: frozenset[Unsent]) -> None:
+        """Send observations in rounds of one per tool (one round trip each)."""
+        rounds: list[dict[str, Observation]] = []
+        for name, digest, pinned in sorted(unsent, key=lambda o: (o[0], o[1], o[2] or "")):
+            free = next((r for r in rounds if name not in r), None)
+            if free is None:
+                free = {}
+                rounds.append(free)
+            free[name] = (digest, pinned)
+        for batch in rounds:
+            self.evidence.observe(self.server_id, batch)
+
+    def _gather(
+        self,
+        seen: Mapping[str, Observation],
+        sent: tuple[dict[str, frozenset[str]] | None, frozenset[Unsent]],
+    ) -> dict[str, frozenset[str]]:
+        """The evidence for each listed tool: this process's own, and the replicas'. When
+        the shared store did not answer, this process's own (the observations are sent
+        later; meanwhile every call of the server's tools reads the store, and fails
+        closed while it cannot)."""
+        shared, flushed = sent
+        local = self._local.observe(self.server_id, seen)
+        if not self.shares_evidence:
+            return local
+        self._unsent -= flushed
+        if shared is None:
+            log.warning("upstream_quarantine_unavailable", server_id=self.server_id)
+            for name, (digest, pinned) in seen.items():
+                if len(self._unsent) < MAX_UNSENT_OBSERVATIONS:
+                    self._unsent.add((name, digest, pinned))
+            return local
+        gathered: dict[str, frozenset[str]] = {}
+        for name, (_digest, pinned) in seen.items():
+            theirs = shared.get(name, frozenset())
+            self._local.merge(self.server_id, name, theirs, pinned=pinned)
+            gathered[name] = local[name] | theirs
+        return gathered
+
+    def _read(self, name: str, pinned: str, unsent: frozenset[Unsent]) -> frozenset[str]:
+        """(Worker thread.) Send what could not be sent before; read one tool's evidence.
+
+        An exposed tool's own digest is its pin, and it was sent when listed: a set
+        without it means the store lost its data (a Redis restart without persistence).
+        This process then sends back what it knows against the pins now in force, so the
+        other replicas learn it again (once: the set holds the pin afterwards)."""
+        self._flush(unsent)
+        seen = self.evidence.get(self.server_id, name, pinned=pinned)
+        if pinned in seen:
+            return seen
+        self._flush(self._reseed(name, pinned))
+        return self.evidence.get(self.server_id, name, pinned=pinned)
+
+    def _reseed(self, name: str, pinned: str) -> frozenset[Unsent]:
+        pins = self.pins.digests
+        known = {(name, pinned, pinned)}
+        for tool, pin, digests in self._local.entries(self.server_id):
+            if pin is not None and pins.get(tool) == pin and any(d != pin for d in digests):
+                known.update((tool, digest, pin) for digest in digests)
+        return frozenset(known)
+
+    async def check_call(self, tool: UpstreamTool) -> bool:
+        """Before a call of ``tool`` is forwarded: is it still exposed?
+
+        The lock file is checked (its mtime; read again if it changed, and every tool
+        decided again). On the shared backend the tool's evidence is read (one round
+        trip): a digest another replica saw that differs from the pin quarantines it here
+        too, now (audited and published as any quarantine). False: quarantined, the call
+        is refused as an unknown tool. ``UnavailableError``: the evidence cannot be read,
+        the call is refused (fail closed).
+        """
+        if self._reload_pins():
+            await self._evaluate({}, authoritative=False)
+            if self.visible_tools().get(tool.name) is not tool:
+                return False
+        if not self.shares_evidence:
+            return True
+        name = tool.view.upstream_name
+        pinned = self.pins.digests.get(name)
+        if pinned is None:
+            return True  # unpinned (exposed in dev only): no evidence changes that
+        unsent = frozenset(self._unsent)
+        try:
+            seen: frozenset[str] = await self._offload(self._read, name, pinned, unsent)
+        except UnavailableError:
+            log.warning("upstream_quarantine_unavailable", server_id=self.server_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store's own failure: fail closed
+            log.warning("upstream_quarantine_unavailable", server_id=self.server_id)
+            raise UnavailableError(
+                store=STORE_UPSTREAM_QUARANTINE, error=type(exc).__name__
+            ) from None
+        self._unsent -= unsent
+        if all(digest == pinned for digest in seen):
+            return True
+        self._local.merge(self.server_id, name, seen, pinned=pinned)
+        self._decide_again()
+        return False
+
+    def _decide_again(self) -> None:
+        """Decide the current views again on this process's evidence (no store call)."""
+        definitions = {name: view.definition for name, view in self.views.items()}
+        seen = self._observations(definitions)
+        self._decide(definitions, seen, self._local.observe(self.server_id, seen))
+
+    def _decide(
+        self,
+        definitions: Mapping[str, Mapping[str, Any]],
+        seen: Mapping[str, Observation],
+        evidence: Mapping[str, frozenset[str]],
+    ) -> None:
         views: dict[str, ToolView] = {}
         for name, definition in definitions.items():
-            digest = definition_digest(definition)
-            seen = self.seen.setdefault(name, set())
-            if len(seen) < 16:
-                seen.add(digest)
-            views[name] = self._view(name, definition, digest, seen)
+            digest, pinned = seen[name]
+            if self.pins.digests.get(name) != pinned:
+                # The pins changed while the store was asked: only this process's own
+                # evidence under the pin now in force counts (the next list asks again).
+                pinned = self.pins.digests.get(name)
+                found = self._local.observe(self.server_id, {name: (digest, pinned)})[name]
+            else:
+                found = evidence.get(name, frozenset()) | {digest}
+            views[name] = self._view(name, definition, digest, found)
         previous = self.views
         self.views = views
         for name, view in views.items():
@@ -447,11 +647,12 @@ class UpstreamServer:
                     else EVENT_UNPINNED
                 )
                 log.warning(event, server_id=self.server_id, tool=name)
+                pinned = self.pins.digests.get(name)
                 self._emit(
                     event,
                     upstream_tool=name,
-                    pinned_sha256=self.pins.digests.get(name),
-                    seen_sha256=view.digest,
+                    pinned_sha256=pinned,
+                    seen_sha256=self._differing(view, pinned),
                 )
             elif view.status == "exposed" and view.pin_state is not PinState.PINNED:
                 log.warning("upstream_tool_unpinned_dev", server_id=self.server_id, tool=name)
@@ -459,8 +660,16 @@ class UpstreamServer:
                 log.warning("upstream_tool_unclassified", server_id=self.server_id, tool=name)
         self._publish()
 
+    def _differing(self, view: ToolView, pinned: str | None) -> str:
+        """The digest that differs from the pin: this process's own, or one another
+        session (or replica) showed."""
+        if pinned is None or view.digest != pinned:
+            return view.digest
+        others = self._local.get(self.server_id, view.upstream_name, pinned=pinned)
+        return min((d for d in others if d != pinned), default=view.digest)
+
     def _view(
-        self, name: str, definition: Mapping[str, Any], digest: str, seen: set[str]
+        self, name: str, definition: Mapping[str, Any], digest: str, seen: frozenset[str]
     ) -> ToolView:
         exposed = self.config.exposed_name(name)
         entry = self.registry.lookup(self.server_id, name)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from fastmcp.exceptions import FastMCPError
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool, ToolResult
@@ -61,6 +63,16 @@ class ToolView:
     @property
     def tool_class(self) -> str:
         return self.entry.tool_class if self.entry is not None else "write"
+
+
+class UnknownTool(FastMCPNotFoundError, FastMCPError):
+    """``Unknown tool`` raised from inside a tool's ``run``: FastMCP passes its own errors
+    (``FastMCPError``) up unwrapped, where any other exception would become an internal
+    error; the chain and FastMCP's handler then answer and audit it as the missing tool a
+    quarantined one is (``NotFoundError``)."""
+
+    def __init__(self, name: str) -> None:
+        FastMCPError.__init__(self, f"Unknown tool: {name!r}", log_level=logging.DEBUG)
 
 
 class UpstreamTool(Tool):
@@ -110,7 +122,14 @@ class UpstreamTool(Tool):
         if state is None or state.principal is None or current is not self:
             # Reached without the chain, or quarantined since it was looked up: the
             # answer a hidden or missing tool gets.
-            raise FastMCPNotFoundError(f"Unknown tool: {self.name!r}")
+            raise UnknownTool(self.name)
+        try:
+            # The pins as on disk now and, on the shared backend, what every replica saw.
+            exposed = await server.check_call(self)
+        except NexusError as exc:  # the evidence store cannot answer: fail closed
+            raise ConnectorRefusal(exc) from exc
+        if not exposed:
+            raise UnknownTool(self.name)  # quarantined now (audited by the server)
         hooks = server.hooks
         assert hooks is not None, "the composition root binds the connector hooks"
         checks, build_effect, on_started, before_run = hooks
