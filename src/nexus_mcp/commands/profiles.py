@@ -203,15 +203,14 @@ def inspect_subject(args: argparse.Namespace) -> int:
     if config is None:
         return EXIT_CONFIG
     try:
-        store = _open_for_reading(args)
+        store, close = _open_for_reading(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
         _print_inspection(args, config, store)
     finally:
-        if store is not None:
-            store.close()
+        close()
     return EXIT_OK
 
 
@@ -274,12 +273,23 @@ def _served_profile_tools(
     return frozenset(to_tool_name(o) for o in objects)
 
 
-def _open_for_reading(args: argparse.Namespace) -> SqliteTupleStore | None:
-    """The grants database ``serve`` uses (or ``--db``), read-only; ``None`` if absent."""
-    db = args.db if args.db is not None else grants_path(load_state_settings(args.data_dir))
+def _open_for_reading(
+    args: argparse.Namespace,
+) -> tuple[TupleStore | None, Callable[[], None]]:
+    """The grants store ``serve`` uses (or ``--db``) and how to close it: the shared one
+    when configured, else the SQLite file read-only; ``None`` if that file is absent."""
+    settings = load_state_settings(args.data_dir) if args.db is None else None
+    if settings is not None and settings.state.backend == "shared":
+        import os
+
+        from nexus_mcp.stores.backends import open_shared_grants
+
+        return open_shared_grants(settings, os.environ)
+    db = args.db if settings is None else grants_path(settings)
     if not db.exists():
-        return None
-    return SqliteTupleStore(db, read_only=True)
+        return None, lambda: None
+    store = SqliteTupleStore(db, read_only=True)
+    return store, store.close
 
 
 def _add_subject(parser: argparse.ArgumentParser) -> None:

@@ -279,8 +279,8 @@ def grants_channel(settings: Settings) -> str:
 
 
 def open_postgres(settings: Settings, environ: Mapping[str, str]) -> Any:
-    """The configured PostgreSQL pool (``PostgresPool``), reached or ``ConfigError``;
-    the schema is not checked (``state migrate`` uses it on an unmigrated database)."""
+    """The configured PostgreSQL pool (``PostgresPool``); the schema is not
+    checked (``state migrate`` uses it on an unmigrated database)."""
     from nexus_mcp.stores.postgres import PostgresPool
 
     state = settings.state
@@ -303,20 +303,11 @@ def open_shared_grants(
 
     pool = open_postgres(settings, environ)
     try:
-        _reachable(
-            lambda: check_schema(pool),
-            "PostgreSQL",
-            "state.postgres_url",
-            _url_of(settings, environ),
-        )
+        _reachable(lambda: check_schema(pool), "PostgreSQL", "state.postgres_url", pool.conninfo)
     except BaseException:
         pool.close()
         raise
     return PostgresTupleStore(pool, notify_channel=grants_channel(settings)), pool.close
-
-
-def _url_of(settings: Settings, environ: Mapping[str, str]) -> str:
-    return resolve_url(settings.state.postgres_url, "state.postgres_url", settings, environ)
 
 
 def _reachable(probe: Callable[[], Any], engine: str, setting: str, url: str) -> None:
