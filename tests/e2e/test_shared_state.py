@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from fastmcp import Client
+from mcp.server.request_state import RequestStateSecurity
 
 from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.errors import ConfigError
@@ -266,3 +267,17 @@ async def test_redis_down_refuses_calls_as_unavailable_and_recovers_without_rest
     assert back["isError"] is False, back
     written = await call(server, WRITE, {**args, "approval_token": mint(server, args)})
     assert written["isError"] is False, written
+
+
+def test_every_replica_seals_request_state_with_the_configured_keys(replicas: Builder) -> None:
+    """What one replica hands a client (FastMCP's sealed requestState), another opens:
+    both hold the configured key, never a per-process one."""
+    a, b = replicas(1), replicas(2)
+    security_a = a.mcp._request_state_security
+    security_b = b.mcp._request_state_security
+    assert security_a is not None and security_b is not None
+    sealed = security_a.codec.seal(b"elicitation round")
+    assert security_b.codec.unseal(sealed) == b"elicitation round"
+    outsider = RequestStateSecurity(keys=[b"x" * 40], audience="nexus")
+    with pytest.raises(Exception):  # noqa: B017 - the codec's own refusal type
+        outsider.codec.unseal(sealed)
