@@ -156,17 +156,24 @@ def build_identity(
 
 
 def session_key(
-    principal: Principal | None, *, session_id: str | None, protocol: str | None
+    principal: Principal | None,
+    *,
+    session_id: str | None,
+    protocol: str | None,
+    stateless: bool = False,
 ) -> str:
     """Key for per-session state: the MCP session where the protocol has one, else the principal.
 
     On the 2026-07-28 era every request is its own connection and ``session_id`` changes
-    per call (FASTMCP4_GUIDE 2.3), so state keyed by it would reset on every call.
+    per call (FASTMCP4_GUIDE 2.3), so state keyed by it would reset on every call. Under
+    stateless HTTP no session is issued either: the id is a fresh one per request or
+    whatever ``Mcp-Session-Id`` the client chose to send, so it keys nothing. A session key
+    always carries the principal, so no caller can count calls against another's session.
     """
-    if protocol != MODERN_PROTOCOL and session_id:
-        return f"session:{session_id}"
     # log_subject: the key lands in audit records, so a secret-looking subject is hashed.
     subject = principal.log_subject if principal is not None else "anonymous"
+    if protocol != MODERN_PROTOCOL and session_id and not stateless:
+        return f"session:{subject}:{session_id}"
     return f"principal:{subject}"
 
 

@@ -613,7 +613,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
         audit=AuditMiddleware(
             trail, runtime.observability.telemetry if runtime.observability else None
         ),
-        identity=IdentityMiddleware(runtime.identity),
+        identity=IdentityMiddleware(runtime.identity, stateless_http=settings.stateless_http),
         namespace=ToolNamespaceMiddleware(
             runtime.access,
             warm_up=runtime.upstreams.provider if runtime.upstreams is not None else None,

@@ -102,8 +102,13 @@ def test_secret_looking_subjects_are_hashed_for_logs() -> None:
 
 def test_session_key_uses_the_session_only_in_the_handshake_era() -> None:
     alice = Principal(subject="alice")
-    assert session_key(alice, session_id="s1", protocol="2025-11-25") == "session:s1"
+    assert session_key(alice, session_id="s1", protocol="2025-11-25") == "session:alice:s1"
     assert session_key(alice, session_id="s1", protocol="2026-07-28") == "principal:alice"
+    # Stateless HTTP issues no session: a client-chosen id keys nothing.
+    assert (
+        session_key(alice, session_id="s1", protocol="2025-11-25", stateless=True)
+        == "principal:alice"
+    )
 
 
 GIVEN = {

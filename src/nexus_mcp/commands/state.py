@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nexus_mcp.errors import ConfigError, NexusError
+from nexus_mcp.errors import ConfigError, InvalidInputError, NexusError
 from nexus_mcp.settings import Settings, load_settings
 from nexus_mcp.state import grants_path, prepare_state
-from nexus_mcp.stores.grants import SqliteTupleStore, TupleStore
+from nexus_mcp.stores.grants import SqliteTupleStore, TupleStore, check_text, parse_export
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -190,6 +190,8 @@ def run_export(args: argparse.Namespace) -> int:
     else:
         # Grants say who may do what: the export is private to its owner, like the database.
         fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        # The mode above only applies to a new file: an existing one is made private too.
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
     zones = document["zones"]
@@ -242,34 +244,20 @@ def _read_export(path: Path) -> list[Mapping[str, Any]]:
     zones: list[Mapping[str, Any]] = []
     seen: set[str] = set()
     for index, zone in enumerate(document["zones"]):
-        if not _valid_zone(zone) or zone["zone"] in seen:
-            raise ConfigError(f"{path}: zone {index} is malformed or repeated")
+        # The stores' own checks, on every zone before the first is written: a bad zone
+        # late in the file must not leave the earlier ones imported.
+        try:
+            if not isinstance(zone, dict):
+                raise InvalidInputError(field="zone")
+            check_text(zone.get("zone"), "zone")
+            parse_export(zone)
+        except InvalidInputError as exc:
+            raise ConfigError(f"{path}: zone {index} is malformed ({exc.message})") from None
+        if zone["zone"] in seen:
+            raise ConfigError(f"{path}: zone {index} repeats an earlier zone")
         seen.add(zone["zone"])
         zones.append(zone)
     return zones
-
-
-def _valid_zone(zone: object) -> bool:
-    if not isinstance(zone, dict):
-        return False
-    name, tuples, assignments = zone.get("zone"), zone.get("tuples"), zone.get("assignments")
-    revision = zone.get("revision", 0)
-    return (
-        isinstance(name, str)
-        and bool(name)
-        and isinstance(revision, int)
-        and not isinstance(revision, bool)
-        and revision >= 0
-        and isinstance(tuples, list)
-        and all(
-            isinstance(t, list) and len(t) == 3 and all(isinstance(p, str) and p for p in t)
-            for t in tuples
-        )
-        and isinstance(assignments, dict)
-        and all(
-            isinstance(k, str) and k and isinstance(v, str) and v for k, v in assignments.items()
-        )
-    )
 
 
 __all__ = ["add_parser", "run_export", "run_import", "run_migrate", "run_status"]

@@ -14,8 +14,9 @@ from nexus_mcp.identity import HTTP_TRANSPORTS, IdentityResolver, session_key
 class IdentityMiddleware(Middleware):
     """Resolves the principal on every request (never cached across requests)."""
 
-    def __init__(self, resolver: IdentityResolver) -> None:
+    def __init__(self, resolver: IdentityResolver, *, stateless_http: bool = False) -> None:
         self.resolver = resolver
+        self.stateless_http = stateless_http
 
     async def on_request(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
@@ -38,6 +39,7 @@ class IdentityMiddleware(Middleware):
                 principal,
                 session_id=_safe_session_id(ctx),
                 protocol=getattr(request, "protocol_version", None),
+                stateless=self.stateless_http,
             )
         with bind_principal(principal):
             return await call_next(context)

@@ -23,6 +23,8 @@ from typing import Any, NamedTuple, Protocol
 from nexus_mcp.errors import ConfigError, InvalidInputError
 
 TOOLS_PREFIX = "/tools/"
+# Revisions are 64-bit signed in PostgreSQL; an import bumps past the exported one.
+MAX_REVISION = 2**63 - 2
 DEFAULT_ZONE = "default"
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_SECONDS = 5.0
@@ -385,11 +387,20 @@ def _bump(conn: sqlite3.Connection, zone: str) -> int:
     return int(conn.execute(_BUMP_REVISION, (zone,)).fetchone()[0])
 
 
-def _check_text(value: object, field: str) -> None:
+def check_text(value: object, field: str) -> None:
+    """A subject, relation, object, profile or zone both backends can store, or
+    ``InvalidInputError`` naming the field."""
     # NUL is refused like '': PostgreSQL text cannot hold it, and both backends must
     # accept the same grants (an export from one imports into the other).
     if not isinstance(value, str) or not value or "\x00" in value:
         raise InvalidInputError(field=field)
+    try:
+        value.encode("utf-8")  # a lone surrogate cannot be stored in either database
+    except UnicodeEncodeError:
+        raise InvalidInputError(field=field) from None
+
+
+_check_text = check_text
 
 
 def _checked(item: RelationTuple | tuple[str, str, str]) -> RelationTuple:
@@ -421,7 +432,11 @@ def parse_export(data: Mapping[str, Any]) -> tuple[int, list[RelationTuple], dic
     if not isinstance(data, Mapping):
         raise InvalidInputError(field="zone")
     revision = data.get("revision", 0)
-    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
+    if (
+        not isinstance(revision, int)
+        or isinstance(revision, bool)
+        or not 0 <= revision <= MAX_REVISION
+    ):
         raise InvalidInputError(field="revision")
     raw_tuples = data.get("tuples", [])
     raw_assignments = data.get("assignments", {})
@@ -461,6 +476,7 @@ __all__ = [
     "RelationTuple",
     "SqliteTupleStore",
     "TupleStore",
+    "check_text",
     "export_document",
     "parse_export",
 ]

@@ -40,7 +40,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from nexus_mcp.errors import ConfigError, InvalidInputError, UnavailableError
+from nexus_mcp.errors import ConfigError, InternalError, InvalidInputError, UnavailableError
 from nexus_mcp.logs import get_logger
 from nexus_mcp.stores.grants import (
     TOOLS_PREFIX,
@@ -195,13 +195,20 @@ class PostgresPool:
 
     @contextmanager
     def connection(self, store: str = STORE_SCHEMA) -> Iterator[Connection]:
-        """A pooled autocommit connection; any driver or pool failure inside the block
-        becomes ``UnavailableError(store=store)``. Other exceptions pass unchanged."""
+        """A pooled autocommit connection. A failure of the server or the connection
+        (``OperationalError``: refused, lost, timed out, cancelled, the pool empty;
+        ``InterfaceError``) becomes ``UnavailableError(store=store)``: retrying later can
+        work. Any other driver error (data out of range, a constraint, a bad statement)
+        is a fault of the request or of this code, never an outage: ``InternalError``.
+        Other exceptions pass unchanged."""
         try:
             with self._pool.connection() as conn:
                 yield conn
-        except psycopg.Error as exc:
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             raise unavailable(store, exc) from None
+        except psycopg.Error as exc:
+            log.error("store_statement_failed", store=store, error=type(exc).__name__)
+            raise InternalError(store=store, error=type(exc).__name__) from None
 
     def close(self) -> None:
         self._pool.close(timeout=POOL_CLOSE_TIMEOUT_SECONDS)

@@ -42,6 +42,9 @@ from nexus_mcp.errors import BudgetExceededError, ConfigError, RateLimitedError,
 from nexus_mcp.policy.budgets import DEFAULT_SESSION_IDLE_TTL_SECONDS
 
 NONCES = "nonces"
+# How far replica clocks may disagree (NTP keeps them far closer): a used id is kept this
+# much longer than its token could verify by the consuming replica's clock.
+CLOCK_SKEW_SECONDS = 300
 LIMITS = "limits"
 DEFAULT_CLIENT_NAME = "nexus-mcp"
 # Idle pooled connections are PINGed before reuse after this many seconds, so a socket a
@@ -131,20 +134,34 @@ def _require_positive_seconds(value: float, setting: str) -> None:
 class RedisNonceStore:
     """``NonceStore`` on Redis: a used id is a key that expires with its token.
 
-    ``SET key 1 NX`` is atomic on the server, so the first caller on any replica gets
-    ``True`` and every later one ``False`` while the key lives. The key expires at
-    ``expires_at`` rounded up to the next second (remembering an id a little longer is
-    the safe side), and at least one second from now so an id is never stored already
-    expired. ``clock`` (epoch seconds) is only used for that floor.
+    ``SET key <token> NX GET`` is atomic on the server, so the first caller on any replica
+    gets ``True`` and every later one ``False`` while the key lives. Each call stores its
+    own random token and ``GET`` answers what the key held: when the client re-sends the
+    command after a lost reply (its one retry on a broken connection), the second attempt
+    finds this call's own token and still answers ``True``, not a replay of itself.
+
+    The lifetime is relative (``EX``), never an absolute time: Redis would apply an
+    absolute one by its own clock, and a replica whose clock is behind Redis's would store
+    an id already expired, i.e. nothing. It is the token's remaining life by this
+    replica's clock plus ``CLOCK_SKEW_SECONDS``, so replicas whose clocks disagree by up to
+    that much still all find the id while any of them would accept the token.
     """
 
     def __init__(
-        self, client: redis.Redis, prefix: str, *, clock: Callable[[], float] = time.time
+        self,
+        client: redis.Redis,
+        prefix: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        clock_skew_seconds: int = CLOCK_SKEW_SECONDS,
     ) -> None:
         _require_prefix(prefix)
+        if clock_skew_seconds < 0:
+            raise ValueError("clock_skew_seconds must not be negative")
         self._client = client
         self._prefix = prefix
         self._clock = clock
+        self._skew = clock_skew_seconds
 
     def key(self, jti: str) -> str:
         """The Redis key that remembers ``jti`` (its sha256 only)."""
@@ -153,11 +170,21 @@ class RedisNonceStore:
     def consume(self, jti: str, expires_at: float) -> bool:
         if not math.isfinite(expires_at):
             raise ValueError("expires_at must be a finite epoch time")
-        at = max(math.ceil(expires_at), math.floor(self._clock()) + 1)
+        remaining = max(0, math.ceil(expires_at - self._clock()))
+        seconds = max(1, remaining + self._skew)
         key = self.key(jti)
-        stored = call_store(NONCES, "consume", lambda: self._client.set(key, 1, nx=True, exat=at))
-        # SET NX answers OK when it stored the key, nil when the key existed.
-        return bool(stored)
+        token = secrets.token_hex(16)
+        previous = call_store(
+            NONCES,
+            "consume",
+            lambda: self._client.set(key, token, nx=True, ex=seconds, get=True),
+        )
+        # SET NX GET answers nil when it stored the key, else what the key held: this
+        # call's own token only if an earlier attempt of this very call stored it.
+        if previous is None:
+            return True
+        held = previous.decode("ascii", "replace") if isinstance(previous, bytes) else previous
+        return bool(held == token)
 
     def close(self) -> None:
         """Release the client's connections (shared with the budget and rate limiter,

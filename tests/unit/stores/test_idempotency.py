@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nexus_mcp.errors import Code, IdempotencyKeyConflictError, UnavailableError
+from nexus_mcp.errors import Code, IdempotencyKeyConflictError, InternalError
 from nexus_mcp.stores.idempotency import (
     Claim,
     ClaimStatus,
@@ -408,7 +408,8 @@ def test_a_failed_recording_rolls_back_and_leaves_the_claim_pending(
     store: IdempotencyStore, backend: Backend
 ) -> None:
     claim = store.begin(SCOPE, ARGS)
-    expected = sqlite3.ProgrammingError if backend.name == "sqlite" else UnavailableError
+    # A bad statement is a fault of the caller, not an outage: never UNAVAILABLE.
+    expected = sqlite3.ProgrammingError if backend.name == "sqlite" else InternalError
     with pytest.raises(expected):
         store.complete(claim, object())  # type: ignore[arg-type]
     assert store.begin(SCOPE, ARGS).status is ClaimStatus.IN_PROGRESS
