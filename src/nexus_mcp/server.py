@@ -144,6 +144,11 @@ APPROVAL_REPLICAS_WARNING = (
     '"Running several replicas")'
 )
 
+METRICS_NEED_BEARER = (
+    "/metrics is not served in prod without 'metrics.bearer_token' "
+    "(NEXUS_MCP_METRICS__BEARER_TOKEN, by reference); set it, and give your scraper the token"
+)
+
 # Start-up warning when callers would have no principal (prod stdio without a subject).
 NO_PRINCIPAL_SETTINGS = ("subject", "role", "profile")
 NO_PRINCIPAL_HINT = (
@@ -892,10 +897,20 @@ def build_server_observability(settings: Settings, environ: Mapping[str, str]) -
     configure_tracing(environ)
     metrics = settings.metrics
     token = metrics.bearer_token
+    if isinstance(token, SecretStr) and not settings.is_dev:
+        raise ConfigError(
+            "invalid setting 'metrics.bearer_token': give it by reference ({env: NAME} or "
+            "{file: path}); inline secrets are for dev mode only"
+        )
     if token is not None and not isinstance(token, SecretStr):
         token = resolve_secret(token, environ)
+    enabled = metrics.enabled and settings.transport == "http"
+    if enabled and token is None and not settings.is_dev:
+        # Tool names, upstream ids and refusal counts are not for whoever reaches the port.
+        log.warning("metrics_not_served", message=METRICS_NEED_BEARER)
+        enabled = False
     return build_observability(
-        metrics_enabled=metrics.enabled and settings.transport == "http",
+        metrics_enabled=enabled,
         native_server_id=settings.registry.server_id,
         bearer_token=token,
     )

@@ -274,3 +274,26 @@ def test_a_malformed_import_changes_nothing(
     assert main(["state", "import", "--data-dir", str(tmp_path / "d"), str(path)]) == 2
     assert not (tmp_path / "d" / "grants.sqlite3").exists()
     assert "Traceback" not in capsys.readouterr().err
+
+
+# --- /metrics in prod ----------------------------------------------------------------------
+
+
+def test_prod_serves_metrics_only_with_a_bearer_token_given_by_reference(tmp_path: Path) -> None:
+    from pydantic import SecretStr
+
+    from nexus_mcp.server import build_server_observability
+
+    base: dict[str, Any] = {"mode": "prod", "transport": "http", "data_dir": tmp_path}
+    assert build_server_observability(Settings(**base), {}).metrics is None
+    by_reference = Settings(**base, metrics={"bearer_token": {"env": "SCRAPE"}})
+    served = build_server_observability(by_reference, {"SCRAPE": "scrape-token-0123456789"})
+    assert served.metrics is not None
+    assert isinstance(served.bearer_token, SecretStr)
+    with pytest.raises(ConfigError, match="by reference") as caught:
+        build_server_observability(
+            Settings(**base, metrics={"bearer_token": "inline-token-0123456789"}), {}
+        )
+    assert "inline-token" not in str(caught.value)
+    dev = Settings(mode="dev", transport="http", data_dir=tmp_path)
+    assert build_server_observability(dev, {}).metrics is not None
