@@ -700,6 +700,8 @@ class GrantsListener:
 
 # --- idempotency records -----------------------------------------------------------------
 
+_DATABASE_NOW = "SELECT extract(epoch FROM clock_timestamp())::float8"
+
 
 class PostgresIdempotencyStore:
     """``IdempotencyStore`` in PostgreSQL (the life cycle of ``stores/idempotency.py``).
@@ -708,6 +710,10 @@ class PostgresIdempotencyStore:
     expired, else claim the key with ``INSERT .. ON CONFLICT DO NOTHING``; when another
     replica claimed the same new key at the same moment, the insert waits for it and
     does nothing, and its claim is read back: exactly one caller gets NEW.
+
+    Leases and expiry are judged by the database's clock (``clock_timestamp()``), the one
+    clock every replica shares: a replica whose own clock runs ahead can neither take
+    over a live claim nor forget a record early. ``clock`` replaces it in tests.
     """
 
     def __init__(
@@ -716,7 +722,7 @@ class PostgresIdempotencyStore:
         *,
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if ttl_seconds <= 0 or lease_seconds <= 0 or lease_seconds > ttl_seconds:
             raise ValueError("need 0 < lease_seconds <= ttl_seconds")
@@ -728,8 +734,8 @@ class PostgresIdempotencyStore:
 
     def begin(self, scope: IdempotencyScope, args_digest: str) -> Claim:
         key = scope.digest()
-        now = self._clock()
         with self._transaction() as conn:
+            now = self._now(conn)
             for _ in range(3):
                 row = conn.execute(
                     "SELECT args_digest, state, result_json, lease_until, expires_at"
@@ -800,12 +806,19 @@ class PostgresIdempotencyStore:
         return await wait_for_claim(self.begin, scope, args_digest, timeout, in_thread=True)
 
     def purge_expired(self, now: float | None = None) -> int:
-        moment = self._clock() if now is None else now
         with self._connection() as conn:
+            moment = self._now(conn) if now is None else now
             cursor = conn.execute(
                 "DELETE FROM idempotency_records WHERE expires_at <= %s", (moment,)
             )
             return cursor.rowcount
+
+    def _now(self, conn: Connection) -> float:
+        if self._clock is not None:
+            return self._clock()
+        row = conn.execute(_DATABASE_NOW).fetchone()
+        assert row is not None
+        return float(row[0])
 
     def close(self) -> None:
         """Refuse further calls; the shared pool is closed by its owner."""

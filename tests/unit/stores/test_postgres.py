@@ -252,6 +252,23 @@ def test_replicas_racing_on_an_expired_key_get_one_new(
     assert not replicas[0].complete(old, "{}")
 
 
+def test_a_replica_whose_clock_runs_ahead_cannot_take_over_a_live_claim(
+    migrated_url: str, pg_pools: PoolFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases are judged by the database's clock, which every replica shares: a replica
+    whose own clock is a day ahead still sees another's fresh claim as in progress."""
+    a = PostgresIdempotencyStore(pg_pools(migrated_url), ttl_seconds=600, lease_seconds=60)
+    b = PostgresIdempotencyStore(pg_pools(migrated_url), ttl_seconds=600, lease_seconds=60)
+    claim = a.begin(scope("skew"), ARGS)
+    assert claim.status is ClaimStatus.NEW
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 86_400)
+    assert b.begin(scope("skew"), ARGS).status is ClaimStatus.IN_PROGRESS
+    assert b.purge_expired() == 0
+    monkeypatch.undo()
+    assert a.complete(claim, "{}")
+
+
 def test_revisions_rise_by_one_per_batch_under_writers_on_two_replicas(
     migrated_url: str, pg_pools: PoolFactory
 ) -> None:
