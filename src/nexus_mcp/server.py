@@ -647,12 +647,10 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
         limits=LimitsMiddleware(
-            runtime.state.budget,
-            runtime.state.rate,
+            runtime.state.limits,
             ToolTimeouts(
                 default_seconds=budgets.tool_timeout_seconds, overrides=dict(budgets.tool_timeouts)
             ),
-            offload=runtime.state.shared,
         ),
     )
 
@@ -924,8 +922,7 @@ def measure_state(state: StateStores, observability: Observability) -> StateStor
     state.grants = measured(state.grants, "grants", metrics)
     state.idempotency = measured(state.idempotency, "idempotency", metrics)
     state.nonces = measured(state.nonces, "nonces", metrics)
-    state.budget = measured(state.budget, "budget", metrics)
-    state.rate = measured(state.rate, "rate", metrics)
+    state.limits = measured(state.limits, "limits", metrics)
     return state
 
 

@@ -403,7 +403,7 @@ async def test_metrics_count_calls_over_http(http_url: str) -> None:
         (("event", e),) for e in ("minted", "spent", "replayed")
     }
     stores = {dict(k)["store"] for k in samples(text, "nexus_store_seconds_count")}
-    assert {"grants", "rate", "budget"} <= stores
+    assert {"grants", "limits"} <= stores
     assert samples(text, "nexus_visible_tools_cache_hits_total")
     assert samples(text, "nexus_visible_tools_cache_misses_total")
     assert "nexus_upstream_up" not in text  # no upstream configured

@@ -6,7 +6,6 @@ The timeout cancels the running call; file tools forbid their own commit once ca
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -14,26 +13,18 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from nexus_mcp.calls import current_call
 from nexus_mcp.deadlines import DeadlineWatch
 from nexus_mcp.errors import ToolTimeoutError
-from nexus_mcp.policy.budgets import CallBudget, RateLimiter, ToolTimeouts
+from nexus_mcp.policy.budgets import CallLimits, ToolTimeouts
 
 
 class LimitsMiddleware(Middleware):
-    """``offload``: the counters are a network store (the shared backend's Redis), so they
-    are asked from a worker thread and a slow store never stalls the event loop; the
-    in-process counters are answered inline (microseconds)."""
+    """Asks both limits of a call inline: in process they take microseconds, and the
+    shared backend answers them in one Redis round trip (~0.2 ms; bounded by
+    ``state.timeout_seconds`` when Redis does not answer). A worker-thread hop would cost
+    as much again on every call (benchmarks/bench_replicas.py)."""
 
-    def __init__(
-        self,
-        budget: CallBudget,
-        rate: RateLimiter,
-        timeouts: ToolTimeouts,
-        *,
-        offload: bool = False,
-    ) -> None:
-        self.budget = budget
-        self.rate = rate
+    def __init__(self, limits: CallLimits, timeouts: ToolTimeouts) -> None:
+        self.limits = limits
         self.timeouts = timeouts
-        self.offload = offload
         self.deadlines = DeadlineWatch()  # asyncio.timeout's semantics, one timer per loop
 
     async def on_call_tool(
@@ -44,10 +35,7 @@ class LimitsMiddleware(Middleware):
             return await call_next(context)
         subject = state.principal.subject
         session_key = state.session_key or f"principal:{subject}"
-        if self.offload:
-            await asyncio.to_thread(self._charge, subject, session_key)
-        else:
-            self._charge(subject, session_key)
+        self.limits.admit(subject, session_key)
         seconds = self.timeouts.timeout_for(state.tool_name)
         within = self.deadlines.within(seconds)
         try:
@@ -57,10 +45,6 @@ class LimitsMiddleware(Middleware):
             if within.expired:
                 raise ToolTimeoutError(timeout_seconds=seconds) from None
             raise
-
-    def _charge(self, subject: str, session_key: str) -> None:
-        self.rate.check(subject)
-        self.budget.charge(session_key)
 
 
 __all__ = ["LimitsMiddleware"]

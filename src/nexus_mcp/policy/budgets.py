@@ -113,6 +113,29 @@ class RateLimiter(Protocol):
         ...
 
 
+class CallLimits(Protocol):
+    """Both limits of one call, asked together: the rate of ``subject``, then the budget of
+    ``session_key``. A shared backend answers both in one round trip."""
+
+    def admit(self, subject: str, session_key: str) -> None:
+        """Count one call, or raise ``RateLimitedError`` (nothing counted) or
+        ``BudgetExceededError`` (counted against the rate only)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SeparateLimits:
+    """``CallLimits`` from a ``RateLimiter`` and a ``CallBudget`` asked one after the
+    other (the in-process counters: microseconds each)."""
+
+    rate: RateLimiter
+    budget: CallBudget
+
+    def admit(self, subject: str, session_key: str) -> None:
+        self.rate.check(subject)
+        self.budget.charge(session_key)
+
+
 class SessionBudget:
     """Counts calls per session key and refuses the call after the last one allowed."""
 

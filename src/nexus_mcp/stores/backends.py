@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.budgets import (
-    CallBudget,
-    RateLimiter,
+    CallLimits,
+    SeparateLimits,
     SessionBudget,
     SlidingWindowRateLimiter,
 )
@@ -54,8 +54,7 @@ class StateStores:
     grants: TupleStore
     idempotency: IdempotencyStore
     nonces: NonceStore
-    budget: CallBudget
-    rate: RateLimiter
+    limits: CallLimits  # the rate limit and the session budget of every call
     # Shared backend: the Redis client the stores above use (upstream quarantine evidence).
     redis: Any = None
     # Shared backend: start the cross-replica grant-change listener (watch_grants).
@@ -173,11 +172,11 @@ def open_state(settings: Settings, environ: Mapping[str, str]) -> StateStores:
     return _open_embedded(settings)
 
 
-def _limits(settings: Settings) -> tuple[SessionBudget, SlidingWindowRateLimiter]:
+def _limits(settings: Settings) -> SeparateLimits:
     budgets = settings.budgets
-    return (
-        SessionBudget(budgets.max_calls_per_session),
+    return SeparateLimits(
         SlidingWindowRateLimiter(budgets.rate_limit_calls, budgets.rate_limit_window_seconds),
+        SessionBudget(budgets.max_calls_per_session),
     )
 
 
@@ -199,8 +198,7 @@ def _open_embedded(settings: Settings) -> StateStores:
         for close in reversed(closers):
             close()
         raise
-    budget, rate = _limits(settings)
-    return StateStores(EMBEDDED, grants, idempotency, nonces, budget, rate, _closers=closers)
+    return StateStores(EMBEDDED, grants, idempotency, nonces, _limits(settings), _closers=closers)
 
 
 def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
@@ -212,6 +210,7 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
         check_schema,
     )
     from nexus_mcp.stores.redis_state import (
+        RedisCallLimits,
         RedisNonceStore,
         RedisRateLimiter,
         RedisSessionBudget,
@@ -260,12 +259,14 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
             pool, ttl_seconds=settings.registry.idempotency_ttl_seconds, lease_seconds=lease
         ),
         RedisNonceStore(client, state.key_prefix),
-        RedisSessionBudget(client, state.key_prefix, budgets.max_calls_per_session),
-        RedisRateLimiter(
-            client,
-            state.key_prefix,
-            budgets.rate_limit_calls,
-            budgets.rate_limit_window_seconds,
+        RedisCallLimits(
+            RedisRateLimiter(
+                client,
+                state.key_prefix,
+                budgets.rate_limit_calls,
+                budgets.rate_limit_window_seconds,
+            ),
+            RedisSessionBudget(client, state.key_prefix, budgets.max_calls_per_session),
         ),
         redis=client,
         _watch=watch,

@@ -194,21 +194,23 @@ class RedisNonceStore:
 
 # --- budgets --------------------------------------------------------------------------------
 
-# KEYS[1] the session's counter; ARGV[1] max calls, ARGV[2] idle TTL in milliseconds.
-# Answers the calls left, or -1 when the budget is exhausted (nothing counted; the TTL is
-# renewed so a session hammering an exhausted budget stays exhausted, as SessionBudget).
-_BUDGET_SCRIPT = """
-local max = tonumber(ARGV[1])
-local ttl = tonumber(ARGV[2])
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-if used >= max then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  return -1
+# budget(key, max calls, idle TTL in milliseconds): the calls left, or -1 when the budget
+# is exhausted (nothing counted; the TTL is renewed so a session hammering an exhausted
+# budget stays exhausted, as SessionBudget).
+_BUDGET_LUA = """
+local function budget(key, max, ttl)
+  max = tonumber(max)
+  local used = tonumber(redis.call('GET', key) or '0')
+  if used >= max then
+    redis.call('PEXPIRE', key, ttl)
+    return -1
+  end
+  used = redis.call('INCR', key)
+  redis.call('PEXPIRE', key, ttl)
+  return max - used
 end
-used = redis.call('INCR', KEYS[1])
-redis.call('PEXPIRE', KEYS[1], ttl)
-return max - used
 """
+_BUDGET_SCRIPT = _BUDGET_LUA + "return budget(KEYS[1], ARGV[1], ARGV[2])\n"
 
 
 class RedisSessionBudget:
@@ -242,6 +244,10 @@ class RedisSessionBudget:
     def max_calls(self) -> int:
         return self._max_calls
 
+    @property
+    def ttl_ms(self) -> int:
+        return self._ttl_ms
+
     def key(self, session_key: str) -> str:
         """The Redis key counting ``session_key``'s calls (its sha256 only)."""
         return f"{self._prefix}:budget:{_digest(session_key)}"
@@ -269,27 +275,45 @@ class RedisSessionBudget:
 # retry time of the refusal and typed fail-closed errors. The script is short, atomic and
 # timed by the server: every replica sees one clock.
 #
-# KEYS[1] the subject's sorted set of accepted calls (score = server time in microseconds);
-# ARGV[1] max calls, ARGV[2] window in microseconds, ARGV[3] window in milliseconds (the
-# key's TTL), ARGV[4] a random token that keeps members unique within one microsecond.
-# Answers {1, 0} when accepted, {0, microseconds until a call would be accepted} when not.
-_RATE_SCRIPT = """
-local max = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-local count = redis.call('ZCARD', KEYS[1])
-if count >= max then
-  local oldest = redis.call('ZRANGE', KEYS[1], count - max, count - max, 'WITHSCORES')
-  local wait = tonumber(oldest[2]) + window - now
-  if wait < 0 then wait = 0 end
-  return {0, wait}
+# rate(key, max calls, window in microseconds, window in milliseconds (the key's TTL), a
+# random token keeping members unique within one microsecond): the key is the subject's
+# sorted set of accepted calls (score = server time in microseconds). Answers {1, 0} when
+# accepted, {0, microseconds until a call would be accepted} when not.
+_RATE_LUA = """
+local function rate(key, max, window, ttl, token)
+  max = tonumber(max)
+  window = tonumber(window)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  local count = redis.call('ZCARD', key)
+  if count >= max then
+    local oldest = redis.call('ZRANGE', key, count - max, count - max, 'WITHSCORES')
+    local wait = tonumber(oldest[2]) + window - now
+    if wait < 0 then wait = 0 end
+    return {0, wait}
+  end
+  redis.call('ZADD', key, now, t[1] .. '.' .. t[2] .. ':' .. token)
+  redis.call('PEXPIRE', key, ttl)
+  return {1, 0}
 end
-redis.call('ZADD', KEYS[1], now, t[1] .. '.' .. t[2] .. ':' .. ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {1, 0}
 """
+_RATE_SCRIPT = _RATE_LUA + "return rate(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])\n"
+
+# Both in one round trip, in the order LimitsMiddleware asks them (rate, then budget):
+# {1, calls left}, {0, microseconds to wait} (rate refused: nothing counted), or {-1, 0}
+# (budget exhausted: the call stays counted against the rate, as in process).
+_LIMITS_SCRIPT = (
+    _RATE_LUA
+    + _BUDGET_LUA
+    + """
+local r = rate(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+if r[1] ~= 1 then return {0, r[2]} end
+local left = budget(KEYS[2], ARGV[5], ARGV[6])
+if left < 0 then return {-1, 0} end
+return {1, left}
+"""
+)
 
 
 class RedisRateLimiter:
@@ -327,22 +351,48 @@ class RedisRateLimiter:
     def check(self, subject: str) -> None:
         """Accept and record one call for ``subject``, or raise ``RateLimitedError``."""
         redis_key = self.key(subject)
-        args: list[int | str] = [
-            self._max_calls,
-            self._window_us,
-            self._window_ms,
-            secrets.token_hex(8),
-        ]
+        args = self.script_args()
         answer = call_store(LIMITS, "rate", lambda: self._script(keys=[redis_key], args=args))
-        if not isinstance(answer, list | tuple) or len(answer) != 2:
-            raise UnavailableError(store=LIMITS, error="UnexpectedReply")
-        accepted, wait_us = _as_int(answer[0]), _as_int(answer[1])
+        accepted, wait_us = _pair(answer)
         if accepted != 1:
-            raise RateLimitedError(
-                limit=self._max_calls,
-                window_seconds=self._window,
-                retry_after_seconds=math.ceil(max(0, wait_us) / _MICROSECONDS),
-            )
+            raise self.refusal(wait_us)
+
+    def script_args(self) -> list[int | str]:
+        return [self._max_calls, self._window_us, self._window_ms, secrets.token_hex(8)]
+
+    def refusal(self, wait_us: int) -> RateLimitedError:
+        return RateLimitedError(
+            limit=self._max_calls,
+            window_seconds=self._window,
+            retry_after_seconds=math.ceil(max(0, wait_us) / _MICROSECONDS),
+        )
+
+
+class RedisCallLimits:
+    """``CallLimits`` on Redis: the rate limit and the session budget of one call in one
+    script, one round trip (the same Lua functions the two stores run alone), with their
+    exact in-process semantics and order."""
+
+    def __init__(self, rate: RedisRateLimiter, budget: RedisSessionBudget) -> None:
+        self.rate = rate
+        self.budget = budget
+        self._script = rate._client.register_script(_LIMITS_SCRIPT)
+
+    def admit(self, subject: str, session_key: str) -> None:
+        keys = [self.rate.key(subject), self.budget.key(session_key)]
+        args = [*self.rate.script_args(), self.budget.max_calls, self.budget.ttl_ms]
+        answer = call_store(LIMITS, "admit", lambda: self._script(keys=keys, args=args))
+        status, value = _pair(answer)
+        if status == 0:
+            raise self.rate.refusal(value)
+        if status == -1:
+            raise BudgetExceededError(limit=self.budget.max_calls)
+
+
+def _pair(answer: Any) -> tuple[int, int]:
+    if not isinstance(answer, list | tuple) or len(answer) != 2:
+        raise UnavailableError(store=LIMITS, error="UnexpectedReply")
+    return _as_int(answer[0]), _as_int(answer[1])
 
 
 def _as_int(value: Any) -> int:
@@ -357,6 +407,7 @@ __all__ = [
     "HEALTH_CHECK_INTERVAL_SECONDS",
     "LIMITS",
     "NONCES",
+    "RedisCallLimits",
     "RedisNonceStore",
     "RedisRateLimiter",
     "RedisSessionBudget",

@@ -32,10 +32,11 @@ from nexus_mcp.errors import (
     RateLimitedError,
     UnavailableError,
 )
-from nexus_mcp.policy.budgets import SessionBudget, SlidingWindowRateLimiter
+from nexus_mcp.policy.budgets import SeparateLimits, SessionBudget, SlidingWindowRateLimiter
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.stores.redis_state import (
     CLOCK_SKEW_SECONDS,
+    RedisCallLimits,
     RedisNonceStore,
     RedisRateLimiter,
     RedisSessionBudget,
@@ -587,3 +588,49 @@ def test_call_store_maps_every_driver_failure_and_keeps_other_errors() -> None:
         assert "10.0.0.1" not in str(refused.value)
     with pytest.raises(KeyError):
         call_store("limits", "op", fail(KeyError("x")))
+
+
+# --- both limits in one round trip --------------------------------------------------------
+
+
+def admitted(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except RateLimitedError:
+        return "rate"
+    except BudgetExceededError:
+        return "budget"
+    return "ok"
+
+
+def test_one_round_trip_limits_answer_exactly_as_the_two_local_counters(
+    client: redis.Redis, state_prefix: str
+) -> None:
+    """Rate first, then budget; a rate refusal counts nothing, a budget refusal stays
+    counted against the rate: the same answers as SeparateLimits over the local counters."""
+    schedule = [("alice", "s1")] * 4 + [("alice", "s2")] * 4 + [("bob", "s1")] * 3
+    shared = RedisCallLimits(
+        RedisRateLimiter(client, state_prefix, 6, 60), RedisSessionBudget(client, state_prefix, 3)
+    )
+    local = SeparateLimits(SlidingWindowRateLimiter(6, 60), SessionBudget(3))
+    got = [admitted(lambda s=s, k=k: shared.admit(s, k)) for s, k in schedule]
+    want = [admitted(lambda s=s, k=k: local.admit(s, k)) for s, k in schedule]
+    assert got == want
+    assert got == ["ok"] * 3 + ["budget"] + ["ok"] * 2 + ["rate"] * 2 + ["budget"] * 3
+
+
+def test_one_round_trip_limits_fail_closed(private_redis: PrivateRedis, state_prefix: str) -> None:
+    c = new_client(private_redis.url)
+    try:
+        limits = RedisCallLimits(
+            RedisRateLimiter(c, state_prefix, 5, 60), RedisSessionBudget(c, state_prefix, 5)
+        )
+        limits.admit("alice", "s")
+        private_redis.stop()
+        with pytest.raises(UnavailableError) as caught:
+            limits.admit("alice", "s")
+        assert str(private_redis.port) not in str(caught.value)
+        private_redis.start()
+        limits.admit("alice", "s")  # the script is loaded again after the restart
+    finally:
+        c.close()
