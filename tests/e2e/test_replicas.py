@@ -58,6 +58,7 @@ from tests.support.shared_state import (
 
 from .access_helpers import AUDIENCE, SECRET, http_client, poll, token
 from .conftest import REPO_ROOT, wire
+from .node_clients import NodeClients, run_ts_plans
 from .servers import free_port, http_server, serve_command, server_env
 from .test_approvals import SECRET as APPROVAL_SECRET
 from .test_approvals import code_of, envelope
@@ -1156,3 +1157,51 @@ def test_two_workers_on_the_embedded_backend_exit_2_with_one_line(tmp_path: Path
         "nexus-mcp: 'workers' (--workers) above 1 needs state.backend: shared"
     )
     assert done.stdout == ""
+
+
+def test_the_typescript_sdk_keeps_its_sessions_through_nginx(
+    fleet: Fleet, node_clients: NodeClients, tmp_path: Path
+) -> None:
+    """A non-Python client behind the balancer: the official TypeScript SDK opens
+    sessions through nginx (each one's later requests routed back by its prefix), lists,
+    calls, gets a refusal as a result, and ends the session, in four processes at once."""
+    calls = [{"name": READ, "arguments": {"path": "hello.txt"}}] * 6 + [
+        {"name": "no_such_tool", "arguments": {}}
+    ]
+    plans = [
+        [
+            {
+                "transport": "http",
+                "url": fleet.mcp,
+                "headers": {"Authorization": f"Bearer {token(f'ts{n}-{s}', role='viewer')}"},
+                "calls": calls,
+            }
+            for s in range(2)
+        ]
+        for n in range(4)
+    ]
+    runs = run_ts_plans(node_clients, plans, work=tmp_path)
+    sessions = [run for plan in runs for run in plan]
+    assert len(sessions) == 8
+    for run in sessions:
+        assert READ in run.tools
+        *reads, unknown = run.calls
+        for call in reads:
+            result = call["result"]
+            assert result.get("isError") is not True, result
+            assert result["structuredContent"]["content"] == HELLO
+        # FastMCP's own answer, as for a hidden tool (README, "Errors").
+        assert unknown["result"]["isError"] is True
+        assert unknown["result"]["content"] == [
+            {"type": "text", "text": "Unknown tool: 'no_such_tool'"}
+        ]
+    # Each session (its own subject) was served by one replica from start to end.
+    served_by: dict[str, set[str]] = {}
+    for replica in fleet.replicas:
+        for record in replica.audit():
+            subject = str(record.get("subject", ""))
+            if subject.startswith("ts") and record.get("tool") == READ:
+                served_by.setdefault(subject, set()).add(replica.name)
+    assert len(served_by) == 8, served_by
+    assert all(len(names) == 1 for names in served_by.values()), served_by
+    assert len(set().union(*served_by.values())) > 1  # and the sessions were balanced
