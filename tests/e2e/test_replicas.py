@@ -443,15 +443,13 @@ def require_nginx() -> None:
         pytest.skip("nginx is not installed")
 
 
-@pytest.fixture(scope="module")
-def stores(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stores]:
-    """One fresh database migrated by ``nexus-mcp state migrate``, one key prefix."""
+@contextlib.contextmanager
+def migrated_stores(request: pytest.FixtureRequest, root: Path) -> Iterator[Stores]:
+    """One fresh database migrated by ``nexus-mcp state migrate``, one key prefix, one
+    workspace under ``root``; all removed afterwards."""
     require_stores(request)
     name, pg_url = create_database()
     prefix = "nexus-t-" + secrets.token_hex(5)
-    root = tmp_path_factory.mktemp("replicas")
     workspace = root / "ws"
     (workspace / "scratch").mkdir(parents=True)
     (workspace / "hello.txt").write_text(HELLO, encoding="utf-8")
@@ -474,6 +472,14 @@ def stores(
         drop_database(name)
         if redis_reachable() is None:
             delete_prefix(MACHINE_REDIS_URL, prefix)
+
+
+@pytest.fixture(scope="module")
+def stores(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stores]:
+    with migrated_stores(request, tmp_path_factory.mktemp("replicas")) as migrated:
+        yield migrated
 
 
 @pytest.fixture(scope="module")

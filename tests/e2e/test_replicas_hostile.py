@@ -12,8 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.shared_state import REDIS_URL as MACHINE_REDIS_URL
-from tests.support.shared_state import create_database, delete_prefix, drop_database
+from tests.support.shared_state import delete_prefix
 
 from .access_helpers import token
 from .test_replicas import (
@@ -23,13 +22,9 @@ from .test_replicas import (
     Stores,
     call_tool,
     code,
-    fleet_config,
     make_replicas,
-    migrate,
-    require_stores,
+    migrated_stores,
     running,
-    store_env,
-    write_yaml,
 )
 
 pytestmark = pytest.mark.slow
@@ -42,31 +37,8 @@ CALLS = 8
 def stores(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stores]:
-    require_stores(request)
-    name, pg_url = create_database()
-    prefix = "nexus-t-" + secrets.token_hex(5)
-    root = tmp_path_factory.mktemp("hostile")
-    workspace = root / "ws"
-    (workspace / "scratch").mkdir(parents=True)
-    (workspace / "hello.txt").write_text(HELLO, encoding="utf-8")
-    env = store_env(pg_url, MACHINE_REDIS_URL)
-    try:
-        config = write_yaml(
-            root / "migrate.yaml",
-            fleet_config(
-                workspace=workspace,
-                data_dir=root / "data-cli",
-                prefix=prefix,
-                instance_id=None,
-                budgets={},
-                policy=APPROVED_WRITES,
-            ),
-        )
-        migrate(config, env)
-        yield Stores(pg_url, MACHINE_REDIS_URL, prefix, root, workspace, env)
-    finally:
-        drop_database(name)
-        delete_prefix(MACHINE_REDIS_URL, prefix)
+    with migrated_stores(request, tmp_path_factory.mktemp("hostile")) as migrated:
+        yield migrated
 
 
 @pytest.fixture(scope="module")
