@@ -281,3 +281,58 @@ def test_every_replica_seals_request_state_with_the_configured_keys(replicas: Bu
     outsider = RequestStateSecurity(keys=[b"x" * 40], audience="nexus")
     with pytest.raises(Exception):  # noqa: B017 - the codec's own refusal type
         outsider.codec.unseal(sealed)
+
+
+async def test_postgres_down_refuses_calls_as_unavailable_not_as_unknown_tools(
+    tmp_path: Path, workspace: Path, private_postgres: Any, redis_url: str, state_prefix: str
+) -> None:
+    """With the grants store down, the visible tools cannot be known: a call is refused
+    with the typed, retryable UNAVAILABLE (never answered as if the tool did not exist, and
+    never run), a listing shows nothing; both recover when PostgreSQL is back."""
+    pool = PostgresPool(private_postgres.url, pool_size=1)
+    try:
+        migrate(pool)
+    finally:
+        pool.close()
+    server = build_server(
+        Settings(
+            mode="prod",
+            subject="alice",
+            role="editor",
+            workspace=workspace,
+            data_dir=tmp_path / "data",
+            state={
+                "backend": "shared",
+                "postgres_url": {"env": "PG"},
+                "redis_url": {"env": "RD"},
+                "key_prefix": state_prefix,
+                "request_state_keys": [{"env": "RSK"}],
+                "timeout_seconds": 1.0,
+                "connect_timeout_seconds": 1.0,
+            },
+        ),
+        audit_sinks=[MemoryAuditSink()],
+        env={"PG": private_postgres.url, "RD": redis_url, "RSK": STATE_KEY},
+    )
+    try:
+        assert (await call(server, "nexus_list_files", {"path": "."}))["isError"] is False
+        private_postgres.stop()
+        server.runtime.access.forget()  # as the cache's refresh would, a moment later
+        refused = envelope(await call(server, "nexus_list_files", {"path": "."}))
+        assert refused == {
+            "error": "the grants store is unavailable; retry later",
+            "code": "UNAVAILABLE",
+        }
+        async with Client(server.mcp) as client:
+            assert await client.list_tools() == []
+        private_postgres.start()
+        deadline = time.monotonic() + 10
+        while True:
+            server.runtime.access.forget()
+            result = await call(server, "nexus_list_files", {"path": "."})
+            if result["isError"] is False:
+                break
+            assert time.monotonic() < deadline, result
+            await asyncio.sleep(0.2)
+    finally:
+        server.close()

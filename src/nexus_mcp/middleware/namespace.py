@@ -16,6 +16,7 @@ from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import current_call, current_principal
+from nexus_mcp.errors import UnavailableError
 from nexus_mcp.logs import get_logger
 from nexus_mcp.principal import Principal
 
@@ -58,11 +59,20 @@ class ToolNamespaceMiddleware(Middleware):
         if warm_up is not None and warm_up.warming():
             await warm_up.warm_up()
 
-    def _visible(self, principal: Principal | None) -> frozenset[str]:
+    def _visible(self, principal: Principal | None, *, calling: bool = False) -> frozenset[str]:
         if principal is None:
             return frozenset()
         try:
             return self.namespace.visible_tools(principal)
+        except UnavailableError:
+            # The shared grants store did not answer: a call is refused with its typed
+            # code (UNAVAILABLE: retry later), not as an unknown tool; a listing shows
+            # nothing. Fail closed either way.
+            self.namespace.record_error()
+            log.warning("namespace_lookup_unavailable", subject=principal.log_subject)
+            if calling:
+                raise
+            return frozenset()
         except Exception:  # noqa: BLE001 - fail closed: a failed lookup shows nothing
             self.namespace.record_error()
             log.warning("namespace_lookup_failed", subject=principal.log_subject)
@@ -83,7 +93,7 @@ class ToolNamespaceMiddleware(Middleware):
     ) -> Any:
         name = str(context.message.name)
         await self._settle()
-        if name not in self._visible(current_principal()):
+        if name not in self._visible(current_principal(), calling=True):
             state = current_call()
             if state is not None:
                 ctx = context.fastmcp_context
