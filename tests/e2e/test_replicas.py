@@ -1110,7 +1110,9 @@ async def test_two_workers_on_the_shared_backend_serve_with_one_global_budget(
     stores: Stores, tmp_path: Path
 ) -> None:
     prefix = "nexus-t-" + secrets.token_hex(5)
-    budget = 10
+    # A burst long enough that the kernel hands both workers connections (a short one can
+    # be taken almost whole by whichever worker accepts first).
+    budget = 60
     [replica] = make_replicas(
         tmp_path, ("w",), workspace=stores.workspace, prefix=prefix,
         budgets={"max_calls_per_session": budget, "rate_limit_calls": 1_000_000},
@@ -1129,7 +1131,7 @@ async def test_two_workers_on_the_shared_backend_serve_with_one_global_budget(
             before = {pid: cpu_ticks(pid) for pid in workers}
             calls = [
                 call_tool(f"{replica.url}/mcp", bearer, READ, {"path": "hello.txt"})
-                for _ in range(budget + 6)
+                for _ in range(budget + 20)
             ]
             codes = Counter(code(o) for o in await concurrently(calls))
             busy = {pid: cpu_ticks(pid) - ticks for pid, ticks in before.items()}
@@ -1139,7 +1141,7 @@ async def test_two_workers_on_the_shared_backend_serve_with_one_global_budget(
         # Both workers served (each spent CPU on the burst), yet one budget held.
         assert all(spent >= 3 for spent in busy.values()), busy
         assert "Traceback" not in replica.stderr(), replica.stderr()[-3000:]
-        assert codes == {"OK": budget, "BUDGET_EXCEEDED": 6}, codes
+        assert codes == {"OK": budget, "BUDGET_EXCEEDED": 20}, codes
     finally:
         delete_prefix(stores.redis_url, prefix)
 
