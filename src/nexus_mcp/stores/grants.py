@@ -111,7 +111,39 @@ class TupleStore(Protocol):
     def close(self) -> None: ...
 
 
-class SqliteTupleStore:
+class TupleBatches:
+    """``write`` and ``delete`` of every backend: one-sided ``update`` batches (each one
+    transaction, one revision bump)."""
+
+    def update(
+        self,
+        zone: str,
+        *,
+        write: Iterable[RelationTuple] = (),
+        delete: Iterable[RelationTuple] = (),
+    ) -> int:
+        raise NotImplementedError
+
+    def write(self, tuples: Iterable[RelationTuple], zone: str) -> int:
+        """Add tuples (existing ones are kept); one transaction, one revision bump."""
+        return self.update(zone, write=tuples)
+
+    def delete(self, tuples: Iterable[RelationTuple], zone: str) -> int:
+        """Remove tuples (absent ones are ignored); one transaction, one revision bump."""
+        return self.update(zone, delete=tuples)
+
+
+def checked_batch(
+    zone: str, write: Iterable[RelationTuple], delete: Iterable[RelationTuple]
+) -> tuple[list[RelationTuple], list[RelationTuple]]:
+    """A batch both backends can store, checked whole before anything is written."""
+    to_write = [_checked(t) for t in write]
+    to_delete = [_checked(t) for t in delete]
+    check_text(zone, "zone")
+    return to_write, to_delete
+
+
+class SqliteTupleStore(TupleBatches):
     """``TupleStore`` on one SQLite file, safe across threads and processes."""
 
     def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
@@ -147,14 +179,6 @@ class SqliteTupleStore:
 
     # --- writes ----------------------------------------------------------------------
 
-    def write(self, tuples: Iterable[RelationTuple], zone: str) -> int:
-        """Add tuples (existing ones are kept); one transaction, one revision bump."""
-        return self.update(zone, write=tuples)
-
-    def delete(self, tuples: Iterable[RelationTuple], zone: str) -> int:
-        """Remove tuples (absent ones are ignored); one transaction, one revision bump."""
-        return self.update(zone, delete=tuples)
-
     def update(
         self,
         zone: str,
@@ -166,9 +190,7 @@ class SqliteTupleStore:
 
         An empty batch changes nothing and returns the current revision without a bump.
         """
-        to_write = [_checked(t) for t in write]
-        to_delete = [_checked(t) for t in delete]
-        _check_text(zone, "zone")
+        to_write, to_delete = checked_batch(zone, write, delete)
         if not to_write and not to_delete:
             return self.revision(zone)
         with self._transaction() as conn:
@@ -475,8 +497,10 @@ __all__ = [
     "TOOLS_PREFIX",
     "RelationTuple",
     "SqliteTupleStore",
+    "TupleBatches",
     "TupleStore",
     "check_text",
+    "checked_batch",
     "export_document",
     "parse_export",
 ]

@@ -45,9 +45,10 @@ from nexus_mcp.logs import get_logger
 from nexus_mcp.stores.grants import (
     TOOLS_PREFIX,
     RelationTuple,
+    TupleBatches,
     _check_text,
-    _checked,
     _prefix_successor,
+    checked_batch,
     export_document,
     parse_export,
 )
@@ -344,7 +345,7 @@ _INSERT_TUPLE = """INSERT INTO tuples (zone, subject, relation, object)
 _INSERT_ASSIGNMENT = "INSERT INTO assignments (zone, subject, profile) VALUES (%s, %s, %s)"
 
 
-class PostgresTupleStore:
+class PostgresTupleStore(TupleBatches):
     """``TupleStore`` in PostgreSQL, shared by every replica (semantics of the SQLite one).
 
     Every write batch is one transaction that first bumps the zone's revision row, which
@@ -363,14 +364,6 @@ class PostgresTupleStore:
 
     # --- writes ----------------------------------------------------------------------
 
-    def write(self, tuples: Iterable[RelationTuple], zone: str) -> int:
-        """Add tuples (existing ones are kept); one transaction, one revision bump."""
-        return self.update(zone, write=tuples)
-
-    def delete(self, tuples: Iterable[RelationTuple], zone: str) -> int:
-        """Remove tuples (absent ones are ignored); one transaction, one revision bump."""
-        return self.update(zone, delete=tuples)
-
     def update(
         self,
         zone: str,
@@ -382,9 +375,7 @@ class PostgresTupleStore:
 
         An empty batch changes nothing and returns the current revision without a bump.
         """
-        to_write = [_checked(t) for t in write]
-        to_delete = [_checked(t) for t in delete]
-        _check_text(zone, "zone")
+        to_write, to_delete = checked_batch(zone, write, delete)
         if not to_write and not to_delete:
             return self.revision(zone)
         with self._transaction() as conn:
