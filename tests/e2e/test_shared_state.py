@@ -95,7 +95,9 @@ def replicas(
     }
     config.write_text(yaml.safe_dump({"write_policies": policy}), encoding="utf-8")
 
-    def factory(number: int = 0, *, redis: str | None = None, **overrides: Any) -> NexusServer:
+    def factory(
+        number: int = 0, *, redis: str | None = None, postgres: str | None = None, **overrides: Any
+    ) -> NexusServer:
         values: dict[str, Any] = {
             "mode": "prod",
             "subject": "alice",
@@ -119,7 +121,7 @@ def replicas(
             audit_sinks=[MemoryAuditSink()],
             env={
                 "NEXUS_MCP_APPROVAL_SECRET": SECRET,
-                "PG": migrated,
+                "PG": postgres or migrated,
                 "RD": redis or redis_url,
                 "RSK": STATE_KEY,
             },
@@ -284,7 +286,7 @@ def test_every_replica_seals_request_state_with_the_configured_keys(replicas: Bu
 
 
 async def test_postgres_down_refuses_calls_as_unavailable_not_as_unknown_tools(
-    tmp_path: Path, workspace: Path, private_postgres: Any, redis_url: str, state_prefix: str
+    private_postgres: Any, replicas: Builder
 ) -> None:
     """With the grants store down, the visible tools cannot be known: a call is refused
     with the typed, retryable UNAVAILABLE (never answered as if the tool did not exist, and
@@ -294,45 +296,23 @@ async def test_postgres_down_refuses_calls_as_unavailable_not_as_unknown_tools(
         migrate(pool)
     finally:
         pool.close()
-    server = build_server(
-        Settings(
-            mode="prod",
-            subject="alice",
-            role="editor",
-            workspace=workspace,
-            data_dir=tmp_path / "data",
-            state={
-                "backend": "shared",
-                "postgres_url": {"env": "PG"},
-                "redis_url": {"env": "RD"},
-                "key_prefix": state_prefix,
-                "request_state_keys": [{"env": "RSK"}],
-                "timeout_seconds": 1.0,
-                "connect_timeout_seconds": 1.0,
-            },
-        ),
-        audit_sinks=[MemoryAuditSink()],
-        env={"PG": private_postgres.url, "RD": redis_url, "RSK": STATE_KEY},
-    )
-    try:
-        assert (await call(server, "nexus_list_files", {"path": "."}))["isError"] is False
-        private_postgres.stop()
-        server.runtime.access.forget()  # as the cache's refresh would, a moment later
-        refused = envelope(await call(server, "nexus_list_files", {"path": "."}))
-        assert refused == {
-            "error": "the grants store is unavailable; retry later",
-            "code": "UNAVAILABLE",
-        }
-        async with Client(server.mcp) as client:
-            assert await client.list_tools() == []
-        private_postgres.start()
-        deadline = time.monotonic() + 10
-        while True:
-            server.runtime.access.forget()
-            result = await call(server, "nexus_list_files", {"path": "."})
-            if result["isError"] is False:
-                break
-            assert time.monotonic() < deadline, result
-            await asyncio.sleep(0.2)
-    finally:
-        server.close()
+    server = replicas(1, postgres=private_postgres.url)
+    assert (await call(server, "nexus_list_files", {"path": "."}))["isError"] is False
+    private_postgres.stop()
+    server.runtime.access.forget()  # as the cache's refresh would, a moment later
+    refused = envelope(await call(server, "nexus_list_files", {"path": "."}))
+    assert refused == {
+        "error": "the grants store is unavailable; retry later",
+        "code": "UNAVAILABLE",
+    }
+    async with Client(server.mcp) as client:
+        assert await client.list_tools() == []
+    private_postgres.start()
+    deadline = time.monotonic() + 10
+    while True:
+        server.runtime.access.forget()
+        result = await call(server, "nexus_list_files", {"path": "."})
+        if result["isError"] is False:
+            break
+        assert time.monotonic() < deadline, result
+        await asyncio.sleep(0.2)
