@@ -20,19 +20,17 @@ store, never its address or the driver's text.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from redis.exceptions import RedisError
-
-from nexus_mcp.errors import ConfigError, UnavailableError
+from nexus_mcp.errors import UnavailableError
 from nexus_mcp.policy.quarantine import (
     SEEN_PER_TOOL,
     STORE_UPSTREAM_QUARANTINE,
     UNPINNED,
     Observation,
 )
+from nexus_mcp.stores.redis_state import call_store, key_digest, require_prefix
 
 T = TypeVar("T")
 
@@ -48,16 +46,8 @@ return redis.call('SMEMBERS', key)
 """
 
 
-def _sha256(value: str) -> str:
-    return hashlib.sha256(value.encode("utf-8")).hexdigest()
-
-
 def _call(call: Callable[[], T]) -> T:
-    try:
-        return call()
-    except (RedisError, OSError) as exc:
-        # Only the store and the failure's class: the driver's text names the host.
-        raise UnavailableError(store=STORE_UPSTREAM_QUARANTINE, error=type(exc).__name__) from exc
+    return call_store(STORE_UPSTREAM_QUARANTINE, "seen", call)
 
 
 def _members(reply: Any) -> frozenset[str]:
@@ -71,17 +61,15 @@ class RedisSeenDigests:
     shared backend's, ``stores/redis_state.redis_client``); ``prefix``: ``state.key_prefix``."""
 
     def __init__(self, client: Any, prefix: str, *, cap: int = SEEN_PER_TOOL) -> None:
-        if not isinstance(prefix, str) or not prefix:
-            raise ConfigError("state.key_prefix must be a non-empty string")
+        require_prefix(prefix)
         self.client = client
         self.prefix = prefix
         self.cap = cap
         self._observe = client.register_script(_OBSERVE_SCRIPT)
 
     def key(self, server_id: str, tool: str, pinned: str | None) -> str:
-        return (
-            f"{self.prefix}:upstream:{_sha256(server_id)}:{_sha256(tool)}:{pinned or UNPINNED}:seen"
-        )
+        server, name = key_digest(server_id), key_digest(tool)
+        return f"{self.prefix}:upstream:{server}:{name}:{pinned or UNPINNED}:seen"
 
     def add(self, server_id: str, tool: str, digest: str, *, pinned: str | None) -> None:
         key = self.key(server_id, tool, pinned)

@@ -107,11 +107,11 @@ def call_store(store: str, operation: str, call: Callable[[], T]) -> T:
         raise UnavailableError(store=store, error=type(exc).__name__) from exc
 
 
-def _digest(value: str) -> str:
+def key_digest(value: str) -> str:
     return hashlib.sha256(value.encode("utf-8")).hexdigest()
 
 
-def _require_prefix(prefix: str) -> None:
+def require_prefix(prefix: str) -> None:
     if not isinstance(prefix, str) or not prefix:
         raise ConfigError("state.key_prefix must be a non-empty string")
 
@@ -155,7 +155,7 @@ class RedisNonceStore:
         clock: Callable[[], float] = time.time,
         clock_skew_seconds: int = CLOCK_SKEW_SECONDS,
     ) -> None:
-        _require_prefix(prefix)
+        require_prefix(prefix)
         if clock_skew_seconds < 0:
             raise ValueError("clock_skew_seconds must not be negative")
         self._client = client
@@ -165,7 +165,7 @@ class RedisNonceStore:
 
     def key(self, jti: str) -> str:
         """The Redis key that remembers ``jti`` (its sha256 only)."""
-        return f"{self._prefix}:nonce:{_digest(jti)}"
+        return f"{self._prefix}:nonce:{key_digest(jti)}"
 
     def consume(self, jti: str, expires_at: float) -> bool:
         if not math.isfinite(expires_at):
@@ -231,7 +231,7 @@ class RedisSessionBudget:
         *,
         idle_ttl_seconds: float = DEFAULT_SESSION_IDLE_TTL_SECONDS,
     ) -> None:
-        _require_prefix(prefix)
+        require_prefix(prefix)
         _require_positive_int(max_calls_per_session, "budgets.max_calls_per_session")
         _require_positive_seconds(idle_ttl_seconds, "budgets.idle_ttl_seconds")
         self._client = client
@@ -250,7 +250,7 @@ class RedisSessionBudget:
 
     def key(self, session_key: str) -> str:
         """The Redis key counting ``session_key``'s calls (its sha256 only)."""
-        return f"{self._prefix}:budget:{_digest(session_key)}"
+        return f"{self._prefix}:budget:{key_digest(session_key)}"
 
     def charge(self, key: str) -> int:
         """Count one call for ``key``; returns the calls left, or raises ``BudgetExceededError``."""
@@ -333,7 +333,7 @@ class RedisRateLimiter:
         max_calls: int,
         window_seconds: float,
     ) -> None:
-        _require_prefix(prefix)
+        require_prefix(prefix)
         _require_positive_int(max_calls, "rate_limit.max_calls")
         _require_positive_seconds(window_seconds, "rate_limit.window_seconds")
         self._client = client
@@ -346,7 +346,7 @@ class RedisRateLimiter:
 
     def key(self, subject: str) -> str:
         """The Redis key holding ``subject``'s accepted calls (its sha256 only)."""
-        return f"{self._prefix}:rate:{_digest(subject)}"
+        return f"{self._prefix}:rate:{key_digest(subject)}"
 
     def check(self, subject: str) -> None:
         """Accept and record one call for ``subject``, or raise ``RateLimitedError``."""
@@ -412,5 +412,7 @@ __all__ = [
     "RedisRateLimiter",
     "RedisSessionBudget",
     "call_store",
+    "key_digest",
     "redis_client",
+    "require_prefix",
 ]
