@@ -41,7 +41,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,16 +130,20 @@ class GitRunner:
         git: str | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        common_dir: Path | None = None,
     ) -> None:
         self.git_dir = git_dir
+        self.common_dir = common_dir
         self.git = git or find_git()
         self.timeout_seconds = timeout_seconds
         self.max_output_bytes = max_output_bytes
+        # Called before every command (``repos/store.py``): raises to refuse the command.
+        self.guard: Callable[[], None] | None = None
         # An empty, private home: nothing in the server's own home is read by git.
         self._home = tempfile.mkdtemp(prefix="nexus-git-home-")
 
     def base_env(self) -> dict[str, str]:
-        return {
+        env = {
             "PATH": SAFE_PATH,
             "HOME": self._home,
             "XDG_CONFIG_HOME": self._home,
@@ -162,6 +166,10 @@ class GitRunner:
             "PAGER": "cat",
             "GIT_EDITOR": "false",
         }
+        if self.common_dir is not None:
+            # Pinned: a worktree's ``commondir`` file is never read again after start-up.
+            env["GIT_COMMON_DIR"] = str(self.common_dir)
+        return env
 
     def argv(self, args: Sequence[str], config: Sequence[tuple[str, str]] = ()) -> list[str]:
         command = [self.git, "--no-pager"]
@@ -186,6 +194,8 @@ class GitRunner:
         With ``truncate``, output past the bound ends the command and what came before it
         is returned (``truncated``), for listings whose caller stops early anyway.
         """
+        if self.guard is not None:
+            self.guard()
         full_env = self.base_env()
         if env:
             full_env.update(env)
