@@ -197,3 +197,42 @@ async def test_a_timed_out_call_leaves_no_git_and_no_working_thread(
         (slow_git / f"slow-{slow}").unlink()
         again = await call(client, tool, {"repo": REPO, **args})
         assert again.get("isError") is not True, again
+
+
+def regex_children() -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"regex_child.py" in cmdline and str(os.getpid()).encode() in _ppid(pid):
+                found.append(pid)
+    return found
+
+
+def _ppid(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return b""
+
+
+async def test_a_timed_out_regex_search_stops_its_sandbox_at_once(
+    build: Builder, project: Path
+) -> None:
+    # A backtracking regex on a long line: the sandbox child would run to the scan's cap
+    # (25 s here); the call's timeout (1 s) kills it, and the answer does not wait for it.
+    commit(project, {"src/slow.ts": "a" * 5000 + "!\n"}, "slow")
+    server = build(search={"max_seconds": 25.0}, budgets={"tool_timeouts": {"search_content": 1.0}})
+    async with Client(server.mcp) as client:
+        started = time.monotonic()
+        result = await call(
+            client, "search_content", {"repo": REPO, "pattern": "(a+)+$", "regex": True}
+        )
+        took = time.monotonic() - started
+        assert code_of(result) == "TOOL_TIMEOUT"
+        assert working_threads() == []
+        assert await settled(regex_children) == []
+    assert took < 8.0

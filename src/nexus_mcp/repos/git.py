@@ -123,9 +123,32 @@ class GitWork:
 
     cancelled: threading.Event = field(default_factory=threading.Event)
     deadline: float | None = None
+    _stoppers: list[Callable[[], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def cancel(self) -> None:
-        self.cancelled.set()
+        with self._lock:
+            self.cancelled.set()
+            stoppers = list(self._stoppers)
+            # Called under the lock: ``stopping`` cannot end (and its child be reaped, its
+            # pid reused) while a stopper runs.
+            for stop in stoppers:
+                with contextlib.suppress(Exception):
+                    stop()
+
+    @contextlib.contextmanager
+    def stopping(self, stop: Callable[[], None]) -> Iterator[None]:
+        """Within the block, cancelling the work also calls ``stop`` (it kills a child
+        the worker waits on that is not git, such as a regex sandbox)."""
+        with self._lock:
+            if self.cancelled.is_set():
+                stop()
+            self._stoppers.append(stop)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._stoppers.remove(stop)
 
     def check_cancelled(self) -> None:
         if self.cancelled.is_set():

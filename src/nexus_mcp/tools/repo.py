@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import os
 import re
+import signal
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
@@ -45,6 +48,7 @@ from nexus_mcp.policy.repos import (
     patch_risks,
     precheck_patch,
 )
+from nexus_mcp.regex_sandbox import RegexSandbox
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.git import (
     GitDeadlineError,
@@ -76,6 +80,7 @@ from nexus_mcp.search import (
     CAP_RESULTS,
     CAP_TIME,
     MAX_SEARCHED_LINE_CHARS,
+    LineFinder,
     SandboxStopped,
     ScanBudget,
     compile_glob,
@@ -84,7 +89,7 @@ from nexus_mcp.search import (
     is_binary,
     line_finder,
 )
-from nexus_mcp.settings import Settings
+from nexus_mcp.settings import SearchSettings, Settings
 from nexus_mcp.tools.files import ApprovalArg, IdempotencyArg, SearchReport
 from nexus_mcp.workspace import CommitGuard, run_guarded
 
@@ -377,7 +382,9 @@ def build_repo_tools(
                 )
 
             try:
-                with line_finder(matcher, regex=regex, caps=caps, deadline=budget.deadline) as find:
+                with _line_finder(
+                    matcher, regex=regex, caps=caps, deadline=budget.deadline
+                ) as find:
                     # One search per blob, however many paths name it.
                     for entries, text in _scan_texts(repository, commit, folder, budget, keep):
                         numbers, more = find(text)
@@ -821,6 +828,31 @@ def _scan_texts(
     finally:
         if work is not None:
             work.deadline = None
+
+
+@contextlib.contextmanager
+def _line_finder(
+    matcher: re.Pattern[str], *, regex: bool, caps: SearchSettings, deadline: float
+) -> Iterator[LineFinder]:
+    """``search.line_finder``; a caller's regex runs in a ``RegexSandbox`` child, which a
+    cancelled call kills at once rather than at the scan's deadline."""
+    if not regex:
+        with line_finder(matcher, regex=False, caps=caps, deadline=deadline) as find:
+            yield find
+        return
+    with RegexSandbox(
+        matcher.pattern,
+        matcher.flags,
+        max_matches=caps.max_matches_per_file,
+        max_line_chars=MAX_SEARCHED_LINE_CHARS,
+        deadline=deadline,
+    ) as sandbox:
+        work, pid = current_work(), sandbox.pid
+        if work is None or pid is None:
+            yield sandbox.search
+            return
+        with work.stopping(functools.partial(os.kill, pid, signal.SIGKILL)):
+            yield sandbox.search
 
 
 def _out_of_time(budget: ScanBudget) -> bool:
