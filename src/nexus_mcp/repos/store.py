@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 _ALTERNATES = ("alternates", "http-alternates")
 # A deep walk is a hostile one: git's own layout is at most objects/info/commit-graphs/x.
 _MAX_DEPTH = 16
+_SETTLED_NS = 2_000_000_000
 
 
 class UnsafeStoreError(Exception):
@@ -58,6 +60,7 @@ class StoreGuard:
     def __init__(self, git_dir: Path, common_dir: Path) -> None:
         self.git_dir = Path(os.path.realpath(git_dir))
         self.common_dir = Path(os.path.realpath(common_dir))
+        self._folders = _LinkFreeFolders()
 
     @property
     def objects_dir(self) -> Path:
@@ -76,7 +79,7 @@ class StoreGuard:
         for name in _ALTERNATES:
             if os.path.lexists(objects / "info" / name):
                 raise UnsafeStoreError("the object store borrows another one (alternates)")
-        _no_links_below(objects, "objects")
+        self._folders.check(objects, "objects")
         bases = dict.fromkeys([self.git_dir, self.common_dir])
         worktrees = self.common_dir / "worktrees"
         if _is_dir(worktrees):
@@ -108,7 +111,7 @@ class StoreGuard:
             if (is_ref_file or name in ("refs", "reftable", "objects")) and entry.is_symlink():
                 raise UnsafeStoreError("a ref or ref folder is a link")
             if name in ("refs", "reftable") and entry.is_dir(follow_symlinks=False):
-                _no_links_below(Path(entry.path), name)
+                self._folders.check(Path(entry.path), name)
 
 
 def _is_dir(path: Path) -> bool:
@@ -126,19 +129,48 @@ def _scan(folder: Path, what: str) -> list[os.DirEntry[str]]:
         raise UnsafeStoreError(f"{what} cannot be read") from None
 
 
-def _no_links_below(folder: Path, what: str) -> None:
-    """No entry below ``folder`` is a link (``DirEntry`` answers from the directory
-    listing itself, so this costs one ``getdents`` per folder, not a stat per file)."""
-    pending = [(folder, 0)]
-    while pending:
-        current, depth = pending.pop()
-        if depth > _MAX_DEPTH:
-            raise UnsafeStoreError(f"{what} is nested too deep")
-        for entry in _scan(current, what):
-            if entry.is_symlink():
+class _LinkFreeFolders:
+    """Which folders were found free of links, keyed by their identity and change time.
+
+    A folder whose entries change gets a new ctime (an entry added, removed or renamed
+    over; ctime cannot be set back by a user), so a folder whose (device, inode, ctime,
+    mtime) is unchanged since it was listed clean is not listed again: a check then costs
+    one ``lstat`` per folder. File systems stamp times at a coarse tick, so a folder is
+    remembered only once its last change is ``_SETTLED_NS`` old: a change in the same tick
+    as the listing could otherwise keep the stamp it was listed with.
+    """
+
+    def __init__(self) -> None:
+        self._clean: dict[str, tuple[tuple[int, int, int, int], list[str]]] = {}
+
+    def check(self, folder: Path, what: str) -> None:
+        """No entry below ``folder`` is a link (``DirEntry`` answers from the listing
+        itself: one ``getdents`` per changed folder, not a stat per file)."""
+        pending = [(str(folder), 0)]
+        while pending:
+            current, depth = pending.pop()
+            if depth > _MAX_DEPTH:
+                raise UnsafeStoreError(f"{what} is nested too deep")
+            try:
+                found = os.lstat(current)
+            except OSError:
+                raise UnsafeStoreError(f"{what} cannot be read") from None
+            if not stat.S_ISDIR(found.st_mode):
                 raise UnsafeStoreError(f"something below {what} is a link")
-            if entry.is_dir(follow_symlinks=False):
-                pending.append((Path(entry.path), depth + 1))
+            key = (found.st_dev, found.st_ino, found.st_ctime_ns, found.st_mtime_ns)
+            cached = self._clean.get(current)
+            if cached is not None and cached[0] == key:
+                folders = cached[1]
+            else:
+                folders = []
+                for entry in _scan(Path(current), what):
+                    if entry.is_symlink():
+                        raise UnsafeStoreError(f"something below {what} is a link")
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.path)
+                if time.time_ns() - found.st_ctime_ns > _SETTLED_NS:
+                    self._clean[current] = (key, folders)
+            pending.extend((child, depth + 1) for child in folders)
 
 
 __all__ = ["StoreGuard", "UnsafeStoreError"]
