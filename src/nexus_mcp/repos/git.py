@@ -40,9 +40,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nexus_mcp.errors import ConfigError, ToolTimeoutError
@@ -93,6 +95,82 @@ class GitOutputTooLargeError(GitError):
     """The command wrote more than its output bound and was killed."""
 
 
+class GitDeadlineError(GitTimeoutError):
+    """The command ran past its call's work deadline (a scan's ``max_seconds``) and was
+    killed; a scan reports the cap it hit, anything else the call's ``TOOL_TIMEOUT``."""
+
+
+class GitCancelledError(GitError):
+    """The call was cancelled (answered already): its command was killed, or not started."""
+
+
+# How often a running command looks at its call's cancellation (seconds).
+CANCEL_POLL_SECONDS = 0.05
+
+
+@dataclass
+class GitWork:
+    """The git work of one tool call, run in a worker thread.
+
+    A worker thread cannot be interrupted and a git child outlives a cancelled await, so
+    the tool binds one ``GitWork`` (``bound_work``) and, when its call is cancelled (a
+    ``TOOL_TIMEOUT`` being answered), calls ``cancel()``: every git command of the call
+    kills its process group within ``CANCEL_POLL_SECONDS`` and a new one never starts,
+    and the tool's own loops ask ``check_cancelled()``. ``deadline`` (a
+    ``time.monotonic()`` value), when set, kills a command that runs past it
+    (``GitDeadlineError``): a scan's time cap bounds the git it waits for, too.
+    """
+
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    deadline: float | None = None
+    _stoppers: list[Callable[[], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled.set()
+            stoppers = list(self._stoppers)
+            # Called under the lock: ``stopping`` cannot end (and its child be reaped, its
+            # pid reused) while a stopper runs.
+            for stop in stoppers:
+                with contextlib.suppress(Exception):
+                    stop()
+
+    @contextlib.contextmanager
+    def stopping(self, stop: Callable[[], None]) -> Iterator[None]:
+        """Within the block, cancelling the work also calls ``stop`` (it kills a child
+        the worker waits on that is not git, such as a regex sandbox)."""
+        with self._lock:
+            if self.cancelled.is_set():
+                stop()
+            self._stoppers.append(stop)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._stoppers.remove(stop)
+
+    def check_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise GitCancelledError("the call was cancelled")
+
+
+_work: ContextVar[GitWork | None] = ContextVar("nexus_git_work", default=None)
+
+
+def current_work() -> GitWork | None:
+    return _work.get()
+
+
+@contextlib.contextmanager
+def bound_work(work: GitWork) -> Iterator[GitWork]:
+    token = _work.set(work)
+    try:
+        yield work
+    finally:
+        _work.reset(token)
+
+
 @dataclass(frozen=True)
 class GitResult:
     returncode: int
@@ -130,16 +208,20 @@ class GitRunner:
         git: str | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        common_dir: Path | None = None,
     ) -> None:
         self.git_dir = git_dir
+        self.common_dir = common_dir
         self.git = git or find_git()
         self.timeout_seconds = timeout_seconds
         self.max_output_bytes = max_output_bytes
+        # Called before every command (``repos/store.py``): raises to refuse the command.
+        self.guard: Callable[[], None] | None = None
         # An empty, private home: nothing in the server's own home is read by git.
         self._home = tempfile.mkdtemp(prefix="nexus-git-home-")
 
     def base_env(self) -> dict[str, str]:
-        return {
+        env = {
             "PATH": SAFE_PATH,
             "HOME": self._home,
             "XDG_CONFIG_HOME": self._home,
@@ -162,6 +244,10 @@ class GitRunner:
             "PAGER": "cat",
             "GIT_EDITOR": "false",
         }
+        if self.common_dir is not None:
+            # Pinned: a worktree's ``commondir`` file is never read again after start-up.
+            env["GIT_COMMON_DIR"] = str(self.common_dir)
+        return env
 
     def argv(self, args: Sequence[str], config: Sequence[tuple[str, str]] = ()) -> list[str]:
         command = [self.git, "--no-pager"]
@@ -186,6 +272,11 @@ class GitRunner:
         With ``truncate``, output past the bound ends the command and what came before it
         is returned (``truncated``), for listings whose caller stops early anyway.
         """
+        work = current_work()
+        if work is not None:
+            work.check_cancelled()
+        if self.guard is not None:
+            self.guard()
         full_env = self.base_env()
         if env:
             full_env.update(env)
@@ -197,6 +288,7 @@ class GitRunner:
             max_output_bytes=max_output_bytes or self.max_output_bytes,
             timeout_seconds=timeout_seconds or self.timeout_seconds,
             truncate=truncate,
+            work=work,
         )
         if check and result.returncode != 0 and not result.truncated:
             raise GitError(
@@ -219,9 +311,11 @@ def run_bounded(
     max_output_bytes: int,
     timeout_seconds: float,
     truncate: bool = False,
+    work: GitWork | None = None,
 ) -> GitResult:
     """Run a program with bounded output and time; its whole process group dies past either
-    (past the output bound, ``truncate`` returns what came before instead of raising)."""
+    (past the output bound, ``truncate`` returns what came before instead of raising), and
+    when ``work`` is cancelled or its deadline passes (``GitWork``)."""
     process = subprocess.Popen(  # noqa: S603 - an argument list, no shell, a resolved program
         list(argv),
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -245,13 +339,15 @@ def run_bounded(
             selector.register(process.stdin, selectors.EVENT_WRITE, None)
         else:
             process.stdin.close()
+    poll = CANCEL_POLL_SECONDS if work is not None else 1.0
     try:
         while selector.get_map():
+            _stop_if_asked(process, work)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 _kill(process)
                 raise GitTimeoutError("git ran past its time bound")
-            for key, _events in selector.select(timeout=min(remaining, 1.0)):
+            for key, _events in selector.select(timeout=min(remaining, poll)):
                 if key.data is None:  # stdin is writable
                     assert pending is not None and process.stdin is not None
                     try:
@@ -279,7 +375,7 @@ def run_bounded(
                         return GitResult(-1, bytes(out), bytes(err), truncated=True)
                     raise GitOutputTooLargeError("git wrote more than its output bound")
                 out += chunk
-        returncode = _wait(process, deadline)
+        returncode = _wait(process, deadline, work)
     finally:
         selector.close()
         for stream in (process.stdin, process.stdout, process.stderr):
@@ -291,8 +387,20 @@ def run_bounded(
     return GitResult(returncode, bytes(out), bytes(err))
 
 
-def _wait(process: subprocess.Popen[bytes], deadline: float) -> int:
-    """The exit status, waiting at most until ``deadline``.
+def _stop_if_asked(process: subprocess.Popen[bytes], work: GitWork | None) -> None:
+    """Kill the command when its call was cancelled or ran past its work deadline."""
+    if work is None:
+        return
+    if work.cancelled.is_set():
+        _kill(process)
+        raise GitCancelledError("the call was cancelled")
+    if work.deadline is not None and time.monotonic() >= work.deadline:
+        _kill(process)
+        raise GitDeadlineError("git ran past its call's deadline")
+
+
+def _wait(process: subprocess.Popen[bytes], deadline: float, work: GitWork | None = None) -> int:
+    """The exit status, waiting at most until ``deadline`` (and while ``work`` goes on).
 
     ``Popen.wait(timeout=...)`` polls with growing sleeps, about a millisecond per git
     command here; a pidfd (Linux 5.3+) is woken by the exit itself.
@@ -305,13 +413,18 @@ def _wait(process: subprocess.Popen[bytes], deadline: float) -> int:
         pidfd = os.pidfd_open(process.pid)
     if pidfd is not None:
         try:
-            ready, _, _ = select.select([pidfd], [], [], max(deadline - time.monotonic(), 0))
+            while True:
+                _stop_if_asked(process, work)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    _kill(process)
+                    raise GitTimeoutError("git ran past its time bound")
+                slice_ = min(remaining, CANCEL_POLL_SECONDS) if work is not None else remaining
+                ready, _, _ = select.select([pidfd], [], [], slice_)
+                if ready:
+                    return process.wait()
         finally:
             os.close(pidfd)
-        if not ready:
-            _kill(process)
-            raise GitTimeoutError("git ran past its time bound")
-        return process.wait()
     try:
         return process.wait(timeout=max(deadline - time.monotonic(), 0.01))
     except subprocess.TimeoutExpired:
@@ -327,14 +440,20 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 
 __all__ = [
+    "CANCEL_POLL_SECONDS",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_TIMEOUT_SECONDS",
     "SAFE_CONFIG",
+    "GitCancelledError",
+    "GitDeadlineError",
     "GitError",
     "GitOutputTooLargeError",
     "GitResult",
     "GitRunner",
     "GitTimeoutError",
+    "GitWork",
+    "bound_work",
+    "current_work",
     "find_git",
     "git_timeouts_as_refusals",
     "run_bounded",

@@ -60,6 +60,9 @@ def push_branch(
         alternates.write_text(f"{repository.objects_dir}\n", encoding="utf-8")
         runner.run(["update-ref", f"refs/heads/{branch}", commit])
         ref = f"refs/heads/{branch}"
+        # The scratch repository borrows the served one's objects (and would follow its
+        # alternates): what is pushed must be the served repository's own (repos/store.py).
+        repository.check_store()
         with committing(guard):
             result = runner.run(
                 ["push", "--quiet", "--porcelain", "--no-verify", push_url, f"{ref}:{ref}"],

@@ -35,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nexus_mcp.errors import (
     ConfigError,
@@ -42,8 +43,10 @@ from nexus_mcp.errors import (
     InvalidInputError,
     NotFoundError,
 )
+from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.repos import MAX_BRANCH_CHARS, PatchFacts, RepositoryConfig, WritePolicy
-from nexus_mcp.repos.git import GitError, GitOutputTooLargeError, GitRunner
+from nexus_mcp.repos.git import GitError, GitOutputTooLargeError, GitResult, GitRunner
+from nexus_mcp.repos.store import StoreGuard, UnsafeStoreError
 from nexus_mcp.search import is_binary
 from nexus_mcp.workspace import CommitGuard, normalize_relative
 
@@ -69,6 +72,9 @@ REASON_BRANCH_EXISTS = "branch_exists"
 REASON_BRANCH_MOVED = "branch_moved"
 REASON_BRANCH_CHECKED_OUT = "branch_checked_out"
 REASON_NOT_A_FILE = "not_a_file"
+REASON_UNSAFE_REPOSITORY = "unsafe_repository"
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -177,12 +183,17 @@ class Repository:
         common_dir: Path,
         default_branch: str,
         zero_sha: str,
+        store: StoreGuard | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.runner = runner
         self.work_tree = work_tree
         self.common_dir = common_dir
+        self.store = store or StoreGuard(runner.git_dir, common_dir)
+        # Before every git command of this repository (writes, pushes and scratch runs
+        # included), and after every read (``_read``): repos/store.py.
+        runner.guard = self.check_store
         self.default_branch = default_branch
         self.zero_sha = zero_sha
         self._index_cache: OrderedDict[str, bytes] = OrderedDict()
@@ -196,12 +207,31 @@ class Repository:
     def objects_dir(self) -> Path:
         return self.common_dir / "objects"
 
+    def check_store(self) -> None:
+        """``CONFLICT`` unless every object and ref git can read is the repository's own
+        (``repos/store.py``); the refusal names no path and no sha."""
+        try:
+            self.store.check()
+        except UnsafeStoreError as exc:
+            log.warning("repo_store_unsafe", repo=self.name, problem=str(exc))
+            raise ConflictError(
+                "the repository's object store is not safe to read",
+                reason=REASON_UNSAFE_REPOSITORY,
+            ) from None
+
+    def _read(self, args: Sequence[str], **kwargs: Any) -> GitResult:
+        """A read: checked before (the runner's guard) and after the command, so that a
+        store changed while git ran is refused rather than its output used."""
+        result = self.runner.run(args, **kwargs)
+        self.check_store()
+        return result
+
     # --- refs -------------------------------------------------------------------------
 
     def resolve_commit(self, ref: str, *, field_name: str = "ref") -> str:
         """The commit a ref names; ``NOT_FOUND`` when it names none."""
         check_ref(ref, field_name=field_name)
-        result = self.runner.run(
+        result = self._read(
             ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
             check=False,
         )
@@ -212,7 +242,7 @@ class Repository:
 
     def branch_tip(self, branch: str) -> str | None:
         check_branch_name(branch)
-        result = self.runner.run(
+        result = self._read(
             ["rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/heads/{branch}"],
             check=False,
         )
@@ -250,7 +280,7 @@ class Repository:
     def entry(self, commit: str, path: str) -> TreeEntry | None:
         """The tree entry at ``path`` (``''``: the root tree), or None."""
         if not path:
-            tree = self.runner.run(["rev-parse", "--verify", f"{commit}^{{tree}}"])
+            tree = self._read(["rev-parse", "--verify", f"{commit}^{{tree}}"])
             return TreeEntry("", MODE_TREE, "tree", tree.stdout.decode().strip(), None)
         found = list(self._ls_tree(commit, path, recursive=False, children=False))
         return found[0] if found and found[0].path == path else None
@@ -258,7 +288,7 @@ class Repository:
     def entries(self, commit: str, paths: Sequence[str]) -> dict[str, TreeEntry]:
         """The entries at several exact paths, in one ``ls-tree`` (missing ones absent)."""
         args = ["ls-tree", "-z", "--long", "--full-tree", commit, "--", *paths]
-        result = self.runner.run(args, env={"GIT_LITERAL_PATHSPECS": "1"}, check=False)
+        result = self._read(args, env={"GIT_LITERAL_PATHSPECS": "1"}, check=False)
         found = (_parse_ls_tree(r) for r in result.stdout.split(b"\0") if r)
         return {entry.path: entry for entry in found if entry.path in paths}
 
@@ -277,9 +307,7 @@ class Repository:
             args += ["--", f"{path}/" if children else path]
         # A listing past the output bound is cut at its last whole entry: every caller
         # stops far sooner (max_list_entries, max_files_scanned) and says it was cut.
-        result = self.runner.run(
-            args, env={"GIT_LITERAL_PATHSPECS": "1"}, check=False, truncate=True
-        )
+        result = self._read(args, env={"GIT_LITERAL_PATHSPECS": "1"}, check=False, truncate=True)
         if result.returncode != 0 and not result.truncated:
             raise NotFoundError(reason="tree_not_found")
         records = result.stdout.split(b"\0")
@@ -313,7 +341,7 @@ class Repository:
 
     def _cat(self, shas: Sequence[str]) -> dict[str, bytes]:
         stdin = "".join(f"{sha}\n" for sha in shas).encode("ascii")
-        return _parse_batch(self.runner.run(["cat-file", "--batch"], stdin=stdin).stdout)
+        return _parse_batch(self._read(["cat-file", "--batch"], stdin=stdin).stdout)
 
     # --- patches ----------------------------------------------------------------------
 
@@ -570,13 +598,23 @@ def open_repository(name: str, config: RepositoryConfig, runner_for: RunnerFacto
             lines.append(top.stdout.decode("utf-8", "surrogateescape").strip())
     finally:
         probe.close()
-    git_dir = Path(lines[0])
+    # Resolved once, here: git is given these very folders from now on (the common one
+    # through GIT_COMMON_DIR), and the store guard refuses any of them turning into a link.
+    git_dir = Path(lines[0]).resolve()
     common_dir = Path(lines[1]).resolve()
     bare = lines[2] == "true"
     work_tree = None if bare else path.resolve()
     if not bare and (len(lines) != 4 or Path(lines[3]).resolve() != work_tree):
         raise ConfigError(f"repos.repositories.{name}.path: not the top of a repository")
-    runner = runner_for(git_dir, discover=False)
+    store = StoreGuard(git_dir, common_dir)
+    try:
+        store.check()
+    except UnsafeStoreError as exc:
+        raise ConfigError(
+            f"repos.repositories.{name}: its object store or refs reach outside the "
+            f"repository ({exc}); alternates and links there are refused"
+        ) from None
+    runner = runner_for(git_dir, discover=False, common_dir=common_dir)
     try:
         object_format = runner.run(["rev-parse", "--show-object-format"], check=False)
         zero = "0" * (64 if object_format.stdout.strip() == b"sha256" else 40)
@@ -589,6 +627,7 @@ def open_repository(name: str, config: RepositoryConfig, runner_for: RunnerFacto
             common_dir=common_dir,
             default_branch=default,
             zero_sha=zero,
+            store=store,
         )
     except (ConfigError, GitError):
         runner.close()
@@ -604,13 +643,14 @@ class RunnerFactory:
         self.timeout_seconds = timeout_seconds
         self.max_output_bytes = max_output_bytes
 
-    def __call__(self, path: Path, *, discover: bool) -> GitRunner:
+    def __call__(self, path: Path, *, discover: bool, common_dir: Path | None = None) -> GitRunner:
         runner = _DiscoveringRunner if discover else GitRunner
         return runner(
             path,
             git=self.git,
             timeout_seconds=self.timeout_seconds,
             max_output_bytes=self.max_output_bytes,
+            common_dir=common_dir,
         )
 
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import os
 import re
+import signal
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
@@ -45,8 +48,15 @@ from nexus_mcp.policy.repos import (
     patch_risks,
     precheck_patch,
 )
+from nexus_mcp.regex_sandbox import RegexSandbox
 from nexus_mcp.repos.catalog import RepoCatalog
-from nexus_mcp.repos.git import git_timeouts_as_refusals
+from nexus_mcp.repos.git import (
+    GitDeadlineError,
+    GitWork,
+    bound_work,
+    current_work,
+    git_timeouts_as_refusals,
+)
 from nexus_mcp.repos.remote import push_branch
 from nexus_mcp.repos.repository import (
     MODE_EXECUTABLE,
@@ -70,6 +80,7 @@ from nexus_mcp.search import (
     CAP_RESULTS,
     CAP_TIME,
     MAX_SEARCHED_LINE_CHARS,
+    LineFinder,
     SandboxStopped,
     ScanBudget,
     compile_glob,
@@ -78,12 +89,13 @@ from nexus_mcp.search import (
     is_binary,
     line_finder,
 )
-from nexus_mcp.settings import Settings
+from nexus_mcp.settings import SearchSettings, Settings
 from nexus_mcp.tools.files import ApprovalArg, IdempotencyArg, SearchReport
 from nexus_mcp.workspace import CommitGuard, run_guarded
 
 TOOLSET = "repo"
 MAX_LINE_CHARS = 400
+LINES_PER_TIME_CHECK = 256
 _IDENTIFIER_RE = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]{0,127}$")
 _DEFINITION_KEYWORDS = (
     "def|class|function|interface|type|struct|enum|trait|fn|func|module|const|let|var|"
@@ -226,9 +238,33 @@ class MergeResult(BaseModel):
     head_sha: str
 
 
+# How long a cancelled call waits for its worker to notice (it kills its git within
+# ``CANCEL_POLL_SECONDS`` and its loops check between files and every few hundred lines).
+CANCEL_WAIT_SECONDS = 10.0
+
+
 async def _git(work: Callable[[], T]) -> T:
-    with git_timeouts_as_refusals():
-        return await asyncio.to_thread(work)
+    """Run a read's git work in a worker thread, bound to a ``GitWork``.
+
+    When the call is cancelled (its ``TOOL_TIMEOUT`` is being answered), the work is
+    cancelled too and awaited, shielded, before the cancellation goes on: by the time the
+    caller is answered, no git child of the call is left and its thread has stopped.
+    """
+    scope = GitWork()
+
+    def run() -> T:
+        with bound_work(scope):
+            return work()
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    try:
+        with git_timeouts_as_refusals():
+            return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        scope.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(task), CANCEL_WAIT_SECONDS)
+        raise
 
 
 async def _committing(work: Callable[[CommitGuard], T]) -> T:
@@ -346,27 +382,30 @@ def build_repo_tools(
                 )
 
             try:
-                with line_finder(matcher, regex=regex, caps=caps, deadline=budget.deadline) as find:
-                    for entry, text in _scan_texts(repository, commit, folder, budget, keep):
+                with _line_finder(
+                    matcher, regex=regex, caps=caps, deadline=budget.deadline
+                ) as find:
+                    # One search per blob, however many paths name it.
+                    for entries, text in _scan_texts(repository, commit, folder, budget, keep):
                         numbers, more = find(text)
                         if not numbers:
                             continue
-                        if len(files) >= caps.max_results:
-                            budget.cut(CAP_RESULTS)
-                            break
+                        lines = text.splitlines()
+                        matches = [
+                            SearchLine(line_number=n, text=lines[n - 1][:MAX_LINE_CHARS])
+                            for n in numbers
+                        ]
                         if more:
                             budget.cut("max_matches_per_file")
-                        lines = text.splitlines()
-                        files.append(
-                            SearchFile(
-                                path=entry.path,
-                                matches=[
-                                    SearchLine(line_number=n, text=lines[n - 1][:MAX_LINE_CHARS])
-                                    for n in numbers
-                                ],
-                                more_in_file=more,
+                        for entry in entries:
+                            if len(files) >= caps.max_results:
+                                budget.cut(CAP_RESULTS)
+                                break
+                            files.append(
+                                SearchFile(path=entry.path, matches=matches, more_in_file=more)
                             )
-                        )
+                        if CAP_RESULTS in budget.cut_by:
+                            break
             except SandboxStopped:
                 budget.cut(CAP_TIME)
             return SearchContentResult(files=files, **_report(repository, commit, budget))
@@ -411,25 +450,30 @@ def build_repo_tools(
                     add(ComponentMatch(path=entry.path, kind="file"))
                 return has_allowed_extension(entry.path, caps)
 
-            for entry, text in _scan_texts(repository, commit, folder, budget, keep):
+            # One search per blob, however many paths name it; the time cap is asked every
+            # few hundred lines, so one large file cannot run the call past it.
+            for entries, text in _scan_texts(repository, commit, folder, budget, keep):
                 if CAP_RESULTS in budget.cut_by:
                     break
-                found = 0
+                found: list[tuple[int, str]] = []
                 for number, line in enumerate(text.splitlines(), start=1):
+                    if number % LINES_PER_TIME_CHECK == 0 and _out_of_time(budget):
+                        break
                     if len(line) > MAX_SEARCHED_LINE_CHARS or not definition.search(line):
                         continue
-                    add(
-                        ComponentMatch(
-                            path=entry.path,
-                            kind="definition",
-                            line_number=number,
-                            text=line[:MAX_LINE_CHARS],
-                        )
-                    )
-                    found += 1
-                    if found >= caps.max_matches_per_file:
+                    found.append((number, line[:MAX_LINE_CHARS]))
+                    if len(found) >= caps.max_matches_per_file:
                         budget.cut("max_matches_per_file")
                         break
+                for entry in entries:
+                    for number, line in found:
+                        add(
+                            ComponentMatch(
+                                path=entry.path, kind="definition", line_number=number, text=line
+                            )
+                        )
+                if CAP_TIME in budget.cut_by:
+                    break
             return LocateComponentResult(matches=matches, **_report(repository, commit, budget))
 
         return await _git(scan)
@@ -743,32 +787,81 @@ def _scan_texts(
     folder: str,
     budget: ScanBudget,
     keep: Callable[[TreeEntry], bool],
-) -> Any:
-    """(entry, text) of each text file below ``folder``, within the budget's caps."""
+) -> Iterator[tuple[list[TreeEntry], str]]:
+    """(entries, text) of each text blob below ``folder``, once per blob with every entry
+    naming it, within the budget's caps.
+
+    The time cap is asked between entries and blobs, and it is the deadline of every git
+    command of the scan (``GitWork.deadline``): a listing or a batch of blobs still
+    running at the cap is killed and the scan reports ``max_seconds``.
+    """
     caps = budget.caps
-    candidates: list[TreeEntry] = []
-    for entry in repository.list_tree(commit, folder, recursive=True):
-        if entry.mode not in (MODE_FILE, MODE_EXECUTABLE) or not keep(entry):
-            continue
-        if entry.size is not None and entry.size > caps.max_file_bytes:
-            continue
-        if budget.files_scanned >= caps.max_files_scanned:
-            budget.cut(CAP_FILES_SCANNED)
-            break
-        budget.files_scanned += 1
-        candidates.append(entry)
-    by_sha: dict[str, list[TreeEntry]] = {}
-    for entry in candidates:
-        by_sha.setdefault(entry.sha, []).append(entry)
-    for blobs in repository.read_entries(candidates):
-        if budget.out_of_time():
-            return
-        for sha, data in blobs.items():
-            if is_binary(data[: caps.binary_sniff_bytes]):
+    work = current_work()
+    if work is not None:
+        work.deadline = budget.deadline
+    try:
+        candidates: list[TreeEntry] = []
+        for entry in repository.list_tree(commit, folder, recursive=True):
+            if _out_of_time(budget):
+                return
+            if entry.mode not in (MODE_FILE, MODE_EXECUTABLE) or not keep(entry):
                 continue
-            text = data.decode("utf-8", errors="replace")
-            for entry in by_sha.get(sha, ()):
-                yield entry, text
+            if entry.size is not None and entry.size > caps.max_file_bytes:
+                continue
+            if budget.files_scanned >= caps.max_files_scanned:
+                budget.cut(CAP_FILES_SCANNED)
+                break
+            budget.files_scanned += 1
+            candidates.append(entry)
+        by_sha: dict[str, list[TreeEntry]] = {}
+        for entry in candidates:
+            by_sha.setdefault(entry.sha, []).append(entry)
+        for blobs in repository.read_entries(candidates):
+            for sha, data in blobs.items():
+                if _out_of_time(budget):
+                    return
+                if is_binary(data[: caps.binary_sniff_bytes]):
+                    continue
+                yield by_sha.get(sha, []), data.decode("utf-8", errors="replace")
+    except GitDeadlineError:
+        budget.cut(CAP_TIME)
+    finally:
+        if work is not None:
+            work.deadline = None
+
+
+@contextlib.contextmanager
+def _line_finder(
+    matcher: re.Pattern[str], *, regex: bool, caps: SearchSettings, deadline: float
+) -> Iterator[LineFinder]:
+    """``search.line_finder``; a caller's regex runs in a ``RegexSandbox`` child, which a
+    cancelled call kills at once rather than at the scan's deadline."""
+    if not regex:
+        with line_finder(matcher, regex=False, caps=caps, deadline=deadline) as find:
+            yield find
+        return
+    with RegexSandbox(
+        matcher.pattern,
+        matcher.flags,
+        max_matches=caps.max_matches_per_file,
+        max_line_chars=MAX_SEARCHED_LINE_CHARS,
+        deadline=deadline,
+    ) as sandbox:
+        work, pid = current_work(), sandbox.pid
+        if work is None or pid is None:
+            yield sandbox.search
+            return
+        with work.stopping(functools.partial(os.kill, pid, signal.SIGKILL)):
+            yield sandbox.search
+
+
+def _out_of_time(budget: ScanBudget) -> bool:
+    """The scan's time cap (reported as cut), or ``GitCancelledError`` once its call was
+    cancelled: the worker stops even when nobody waits for its answer any more."""
+    work = current_work()
+    if work is not None:
+        work.check_cancelled()
+    return budget.out_of_time()
 
 
 def _is_utf8(data: bytes) -> bool:
