@@ -56,12 +56,15 @@ from nexus_mcp.policy.merge_rules import (
     evaluate_merge,
 )
 from nexus_mcp.policy.repos import (
+    DEFAULT_WRITE_POLICY,
     RULE_BRANCH_NOT_ALLOWED,
     RULE_BRANCH_SYMBOLIC,
     RULE_CODEOWNERS,
     RULE_DOES_NOT_APPLY,
     RULE_NO_FORGE,
     RULE_NO_POLICY,
+    RULE_PATH_DISALLOWED,
+    PatchFacts,
     PolicyRisk,
     RepoOperation,
     ReposConfig,
@@ -70,12 +73,14 @@ from nexus_mcp.policy.repos import (
     is_branch_allowed,
     patch_risks,
     precheck_patch,
+    publish_risks,
 )
 from nexus_mcp.policy.upstreams import resolve_secret
 from nexus_mcp.policy.write_policy import WriteDecision
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.forge import ForgeClient, ForgeSettings
 from nexus_mcp.repos.git import git_timeouts_as_refusals
+from nexus_mcp.repos.ranges import RangeAnalysis, analyze_range, commit_of
 from nexus_mcp.repos.repository import (
     PatchAnalysis,
     Repository,
@@ -117,6 +122,8 @@ class Prepared:
     pull: PullRequest | None = None
     pull_files: tuple[str, ...] = ()
     reviewers: frozenset[str] = field(default_factory=frozenset)
+    # create_branch, open_pull_request, merge_guarded: what the write publishes, measured.
+    published: RangeAnalysis | None = None
 
 
 class RepoWrites:
@@ -227,6 +234,9 @@ class RepoWrites:
         prepared.commit = repository.resolve_commit(start, field_name="from_ref")
         if repository.branch_tip(branch) is not None:
             raise ConflictError("branch already exists", reason="branch_exists")
+        # The start point may carry commits nexus-mcp never judged (another branch, a tag,
+        # a sha): what the new branch adds to the default branch passes the patch rules.
+        self.judge_publish(prepared, prepared.commit, repository.default_branch)
 
     def _prepare_patch(self, prepared: Prepared) -> None:
         repository, arguments = prepared.repository, prepared.arguments
@@ -273,6 +283,8 @@ class RepoWrites:
         if tip is None:
             raise NotFoundError(reason="branch_not_found")
         prepared.commit = tip
+        # Everything the push publishes, whoever made its commits, passes the patch rules.
+        self.judge_publish(prepared, tip, base)
 
     async def _prepare_merge(self, prepared: Prepared) -> None:
         repository, arguments = prepared.repository, prepared.arguments
@@ -304,9 +316,66 @@ class RepoWrites:
             raise MergeBlockedError(reason=reason)
         prepared.pull = pull
         prepared.reviewers = approving_reviewers(rules, pull, reviews)
+        prepared.pull_files = tuple(await client.list_pull_files(number))
+        await asyncio.to_thread(self.judge_pull_content, prepared, pull)
+
+    # --- what a write publishes -----------------------------------------------------------
+
+    def judge_publish(self, prepared: Prepared, head: str, target_branch: str) -> None:
+        """Refuse (``WRITE_POLICY_DENIED``) unless the range ``target_branch..head`` passes
+        the repository's patch rules (``repos/ranges.py``); keep it for CODEOWNERS."""
+        repository = prepared.repository
+        published = self._measure(repository, head, repository.branch_tip(target_branch))
+        refuse_risks(
+            publish_risks(
+                repository.policy,
+                published.facts,
+                history=published.history,
+                too_large=published.too_large,
+            )
+        )
+        prepared.published = published
+
+    def recheck_publish(self, prepared: Prepared, target_branch: str) -> None:
+        """``judge_publish`` again, right before the write acts, on the very commit it
+        publishes: the target branch may have moved since the decision."""
+        assert prepared.commit is not None
+        self.judge_publish(prepared, prepared.commit, target_branch)
+
+    def judge_pull_content(self, prepared: Prepared, pull: PullRequest) -> None:
+        """A pull request is merged only if its whole diff passes the write policy: the
+        head commit the forge reports, measured here against the base (the head must be
+        a commit this repository holds: what cannot be measured is not merged), and the
+        forge's own list of its files. ``MERGE_BLOCKED`` (``write_policy``) otherwise;
+        ``merge.allow_disallowed_paths`` lets the disallowed-path rule alone pass."""
+        repository = prepared.repository
+        if commit_of(repository, pull.head_sha) != pull.head_sha:
+            raise MergeBlockedError(reason="write_policy", rule="head_not_local")
+        target = repository.branch_tip(pull.base_ref)
+        published = self._measure(repository, pull.head_sha, target)
+        history = published.history
+        history = PatchFacts(
+            diff_bytes=0,
+            changed_paths=history.changed_paths + prepared.pull_files,
+            lines_added=0,
+            lines_removed=0,
+            symlink_paths=history.symlink_paths,
+            submodule_paths=history.submodule_paths,
+        )
+        risks = publish_risks(
+            repository.policy, published.facts, history=history, too_large=published.too_large
+        )
+        if repository.config.merge.allow_disallowed_paths:
+            risks = [risk for risk in risks if risk.rule != RULE_PATH_DISALLOWED]
+        if risks:
+            raise MergeBlockedError(reason="write_policy", rule=risks[0].rule)
+        prepared.published = published
+
+    @staticmethod
+    def _measure(repository: Repository, head: str, target: str | None) -> RangeAnalysis:
         policy = repository.policy
-        if policy is not None and policy.require_codeowners:
-            prepared.pull_files = tuple(await client.list_pull_files(number))
+        limit = policy.max_diff_size if policy is not None else DEFAULT_WRITE_POLICY.max_diff_size
+        return analyze_range(repository, head, target, max_diff_bytes=limit)
 
     # --- owners ---------------------------------------------------------------------------
 
@@ -321,11 +390,20 @@ class RepoWrites:
             paths = prepared.analysis.facts.changed_paths
             if not approver or unowned_paths(approver, paths, owners, teams=_teams(repository)):
                 raise WritePolicyDeniedError(rule=RULE_CODEOWNERS)
+        elif prepared.operation in ("create_branch", "open_pull_request"):
+            # What the write publishes beyond the target branch: its approver owns it all.
+            published = prepared.published.paths if prepared.published is not None else ()
+            if not published:
+                return
+            owners = await asyncio.to_thread(self.codeowners, repository)
+            if not approver or unowned_paths(approver, published, owners, teams=_teams(repository)):
+                raise WritePolicyDeniedError(rule=RULE_CODEOWNERS)
         elif prepared.operation == "merge_guarded":
             owners = await asyncio.to_thread(self.codeowners, repository)
             approvers = set(prepared.reviewers) | ({approver} if approver else set())
             teams = _teams(repository)
-            for path in prepared.pull_files:
+            published = prepared.published.paths if prepared.published is not None else ()
+            for path in dict.fromkeys(prepared.pull_files + published):
                 path_owners = owners.owners_of(path)
                 if not path_owners or not any(
                     is_owner(who, path_owners, teams=teams) for who in approvers

@@ -519,6 +519,9 @@ def build_repo_tools(
         prepared = await _prepared(writes, "create_branch")
         repository, commit = prepared.repository, prepared.commit
         assert commit is not None
+        # Judged again now, on the very commit the branch will point at.
+        await _git(lambda: writes.recheck_publish(prepared, repository.default_branch))
+        await writes.check_owners(prepared, _approver())
         await _committing(lambda guard: repository.create_branch(branch, commit, guard))
         _target(f"refs/heads/{branch}")
         return CreateBranchResult(repo=repository.name, branch=branch, commit_sha=commit)
@@ -591,6 +594,11 @@ def build_repo_tools(
         forge = repository.config.forge
         assert forge is not None and head_sha is not None
         target_base = base or repository.default_branch
+        # Judged again right before the push, on the exact commit pushed (a sha, never the
+        # branch's name, which may have moved since): whatever it publishes passes the
+        # write policy and its approver owns it.
+        await _git(lambda: writes.recheck_publish(prepared, target_base))
+        await writes.check_owners(prepared, _approver())
         if forge.push_url is not None:
             push_url = forge.push_url
             token = writes.forge_token(repository)
@@ -647,6 +655,9 @@ def build_repo_tools(
             )
             if reason is not None:
                 raise MergeBlockedError(reason=reason)
+            # The whole diff of the head to be merged passes the write policy, asked now.
+            prepared.pull_files = tuple(await client.list_pull_files(pull_number))
+            await _git(lambda: writes.judge_pull_content(prepared, judged))
             # CODEOWNERS counts the approvals standing now, not the ones the gate saw.
             prepared.reviewers = approving_reviewers(rules, pull, reviews)
             await writes.check_owners(prepared, _approver())
