@@ -452,7 +452,7 @@ def _symlink(project: Path, remote: Path, _tmp: Path) -> tuple[str, list[str]]:
 def _not_local(project: Path, remote: Path, tmp: Path) -> tuple[str, list[str]]:
     # Made in another clone and pushed to the forge: this repository never saw it.
     other = tmp / "elsewhere"
-    subprocess.run([GIT, "clone", "-q", str(remote), str(other)], env=ENV, check=True)
+    clone_main(remote, other)
     sha = commit(other, {"src/app.py": "x = 3\n"}, "elsewhere")
     git(other, "push", "-q", "origin", f"{sha}:refs/heads/tmp-objects")
     git(remote, "update-ref", "-d", "refs/heads/tmp-objects")
@@ -522,3 +522,116 @@ async def test_allow_disallowed_paths_is_an_explicit_per_repository_setting(
     else:
         blocked(result, "write_policy")
         assert forge.puts() == [] and rev(remote, "refs/heads/main") != sha
+
+
+# --- what the push target already holds, and what it does not -----------------------------------
+
+
+def clone_main(remote: Path, other: Path) -> None:
+    subprocess.run([GIT, "clone", "-q", "-b", "main", str(remote), str(other)], env=ENV, check=True)
+
+
+def unpushed_workflow_on_main(project: Path) -> str:
+    """Someone commits a workflow change on the local default branch and never pushes it."""
+    return commit(project, {".github/workflows/ci.yml": EVIL}, "local only")
+
+
+async def test_commits_of_a_local_base_the_forge_never_saw_are_judged_when_pushed(
+    build: Builder,
+    project: Path,
+    remote: Path,
+    forge: HostileForge,
+    forge_url: str,
+    audit: MemoryAuditSink,
+) -> None:
+    local = unpushed_workflow_on_main(project)
+    server = serve(build, forge_url, remote)
+    async with Client(server.mcp) as client:
+        # From the local default branch nothing is new locally: the branch is created.
+        created = ok(await approved(client, server, "create_branch", branch_args("feature/x", "b")))
+        assert created["commit_sha"] == local
+        remote_before = refs(remote)
+        result = await approved(
+            client, server, "open_pull_request", pr_args("feature/x", "p"), approver="lead"
+        )
+    # But pushing it would publish the workflow change to the forge.
+    assert code_of(result) == "WRITE_POLICY_DENIED"
+    assert audit_rule(audit, "open_pull_request") == "path_disallowed"
+    assert refs(remote) == remote_before and forge.puts() == []
+    assert [r for r in forge.requests if r.method == "POST"] == []
+
+
+async def test_a_push_target_whose_base_this_repository_never_fetched_is_a_conflict(
+    build: Builder,
+    project: Path,
+    remote: Path,
+    forge: HostileForge,
+    forge_url: str,
+    tmp_path: Path,
+) -> None:
+    server = serve(build, forge_url, remote)
+    async with Client(server.mcp) as client:
+        ok(await approved(client, server, "create_branch", branch_args("feature/x", "b")))
+        move_branch(
+            project,
+            "feature/x",
+            plumb_commit(project, [rev(project, "main")], {"src/app.py": (FILE, "x = 8\n")}),
+        )
+        other = tmp_path / "elsewhere"
+        clone_main(remote, other)
+        commit(other, {"README.md": "moved on\n"}, "elsewhere")
+        git(other, "push", "-q", "origin", "main")
+        remote_before = refs(remote)
+        result = await approved(client, server, "open_pull_request", pr_args("feature/x", "p"))
+    assert code_of(result) == "CONFLICT"
+    assert refs(remote) == remote_before
+    assert [r for r in forge.requests if r.method == "POST"] == []
+
+
+async def test_a_merge_is_judged_from_the_base_the_forge_reports(
+    build: Builder,
+    project: Path,
+    remote: Path,
+    forge: HostileForge,
+    forge_url: str,
+    audit: MemoryAuditSink,
+) -> None:
+    # The local main holds a workflow commit the forge never saw; the pull request's head
+    # is built on it and the forge's file list leaves the workflow out. Judged from the
+    # local main, the diff would look clean; the forge's base says otherwise.
+    local = unpushed_workflow_on_main(project)
+    head = plumb_commit(project, [local], {"src/app.py": (FILE, "x = 6\n")})
+    push_objects(project, remote, head)
+    number = plant(forge, remote, "feature/planted", head, ["src/app.py"])
+    server = serve(build, forge_url, remote)
+    remote_before = refs(remote)
+    async with Client(server.mcp) as client:
+        result = await merge(client, server, number, "m", approver="lead")
+    blocked(result, "write_policy")
+    assert finished(audit, "merge_guarded")[-1]["facts"]["rule"] == "path_disallowed"
+    assert forge.puts() == [] and refs(remote) == remote_before
+
+
+async def test_a_merge_into_a_base_this_repository_never_fetched_is_blocked(
+    build: Builder,
+    project: Path,
+    remote: Path,
+    forge: HostileForge,
+    forge_url: str,
+    tmp_path: Path,
+    audit: MemoryAuditSink,
+) -> None:
+    head = plumb_commit(project, [rev(project, "main")], {"src/app.py": (FILE, "x = 7\n")})
+    push_objects(project, remote, head)
+    number = plant(forge, remote, "feature/planted", head, ["src/app.py"])
+    other = tmp_path / "elsewhere"
+    clone_main(remote, other)
+    commit(other, {"README.md": "moved on\n"}, "elsewhere")
+    git(other, "push", "-q", "origin", "main")
+    server = serve(build, forge_url, remote)
+    remote_before = refs(remote)
+    async with Client(server.mcp) as client:
+        result = await merge(client, server, number, "m", approver="lead")
+    blocked(result, "write_policy")
+    assert finished(audit, "merge_guarded")[-1]["facts"]["rule"] == "base_not_local"
+    assert forge.puts() == [] and refs(remote) == remote_before

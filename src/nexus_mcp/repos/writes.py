@@ -325,7 +325,11 @@ class RepoWrites:
         """Refuse (``WRITE_POLICY_DENIED``) unless the range ``target_branch..head`` passes
         the repository's patch rules (``repos/ranges.py``); keep it for CODEOWNERS."""
         repository = prepared.repository
-        published = self._measure(repository, head, repository.branch_tip(target_branch))
+        self._judge_range(prepared, head, repository.branch_tip(target_branch))
+
+    def _judge_range(self, prepared: Prepared, head: str, target: str | None) -> None:
+        repository = prepared.repository
+        published = self._measure(repository, head, target)
         refuse_risks(
             publish_risks(
                 repository.policy,
@@ -342,6 +346,20 @@ class RepoWrites:
         assert prepared.commit is not None
         self.judge_publish(prepared, prepared.commit, target_branch)
 
+    def recheck_push(self, prepared: Prepared, remote_base: str | None) -> None:
+        """Right before ``open_pull_request`` pushes: judge what the push publishes, the
+        range from the commit the push target's base branch holds (``remote_base``, asked
+        of it just now) to the exact commit pushed. A local base branch may hold commits
+        the forge has never seen; they are published too. A push target without the base
+        branch is ``NOT_FOUND``; one whose base commit this repository does not hold is a
+        ``CONFLICT`` (fetch first): what is published could not be measured."""
+        assert prepared.commit is not None
+        if remote_base is None:
+            raise NotFoundError(reason="base_not_found")
+        if commit_of(prepared.repository, remote_base) != remote_base:
+            raise ConflictError("the base branch is not fetched", reason="base_not_fetched")
+        self._judge_range(prepared, prepared.commit, remote_base)
+
     def judge_pull_content(self, prepared: Prepared, pull: PullRequest) -> None:
         """A pull request is merged only if its whole diff passes the write policy: the
         head commit the forge reports, measured here against the base (the head must be
@@ -351,7 +369,13 @@ class RepoWrites:
         repository = prepared.repository
         if commit_of(repository, pull.head_sha) != pull.head_sha:
             raise MergeBlockedError(reason="write_policy", rule="head_not_local")
+        # The diff is measured from the base the forge reports (a local base branch may be
+        # behind it, or hold commits the forge has never seen), else the local branch.
         target = repository.branch_tip(pull.base_ref)
+        if pull.base_sha is not None:
+            if commit_of(repository, pull.base_sha) != pull.base_sha:
+                raise MergeBlockedError(reason="write_policy", rule="base_not_local")
+            target = pull.base_sha
         published = self._measure(repository, pull.head_sha, target)
         history = published.history
         history = PatchFacts(

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import re
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, Field
@@ -34,6 +34,7 @@ from nexus_mcp.errors import (
     MergeBlockedError,
     NotFoundError,
     UpstreamError,
+    WritePolicyDeniedError,
 )
 from nexus_mcp.policy.merge_rules import approving_reviewers, evaluate_merge
 from nexus_mcp.policy.repos import (
@@ -47,7 +48,7 @@ from nexus_mcp.policy.repos import (
 )
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.git import git_timeouts_as_refusals
-from nexus_mcp.repos.remote import push_branch
+from nexus_mcp.repos.remote import push_branch, remote_branch
 from nexus_mcp.repos.repository import (
     MODE_EXECUTABLE,
     MODE_FILE,
@@ -520,8 +521,9 @@ def build_repo_tools(
         repository, commit = prepared.repository, prepared.commit
         assert commit is not None
         # Judged again now, on the very commit the branch will point at.
-        await _git(lambda: writes.recheck_publish(prepared, repository.default_branch))
-        await writes.check_owners(prepared, _approver())
+        async with _judged_again():
+            await _git(lambda: writes.recheck_publish(prepared, repository.default_branch))
+            await writes.check_owners(prepared, _approver())
         await _committing(lambda guard: repository.create_branch(branch, commit, guard))
         _target(f"refs/heads/{branch}")
         return CreateBranchResult(repo=repository.name, branch=branch, commit_sha=commit)
@@ -597,11 +599,21 @@ def build_repo_tools(
         # Judged again right before the push, on the exact commit pushed (a sha, never the
         # branch's name, which may have moved since): whatever it publishes passes the
         # write policy and its approver owns it.
-        await _git(lambda: writes.recheck_publish(prepared, target_base))
-        await writes.check_owners(prepared, _approver())
-        if forge.push_url is not None:
+        async with _judged_again():
+            await _git(lambda: writes.recheck_publish(prepared, target_base))
+        if forge.push_url is None:
+            async with _judged_again():
+                await writes.check_owners(prepared, _approver())
+        else:
             push_url = forge.push_url
             token = writes.forge_token(repository)
+            # What the push target already holds is not published; the rest is judged.
+            remote_base = await _git(
+                lambda: remote_branch(repository, target_base, push_url, token)
+            )
+            async with _judged_again():
+                await _git(lambda: writes.recheck_push(prepared, remote_base))
+                await writes.check_owners(prepared, _approver())
             # Guarded like a ref update: a call that timed out never pushes afterwards.
             await _committing(
                 lambda guard: push_branch(repository, branch, head_sha, push_url, token, guard)
@@ -701,6 +713,19 @@ async def _prepared(writes: RepoWrites, tool: str) -> Prepared:
     prepared = await writes.prepare(tool, state.arguments)
     state.prepared = prepared
     return prepared
+
+
+@contextlib.asynccontextmanager
+async def _judged_again() -> AsyncIterator[None]:
+    """Around a tool's own second judgement: a refusal there is the write policy's decision
+    for this call, recorded as such (the audit's ``policy_decision`` and ``policy_rule``)."""
+    try:
+        yield
+    except WritePolicyDeniedError as exc:
+        state = current_call()
+        if state is not None:
+            state.policy_decision, state.policy_rule = "denied", str(exc.facts.get("rule"))
+        raise
 
 
 @contextlib.contextmanager
