@@ -106,7 +106,7 @@ def _analyze(
         truncate=True,
     )
     facts = PatchFacts(
-        diff_bytes=len(printed.stdout) + (1 if printed.truncated else 0),
+        diff_bytes=len(printed.stdout),  # cut at the bound plus one byte: over it
         changed_paths=tuple(dict.fromkeys(c.path for c in changes)),
         lines_added=sum(s.lines_added for s in stats),
         lines_removed=sum(s.lines_removed for s in stats),
