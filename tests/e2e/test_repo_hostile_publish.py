@@ -40,9 +40,18 @@ from tests.support.git_repos import (
     state,
 )
 
-from .repo_harness import APPROVER, Builder, approved, build, code_of, finished, ok, project
+from .repo_harness import APPROVER, Builder, approved, build, call, code_of, finished, ok, project
 from .test_repo_forge import FORGE_TOKEN, forge_url, remote
-from .test_repo_hostile_writes import HostileForge, blocked, forge, green, merge, serve
+from .test_repo_hostile_writes import (
+    ELICIT,
+    HostileForge,
+    blocked,
+    elicitation,
+    forge,
+    green,
+    merge,
+    serve,
+)
 
 __all__ = ["build", "forge", "forge_url", "project", "remote"]  # fixtures, for pytest
 
@@ -635,3 +644,34 @@ async def test_a_merge_into_a_base_this_repository_never_fetched_is_blocked(
     blocked(result, "write_policy")
     assert finished(audit, "merge_guarded")[-1]["facts"]["rule"] == "base_not_local"
     assert forge.puts() == [] and refs(remote) == remote_before
+
+
+# --- what an approver is asked ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "questions", "outcome"),
+    [
+        pytest.param("src/app.py", 1, "OK", id="caller-owns-what-is-published"),
+        pytest.param("docs/guide.md", 0, "WRITE_POLICY_DENIED", id="caller-owns-nothing-there"),
+    ],
+)
+async def test_an_elicited_approval_is_asked_about_what_the_branch_publishes(
+    build: Builder, project: Path, path: str, questions: int, outcome: str
+) -> None:
+    start = plumb_commit(project, [rev(project, "main")], {path: (FILE, "changed\n")})
+    git(project, "branch", "side", start)
+    server = build(ELICIT)
+    handler, asked = elicitation("accept", "approve")
+    before = state(project)
+    async with Client(server.mcp, mode="legacy", elicitation_handler=handler) as client:
+        result = await call(client, "create_branch", branch_args("feature/x", "b", "side"))
+    # A branch the caller could not approve is refused before anyone is asked.
+    assert len(asked) == questions
+    if outcome != "OK":
+        assert code_of(result) == outcome
+        assert state(project) == before
+        return
+    assert ok(result)["commit_sha"] == start
+    lines = len(git(project, "show", f"main:{path}").splitlines())
+    assert f"at {start[:12]}: publishes 1 commits, 1 files, +1/-{lines}" in asked[0]

@@ -177,6 +177,14 @@ class RepoWrites:
             subject += (
                 f": {len(facts.changed_paths)} files, +{facts.lines_added}/-{facts.lines_removed}"
             )
+        elif prepared.published is not None and prepared.pull is None:
+            # What a new branch or a push publishes, so an approver approves more than a name.
+            facts, commits = prepared.published.facts, prepared.published.commits
+            subject += (
+                f" at {prepared.commit[:12] if prepared.commit else '?'}: publishes "
+                f"{commits} commits, {len(facts.changed_paths)} files, "
+                f"+{facts.lines_added}/-{facts.lines_removed}"
+            )
         return f"Approve {subject}?"
 
     # --- deciding -----------------------------------------------------------------------
