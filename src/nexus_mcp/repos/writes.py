@@ -5,16 +5,23 @@ Each write tool is decided in two steps, and acts in a third:
 1. ``decide`` (chain step 6, before any approval is looked at): the repository's policy
    allows the operation; the branch is allowed and not protected; for ``apply_patch`` the
    patch is measured by git against the branch tip (``Repository.analyze_patch``) and
-   every content rule is judged on that measurement; for ``merge_guarded`` the forge is
-   asked for the pull request, its checks and its reviews. A refusal here spends no
-   approval.
+   every content rule is judged on that measurement; ``create_branch`` and
+   ``open_pull_request`` measure the range they publish (``repos/ranges.py``: from the
+   merge-base with the target branch to the head, whoever made its commits) and judge it
+   by the same rules; for ``merge_guarded`` the forge is asked for the pull request, its
+   checks, its reviews and its files, and its diff is measured here and judged likewise.
+   A refusal here spends no approval.
 2. ``check_approver`` (once the approval is verified, still before it is spent): with
-   ``require_codeowners``, the approver must own every path the write touches (CODEOWNERS
-   of the default branch: a branch cannot rewrite the rules it is judged by).
+   ``require_codeowners``, the approver must own every path the write touches or
+   publishes (CODEOWNERS of the default branch: a branch cannot rewrite the rules it is
+   judged by).
 3. The tool acts on exactly what was decided: ``apply_patch`` commits the measured tree
    onto the measured tip with a compare-and-swap, so a branch that moved in between is a
-   ``CONFLICT``; ``merge_guarded`` asks the forge again, right before it merges, and merges
-   only the head commit it judged (the forge refuses another).
+   ``CONFLICT``; ``create_branch`` and ``open_pull_request`` judge the range again on the
+   exact commit they point the branch at or push (from where the push target's base
+   really is), and push that sha; ``merge_guarded`` asks the forge again, right before it
+   merges, judges the diff again, and merges only the head commit it judged (the forge
+   refuses another).
 
 The tool re-runs steps 1 and 2 itself when the chain did not (``prepare``), so taking the
 approval layer out never switches the policy off.
