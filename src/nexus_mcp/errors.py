@@ -268,6 +268,7 @@ MERGE_BLOCKED_REASONS = frozenset(
         "changes_requested",
         "codeowners_missing",
         "base_not_allowed",
+        "write_policy",
     }
 )
 

@@ -252,7 +252,7 @@ class FakeForge:
             "html_url": f"https://forge.test/{owner}/{name}/pull/{pull.number}",
             "user": {"login": self.author},
             "head": {"ref": pull.head_ref, "sha": pull.head_sha},
-            "base": {"ref": pull.base_ref},
+            "base": {"ref": pull.base_ref, "sha": self._ref_sha(pull.base_ref)},
         }
 
     # --- endpoints ------------------------------------------------------------------

@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 GIT = shutil.which("git") or "git"
@@ -137,6 +137,55 @@ def make_patch(repo: Path, base: str, files: Files, *, scratch: Path, binary: bo
     return patch
 
 
+Entry = tuple[str, str | bytes] | None  # (mode, content or a gitlink's commit id); None: remove
+
+
+def plumb_commit(
+    repo: Path,
+    parents: Sequence[str],
+    files: Mapping[str, Entry],
+    *,
+    base: str | None = None,
+    message: str = "plumbed",
+) -> str:
+    """A commit made with plumbing, touching no working tree, index or ref: the tree of
+    ``base`` (default: the first parent; no parent: the empty tree) with ``files`` set or
+    removed, on ``parents`` (none: a root commit; two: a merge, with any tree at all).
+    Modes are git's: ``100644``, ``100755``, ``120000`` (a link: the content is its target),
+    ``160000`` (a submodule: the content is the commit id it points at)."""
+    with tempfile.TemporaryDirectory(prefix="nexus-tests-index-") as scratch:
+        env = {**ENV, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
+
+        def run(*args: str, stdin: bytes | None = None) -> str:
+            result = subprocess.run(
+                [GIT, *IDENTITY, "-C", str(repo), *args],
+                input=stdin,
+                capture_output=True,
+                env=env,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise AssertionError(f"git {args[0]} failed: {result.stderr.decode()}")
+            return result.stdout.decode().strip()
+
+        start = base if base is not None else (parents[0] if parents else None)
+        run("read-tree", start) if start is not None else run("read-tree", "--empty")
+        for path, entry in files.items():
+            if entry is None:
+                run("update-index", "--force-remove", "--", path)
+                continue
+            mode, content = entry
+            if mode == "160000":
+                sha = str(content)
+            else:
+                data = content.encode() if isinstance(content, str) else content
+                sha = run("hash-object", "-w", "--stdin", stdin=data)
+            run("update-index", "--add", "--cacheinfo", f"{mode},{sha},{path}")
+        tree = run("write-tree")
+        parent_args = [arg for parent in parents for arg in ("-p", parent)]
+        return run("commit-tree", tree, *parent_args, "-m", message)
+
+
 def init_bare(path: Path) -> Path:
     subprocess.run([GIT, "init", "-q", "--bare", str(path)], env=ENV, check=True)
     return path
@@ -149,6 +198,7 @@ __all__ = [
     "init_bare",
     "make_patch",
     "make_repo",
+    "plumb_commit",
     "refs",
     "rev",
     "state",

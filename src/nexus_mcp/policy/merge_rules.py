@@ -80,6 +80,7 @@ class PullRequest:
     base_ref: str
     html_url: str
     user_login: str
+    base_sha: str | None = None  # the base branch's commit, as the forge reports it
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,8 @@ RULE_DOES_NOT_APPLY = "does_not_apply"
 RULE_EMPTY_PATCH = "empty_patch"
 RULE_NO_FORGE = "no_forge"
 RULE_BRANCH_SYMBOLIC = "branch_symbolic"
+# A published range with more commits, or more change, than can be judged (repos/ranges.py).
+RULE_RANGE_TOO_LARGE = "range_too_large"
 # A segment such as ``GITHUB~1``: the 8.3 short name Windows gives ``.github`` on NTFS, so
 # in a Windows checkout it is that folder, whatever the disallowed patterns say.
 _SHORT_NAME_RE = re.compile(r"~[0-9]")
@@ -171,6 +173,9 @@ class MergeSettings(_Model):
     allowed_bases: tuple[StrictStr, ...] = ()
     dismiss_stale_reviews: StrictBool = True
     method: Literal["merge", "squash", "rebase"] = "merge"
+    # A pull request whose diff touches a disallowed path is never merged by an agent
+    # unless the team says so here (the other write-policy rules apply regardless).
+    allow_disallowed_paths: StrictBool = False
 
 
 class RepositoryConfig(_Model):
@@ -396,23 +401,46 @@ def patch_risks(policy: WritePolicy | None, facts: PatchFacts) -> list[PolicyRis
     risks: list[PolicyRisk] = []
     if not facts.changed_paths:
         risks.append(PolicyRisk(RULE_EMPTY_PATCH))
+    return risks + _content_risks(policy, facts)
+
+
+def publish_risks(
+    policy: WritePolicy | None,
+    facts: PatchFacts,
+    *,
+    history: PatchFacts | None = None,
+    too_large: bool = False,
+) -> list[PolicyRisk]:
+    """Every rule a published range breaks (``repos/ranges.py``): ``patch_risks`` on its
+    tree-to-tree change (an empty range is no risk: nothing new is published), with the
+    paths, links and submodules of each of its commits (``history``) judged as well."""
+    if too_large:
+        return [PolicyRisk(RULE_RANGE_TOO_LARGE)]
+    return _content_risks(policy, facts, history)
+
+
+def _content_risks(
+    policy: WritePolicy | None, facts: PatchFacts, history: PatchFacts | None = None
+) -> list[PolicyRisk]:
+    risks: list[PolicyRisk] = []
     disallowed = (
         policy.effective_disallowed_paths if policy is not None else DEFAULT_DISALLOWED_PATHS
     )
+    every_path = facts.changed_paths + (history.changed_paths if history else ())
     blocked = tuple(
         p
-        for p in facts.changed_paths
+        for p in dict.fromkeys(every_path)
         if matches_disallowed(disallowed, p) or _SHORT_NAME_RE.search(p) is not None
     )
     if blocked:
         risks.append(PolicyRisk(RULE_PATH_DISALLOWED, blocked))
     for rule, paths in (
-        (RULE_SYMLINK, facts.symlink_paths),
-        (RULE_SUBMODULE, facts.submodule_paths),
+        (RULE_SYMLINK, facts.symlink_paths + (history.symlink_paths if history else ())),
+        (RULE_SUBMODULE, facts.submodule_paths + (history.submodule_paths if history else ())),
         (RULE_BINARY_CONTENT, facts.binary_paths),
     ):
         if paths:
-            risks.append(PolicyRisk(rule, tuple(paths)))
+            risks.append(PolicyRisk(rule, tuple(dict.fromkeys(paths))))
     if policy is not None:
         for rule, limit, actual in (
             (RULE_MAX_DIFF_SIZE, policy.max_diff_size, facts.diff_bytes),
@@ -460,6 +488,7 @@ __all__ = [
     "RULE_NO_POLICY",
     "RULE_OPERATION_NOT_ALLOWED",
     "RULE_PATH_DISALLOWED",
+    "RULE_RANGE_TOO_LARGE",
     "RULE_SUBMODULE",
     "RULE_SYMLINK",
     "SAFE_REPO_RE",
@@ -481,4 +510,5 @@ __all__ = [
     "load_repos_config",
     "patch_risks",
     "precheck_patch",
+    "publish_risks",
 ]

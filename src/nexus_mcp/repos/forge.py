@@ -441,6 +441,7 @@ def _to_pull(payload: Any) -> PullRequest:
         _object(pull.get("base")),
         _object(pull.get("user")),
     )
+    base_sha = _opt_str(base, "sha")
     mergeable = pull.get("mergeable")
     if mergeable is not None and not isinstance(mergeable, bool):
         _malformed("wrong_type")
@@ -455,6 +456,7 @@ def _to_pull(payload: Any) -> PullRequest:
         base_ref=_str(base, "ref"),
         html_url=_checked_url(_str(pull, "html_url")),
         user_login=_str(user, "login"),
+        base_sha=None if base_sha is None else _checked_sha(base_sha),
     )
 
 

@@ -5,16 +5,23 @@ Each write tool is decided in two steps, and acts in a third:
 1. ``decide`` (chain step 6, before any approval is looked at): the repository's policy
    allows the operation; the branch is allowed and not protected; for ``apply_patch`` the
    patch is measured by git against the branch tip (``Repository.analyze_patch``) and
-   every content rule is judged on that measurement; for ``merge_guarded`` the forge is
-   asked for the pull request, its checks and its reviews. A refusal here spends no
-   approval.
+   every content rule is judged on that measurement; ``create_branch`` and
+   ``open_pull_request`` measure the range they publish (``repos/ranges.py``: from the
+   merge-base with the target branch to the head, whoever made its commits) and judge it
+   by the same rules; for ``merge_guarded`` the forge is asked for the pull request, its
+   checks, its reviews and its files, and its diff is measured here and judged likewise.
+   A refusal here spends no approval.
 2. ``check_approver`` (once the approval is verified, still before it is spent): with
-   ``require_codeowners``, the approver must own every path the write touches (CODEOWNERS
-   of the default branch: a branch cannot rewrite the rules it is judged by).
+   ``require_codeowners``, the approver must own every path the write touches or
+   publishes (CODEOWNERS of the default branch: a branch cannot rewrite the rules it is
+   judged by).
 3. The tool acts on exactly what was decided: ``apply_patch`` commits the measured tree
    onto the measured tip with a compare-and-swap, so a branch that moved in between is a
-   ``CONFLICT``; ``merge_guarded`` asks the forge again, right before it merges, and merges
-   only the head commit it judged (the forge refuses another).
+   ``CONFLICT``; ``create_branch`` and ``open_pull_request`` judge the range again on the
+   exact commit they point the branch at or push (from where the push target's base
+   really is), and push that sha; ``merge_guarded`` asks the forge again, right before it
+   merges, judges the diff again, and merges only the head commit it judged (the forge
+   refuses another).
 
 The tool re-runs steps 1 and 2 itself when the chain did not (``prepare``), so taking the
 approval layer out never switches the policy off.
@@ -56,12 +63,15 @@ from nexus_mcp.policy.merge_rules import (
     evaluate_merge,
 )
 from nexus_mcp.policy.repos import (
+    DEFAULT_WRITE_POLICY,
     RULE_BRANCH_NOT_ALLOWED,
     RULE_BRANCH_SYMBOLIC,
     RULE_CODEOWNERS,
     RULE_DOES_NOT_APPLY,
     RULE_NO_FORGE,
     RULE_NO_POLICY,
+    RULE_PATH_DISALLOWED,
+    PatchFacts,
     PolicyRisk,
     RepoOperation,
     ReposConfig,
@@ -70,12 +80,14 @@ from nexus_mcp.policy.repos import (
     is_branch_allowed,
     patch_risks,
     precheck_patch,
+    publish_risks,
 )
 from nexus_mcp.policy.upstreams import resolve_secret
 from nexus_mcp.policy.write_policy import WriteDecision
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.forge import ForgeClient, ForgeSettings
 from nexus_mcp.repos.git import git_timeouts_as_refusals
+from nexus_mcp.repos.ranges import RangeAnalysis, analyze_range, commit_of
 from nexus_mcp.repos.repository import (
     PatchAnalysis,
     Repository,
@@ -117,6 +129,8 @@ class Prepared:
     pull: PullRequest | None = None
     pull_files: tuple[str, ...] = ()
     reviewers: frozenset[str] = field(default_factory=frozenset)
+    # create_branch, open_pull_request, merge_guarded: what the write publishes, measured.
+    published: RangeAnalysis | None = None
 
 
 class RepoWrites:
@@ -169,6 +183,14 @@ class RepoWrites:
             facts = prepared.analysis.facts
             subject += (
                 f": {len(facts.changed_paths)} files, +{facts.lines_added}/-{facts.lines_removed}"
+            )
+        elif prepared.published is not None and prepared.pull is None:
+            # What a new branch or a push publishes, so an approver approves more than a name.
+            facts, commits = prepared.published.facts, prepared.published.commits
+            subject += (
+                f" at {prepared.commit[:12] if prepared.commit else '?'}: publishes "
+                f"{commits} commits, {len(facts.changed_paths)} files, "
+                f"+{facts.lines_added}/-{facts.lines_removed}"
             )
         return f"Approve {subject}?"
 
@@ -227,6 +249,9 @@ class RepoWrites:
         prepared.commit = repository.resolve_commit(start, field_name="from_ref")
         if repository.branch_tip(branch) is not None:
             raise ConflictError("branch already exists", reason="branch_exists")
+        # The start point may carry commits nexus-mcp never judged (another branch, a tag,
+        # a sha): what the new branch adds to the default branch passes the patch rules.
+        self.judge_publish(prepared, prepared.commit, repository.default_branch)
 
     def _prepare_patch(self, prepared: Prepared) -> None:
         repository, arguments = prepared.repository, prepared.arguments
@@ -273,6 +298,8 @@ class RepoWrites:
         if tip is None:
             raise NotFoundError(reason="branch_not_found")
         prepared.commit = tip
+        # Everything the push publishes, whoever made its commits, passes the patch rules.
+        self.judge_publish(prepared, tip, base)
 
     async def _prepare_merge(self, prepared: Prepared) -> None:
         repository, arguments = prepared.repository, prepared.arguments
@@ -304,9 +331,90 @@ class RepoWrites:
             raise MergeBlockedError(reason=reason)
         prepared.pull = pull
         prepared.reviewers = approving_reviewers(rules, pull, reviews)
+        prepared.pull_files = tuple(await client.list_pull_files(number))
+        await asyncio.to_thread(self.judge_pull_content, prepared, pull)
+
+    # --- what a write publishes -----------------------------------------------------------
+
+    def judge_publish(self, prepared: Prepared, head: str, target_branch: str) -> None:
+        """Refuse (``WRITE_POLICY_DENIED``) unless the range ``target_branch..head`` passes
+        the repository's patch rules (``repos/ranges.py``); keep it for CODEOWNERS."""
+        repository = prepared.repository
+        self._judge_range(prepared, head, repository.branch_tip(target_branch))
+
+    def _judge_range(self, prepared: Prepared, head: str, target: str | None) -> None:
+        repository = prepared.repository
+        published = self._measure(repository, head, target)
+        refuse_risks(
+            publish_risks(
+                repository.policy,
+                published.facts,
+                history=published.history,
+                too_large=published.too_large,
+            )
+        )
+        prepared.published = published
+
+    def recheck_publish(self, prepared: Prepared, target_branch: str) -> None:
+        """``judge_publish`` again, right before the write acts, on the very commit it
+        publishes: the target branch may have moved since the decision."""
+        assert prepared.commit is not None
+        self.judge_publish(prepared, prepared.commit, target_branch)
+
+    def recheck_push(self, prepared: Prepared, remote_base: str | None) -> None:
+        """Right before ``open_pull_request`` pushes: judge what the push publishes, the
+        range from the commit the push target's base branch holds (``remote_base``, asked
+        of it just now) to the exact commit pushed. A local base branch may hold commits
+        the forge has never seen; they are published too. A push target without the base
+        branch is ``NOT_FOUND``; one whose base commit this repository does not hold is a
+        ``CONFLICT`` (fetch first): what is published could not be measured."""
+        assert prepared.commit is not None
+        if remote_base is None:
+            raise NotFoundError(reason="base_not_found")
+        if commit_of(prepared.repository, remote_base) != remote_base:
+            raise ConflictError("the base branch is not fetched", reason="base_not_fetched")
+        self._judge_range(prepared, prepared.commit, remote_base)
+
+    def judge_pull_content(self, prepared: Prepared, pull: PullRequest) -> None:
+        """A pull request is merged only if its whole diff passes the write policy: the
+        head commit the forge reports, measured here against the base (the head must be
+        a commit this repository holds: what cannot be measured is not merged), and the
+        forge's own list of its files. ``MERGE_BLOCKED`` (``write_policy``) otherwise;
+        ``merge.allow_disallowed_paths`` lets the disallowed-path rule alone pass."""
+        repository = prepared.repository
+        if commit_of(repository, pull.head_sha) != pull.head_sha:
+            raise MergeBlockedError(reason="write_policy", rule="head_not_local")
+        # The diff is measured from the base the forge reports (a local base branch may be
+        # behind it, or hold commits the forge has never seen), else the local branch.
+        target = repository.branch_tip(pull.base_ref)
+        if pull.base_sha is not None:
+            if commit_of(repository, pull.base_sha) != pull.base_sha:
+                raise MergeBlockedError(reason="write_policy", rule="base_not_local")
+            target = pull.base_sha
+        published = self._measure(repository, pull.head_sha, target)
+        history = published.history
+        history = PatchFacts(
+            diff_bytes=0,
+            changed_paths=history.changed_paths + prepared.pull_files,
+            lines_added=0,
+            lines_removed=0,
+            symlink_paths=history.symlink_paths,
+            submodule_paths=history.submodule_paths,
+        )
+        risks = publish_risks(
+            repository.policy, published.facts, history=history, too_large=published.too_large
+        )
+        if repository.config.merge.allow_disallowed_paths:
+            risks = [risk for risk in risks if risk.rule != RULE_PATH_DISALLOWED]
+        if risks:
+            raise MergeBlockedError(reason="write_policy", rule=risks[0].rule)
+        prepared.published = published
+
+    @staticmethod
+    def _measure(repository: Repository, head: str, target: str | None) -> RangeAnalysis:
         policy = repository.policy
-        if policy is not None and policy.require_codeowners:
-            prepared.pull_files = tuple(await client.list_pull_files(number))
+        limit = policy.max_diff_size if policy is not None else DEFAULT_WRITE_POLICY.max_diff_size
+        return analyze_range(repository, head, target, max_diff_bytes=limit)
 
     # --- owners ---------------------------------------------------------------------------
 
@@ -321,11 +429,20 @@ class RepoWrites:
             paths = prepared.analysis.facts.changed_paths
             if not approver or unowned_paths(approver, paths, owners, teams=_teams(repository)):
                 raise WritePolicyDeniedError(rule=RULE_CODEOWNERS)
+        elif prepared.operation in ("create_branch", "open_pull_request"):
+            # What the write publishes beyond the target branch: its approver owns it all.
+            published = prepared.published.paths if prepared.published is not None else ()
+            if not published:
+                return
+            owners = await asyncio.to_thread(self.codeowners, repository)
+            if not approver or unowned_paths(approver, published, owners, teams=_teams(repository)):
+                raise WritePolicyDeniedError(rule=RULE_CODEOWNERS)
         elif prepared.operation == "merge_guarded":
             owners = await asyncio.to_thread(self.codeowners, repository)
             approvers = set(prepared.reviewers) | ({approver} if approver else set())
             teams = _teams(repository)
-            for path in prepared.pull_files:
+            published = prepared.published.paths if prepared.published is not None else ()
+            for path in dict.fromkeys(prepared.pull_files + published):
                 path_owners = owners.owners_of(path)
                 if not path_owners or not any(
                     is_owner(who, path_owners, teams=teams) for who in approvers

@@ -22,7 +22,7 @@ import hashlib
 import os
 import re
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, Field
@@ -37,6 +37,7 @@ from nexus_mcp.errors import (
     MergeBlockedError,
     NotFoundError,
     UpstreamError,
+    WritePolicyDeniedError,
 )
 from nexus_mcp.policy.merge_rules import approving_reviewers, evaluate_merge
 from nexus_mcp.policy.repos import (
@@ -57,7 +58,7 @@ from nexus_mcp.repos.git import (
     current_work,
     git_timeouts_as_refusals,
 )
-from nexus_mcp.repos.remote import push_branch
+from nexus_mcp.repos.remote import push_branch, remote_branch
 from nexus_mcp.repos.repository import (
     MODE_EXECUTABLE,
     MODE_FILE,
@@ -563,6 +564,10 @@ def build_repo_tools(
         prepared = await _prepared(writes, "create_branch")
         repository, commit = prepared.repository, prepared.commit
         assert commit is not None
+        # Judged again now, on the very commit the branch will point at.
+        async with _judged_again():
+            await _git(lambda: writes.recheck_publish(prepared, repository.default_branch))
+            await writes.check_owners(prepared, _approver())
         await _committing(lambda guard: repository.create_branch(branch, commit, guard))
         _target(f"refs/heads/{branch}")
         return CreateBranchResult(repo=repository.name, branch=branch, commit_sha=commit)
@@ -635,9 +640,24 @@ def build_repo_tools(
         forge = repository.config.forge
         assert forge is not None and head_sha is not None
         target_base = base or repository.default_branch
-        if forge.push_url is not None:
+        # Judged again right before the push, on the exact commit pushed (a sha, never the
+        # branch's name, which may have moved since): whatever it publishes passes the
+        # write policy and its approver owns it.
+        async with _judged_again():
+            await _git(lambda: writes.recheck_publish(prepared, target_base))
+        if forge.push_url is None:
+            async with _judged_again():
+                await writes.check_owners(prepared, _approver())
+        else:
             push_url = forge.push_url
             token = writes.forge_token(repository)
+            # What the push target already holds is not published; the rest is judged.
+            remote_base = await _git(
+                lambda: remote_branch(repository, target_base, push_url, token)
+            )
+            async with _judged_again():
+                await _git(lambda: writes.recheck_push(prepared, remote_base))
+                await writes.check_owners(prepared, _approver())
             # Guarded like a ref update: a call that timed out never pushes afterwards.
             await _committing(
                 lambda guard: push_branch(repository, branch, head_sha, push_url, token, guard)
@@ -691,6 +711,9 @@ def build_repo_tools(
             )
             if reason is not None:
                 raise MergeBlockedError(reason=reason)
+            # The whole diff of the head to be merged passes the write policy, asked now.
+            prepared.pull_files = tuple(await client.list_pull_files(pull_number))
+            await _git(lambda: writes.judge_pull_content(prepared, judged))
             # CODEOWNERS counts the approvals standing now, not the ones the gate saw.
             prepared.reviewers = approving_reviewers(rules, pull, reviews)
             await writes.check_owners(prepared, _approver())
@@ -734,6 +757,19 @@ async def _prepared(writes: RepoWrites, tool: str) -> Prepared:
     prepared = await writes.prepare(tool, state.arguments)
     state.prepared = prepared
     return prepared
+
+
+@contextlib.asynccontextmanager
+async def _judged_again() -> AsyncIterator[None]:
+    """Around a tool's own second judgement: a refusal there is the write policy's decision
+    for this call, recorded as such (the audit's ``policy_decision`` and ``policy_rule``)."""
+    try:
+        yield
+    except WritePolicyDeniedError as exc:
+        state = current_call()
+        if state is not None:
+            state.policy_decision, state.policy_rule = "denied", str(exc.facts.get("rule"))
+        raise
 
 
 @contextlib.contextmanager

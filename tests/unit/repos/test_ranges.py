@@ -1,0 +1,114 @@
+"""``repos/ranges.py`` on real repositories: what a published range holds, and its bounds.
+
+The end-to-end tests (``tests/e2e/test_repo_hostile_publish.py``) drive the tools; these
+measure ranges directly: a long history is cut at ``MAX_PUBLISHED_COMMITS`` (made in one
+``git fast-import``, so the test stays fast), an evil merge is seen through ``-c``, a
+clean merge is not, and measuring writes nothing to the repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nexus_mcp.policy.repos import (
+    RULE_PATH_DISALLOWED,
+    RULE_RANGE_TOO_LARGE,
+    RepositoryConfig,
+    WritePolicy,
+    publish_risks,
+)
+from nexus_mcp.repos.git import find_git
+from nexus_mcp.repos.ranges import MAX_PUBLISHED_COMMITS, analyze_range
+from nexus_mcp.repos.repository import Repository, RunnerFactory, open_repository
+from tests.support.git_repos import git, make_repo, plumb_commit, rev, state
+
+FILE = "100644"
+POLICY = WritePolicy()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "repo", {"README.md": "# r\n", "src/a.py": "a = 1\n"})
+
+
+@pytest.fixture
+def repository(repo: Path) -> Iterator[Repository]:
+    factory = RunnerFactory(git=find_git(), timeout_seconds=20, max_output_bytes=16 * 1024 * 1024)
+    opened = open_repository("r", RepositoryConfig(path=repo), factory)
+    yield opened
+    opened.close()
+
+
+def long_history(repo: Path, count: int) -> str:
+    """``count`` commits on top of main, each changing src/a.py, made by one fast-import."""
+    stream = []
+    for number in range(1, count + 1):
+        data = f"a = {number}\n".encode()
+        stream.append(
+            b"commit refs/heads/long\n"
+            b"committer T <t@example.com> 1700000000 +0000\n"
+            b"data 1\nx\n"
+            + (b"from refs/heads/main\n" if number == 1 else b"")
+            + b"M 100644 inline src/a.py\n"
+            b"data " + str(len(data)).encode() + b"\n" + data + b"\n"
+        )
+    git(repo, "fast-import", "--quiet", stdin=b"".join(stream))
+    return rev(repo, "long")
+
+
+def risks(repository: Repository, head: str, target: str | None) -> list[str]:
+    measured = analyze_range(repository, head, target, max_diff_bytes=POLICY.max_diff_size)
+    found = publish_risks(
+        POLICY, measured.facts, history=measured.history, too_large=measured.too_large
+    )
+    return [risk.rule for risk in found]
+
+
+def test_a_range_past_the_commit_bound_is_refused_whole(repo: Path, repository: Repository) -> None:
+    tip = long_history(repo, MAX_PUBLISHED_COMMITS + 1)
+    main = rev(repo, "main")
+    at_bound = analyze_range(repository, rev(repo, "long~1"), main, max_diff_bytes=10_000)
+    past = analyze_range(repository, tip, main, max_diff_bytes=10_000)
+    assert (at_bound.commits, at_bound.too_large) == (MAX_PUBLISHED_COMMITS, False)
+    assert past.too_large is True
+    assert risks(repository, tip, main) == [RULE_RANGE_TOO_LARGE]
+
+
+def test_an_evil_merge_is_seen_and_a_clean_merge_is_not(repo: Path, repository: Repository) -> None:
+    main = rev(repo, "main")
+    side = plumb_commit(repo, [main], {"src/b.py": (FILE, "b = 1\n")})
+    clean = plumb_commit(repo, [main, side], {}, base=side)
+    evil = plumb_commit(
+        repo, [main, side], {".github/workflows/x.yml": (FILE, "on: push\n")}, base=side
+    )
+    reverted = plumb_commit(repo, [evil], {".github/workflows/x.yml": None})
+    before = state(repo)
+    assert risks(repository, clean, main) == []
+    assert risks(repository, reverted, main) == [RULE_PATH_DISALLOWED]
+    measured = analyze_range(repository, reverted, main, max_diff_bytes=10_000)
+    # Tree to tree the workflow is gone; the merge's own content still counts.
+    assert measured.facts.changed_paths == ("src/b.py",)
+    assert ".github/workflows/x.yml" in measured.history.changed_paths
+    assert state(repo) == before  # measuring wrote nothing, not even an object
+
+
+def test_the_diff_size_is_read_at_most_one_byte_past_the_bound(
+    repo: Path, repository: Repository
+) -> None:
+    main = rev(repo, "main")
+    big = plumb_commit(repo, [main], {"src/big.py": (FILE, "x = 1\n" * 5000)})
+    measured = analyze_range(repository, big, main, max_diff_bytes=100)
+    assert measured.facts.diff_bytes == 101
+    small = analyze_range(repository, big, main, max_diff_bytes=1_000_000)
+    assert 30_000 < small.facts.diff_bytes < 40_000
+
+
+def test_an_unrelated_history_is_judged_whole(repo: Path, repository: Repository) -> None:
+    orphan = plumb_commit(repo, [], {"src/a.py": (FILE, "a = 2\n")})
+    measured = analyze_range(repository, orphan, rev(repo, "main"), max_diff_bytes=10_000)
+    assert measured.base is None
+    assert measured.facts.changed_paths == ("src/a.py",)
+    assert git(repo, "cat-file", "-t", orphan).strip() == "commit"
