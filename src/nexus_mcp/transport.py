@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import enforce_one_handler
+from nexus_mcp.routing_headers import RoutingHeadersMiddleware
 from nexus_mcp.server import NexusServer
 from nexus_mcp.settings import Settings
 from nexus_mcp.wire_errors import ScrubbingSendStream, TransportErrorsMiddleware
@@ -142,6 +143,8 @@ def http_options(settings: Settings) -> dict[str, Any]:
             # JSON-RPC errors the SDK and FastMCP build from request content quote it back
             # (wire_errors.py): every error leaves with a fixed message.
             ASGIMiddlewareSpec(TransportErrorsMiddleware),
+            # Mcp-Method / Mcp-Name agree with the body in every era (routing_headers.py).
+            ASGIMiddlewareSpec(RoutingHeadersMiddleware),
             *(
                 [
                     ASGIMiddlewareSpec(
