@@ -144,11 +144,14 @@ def scrub_error(error: dict[str, Any]) -> dict[str, Any]:
 
 
 def scrub_document(document: Any) -> Any:
-    """A decoded JSON-RPC message (or batch) with every error scrubbed; others as they are."""
+    """A decoded JSON-RPC message (or batch) with every error scrubbed; the same object
+    when it holds no error (so a large result is never copied or compared)."""
     if isinstance(document, list):
-        return [scrub_document(item) for item in document]
-    if isinstance(document, dict) and isinstance(document.get("error"), dict):
-        return {**document, "error": scrub_error(document["error"])}
+        items = [scrub_document(item) for item in document]
+        return document if all(a is b for a, b in zip(items, document, strict=True)) else items
+    if isinstance(document, dict) and isinstance(error := document.get("error"), dict):
+        scrubbed = scrub_error(error)
+        return document if scrubbed == error else {**document, "error": scrubbed}
     return document
 
 
@@ -161,7 +164,7 @@ def scrub_json(body: bytes) -> bytes:
     except (ValueError, RecursionError):
         return body
     scrubbed = scrub_document(document)
-    return body if scrubbed == document else _encode(scrubbed)
+    return body if scrubbed is document else _encode(scrubbed)
 
 
 def scrub_error_body(body: bytes) -> bytes:
