@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +98,8 @@ async def test_a_valid_record_carries_the_calls_id_like_its_audit_and_effect(
     assert (record["server_id"], record["tool_name"]) == ("nexus", "nexus_write_file")
     assert record["idempotency_key"] == "key-1"
     assert record["expected_document_hashes"] == [{"pointer": "/content", "hash": "a" * 64}]
-    # Cheap: one compiled validator, one pass per call.
-    started = time.perf_counter()
-    for _ in range(200):
-        check.before(None, state, state.arguments)  # type: ignore[arg-type]
-    assert (time.perf_counter() - started) / 200 < 0.005
+    check.before(None, state, state.arguments)  # type: ignore[arg-type]
+    assert state.tool_call_record == record
 
 
 async def test_an_upstream_call_whose_record_breaks_the_schema_never_reaches_the_upstream(
