@@ -196,3 +196,39 @@ def test_headers_that_agree_run_the_call_in_both_eras(server: tuple[str, Path]) 
         assert '"isError":false' in response.text.replace(" ", ""), response.text
     for name in ("agreed.txt", "wrapped.txt", "plain.txt", "modern.txt"):
         assert (workspace / name).read_text() == "written"
+
+
+@pytest.fixture(scope="module")
+def stateless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A ``--stateless-http`` server: a 2025-11-25 request needs no session there."""
+    base = tmp_path_factory.mktemp("routing-headers-stateless")
+    workspace = base / "ws"
+    workspace.mkdir()
+    port = free_port()
+    env = {"NEXUS_MCP_MODE": "dev", "NEXUS_MCP_DATA_DIR": str(base / "data")}
+    args = ["--workspace", str(workspace), "--stateless-http"]
+    with (
+        (base / "nexus.stderr").open("wb") as err,
+        http_server(args, env, port=port, stderr=err),
+    ):
+        yield f"http://127.0.0.1:{port}/mcp", workspace
+
+
+@pytest.mark.parametrize(
+    "version", [None, LEGACY, "2025-06-18", "2025-03-26"], ids=["none", LEGACY, "06-18", "03-26"]
+)
+def test_a_stateless_server_refuses_disagreeing_headers_in_every_older_version(
+    stateless: tuple[str, Path], version: str | None
+) -> None:
+    url, workspace = stateless
+    extra: Headers = [("mcp-protocol-version", version)] if version else []
+    path = f"stateless-{version}.txt"
+    with httpx.Client(timeout=20) as client:
+        refused = post(client, url, write_call(path), [*extra, *NAMES_READ])
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == HEADER_MISMATCH
+        assert not (workspace / path).exists()
+        agreeing = [("mcp-method", "tools/call"), ("mcp-name", WRITE)]
+        ran = post(client, url, write_call(path), [*extra, *agreeing])
+    assert ran.status_code == 200, ran.text
+    assert (workspace / path).read_text() == "written"
