@@ -39,6 +39,7 @@ from nexus_mcp.policy.registry import (
     TOOL_CALL_SCHEMA,
     DocumentSpec,
     RegistrySet,
+    contract_check,
     contract_validator,
 )
 
@@ -221,12 +222,13 @@ class ToolCallRecordCheck:
     ``{server_id, tool_name}``, the digest of the arguments (the audit's), the caller's
     declared class, idempotency key and expected hashes. A record the schema refuses
     stops the call with ``TOOL_CALL_RECORD_INVALID``, naming the field, never its value.
-    The validator is compiled once (``contract_validator`` caches it) and a valid record
-    costs one ``is_valid`` pass.
+    The schema is compiled once to plain checks (``contract_check``); jsonschema runs only
+    to name the failing field of a refused record.
     """
 
     def __init__(self, enforcer: RegistryEnforcer) -> None:
         self.enforcer = enforcer
+        self.is_valid = contract_check(TOOL_CALL_SCHEMA)
         self.validator = contract_validator(TOOL_CALL_SCHEMA)
 
     def record(self, state: CallState) -> dict[str, Any]:
@@ -251,7 +253,7 @@ class ToolCallRecordCheck:
 
     def before(self, contract: ToolContract, state: CallState, arguments: dict[str, Any]) -> None:
         record = self.record(state)
-        if not self.validator.is_valid(record):
+        if not self.is_valid(record):
             error = best_match(self.validator.iter_errors(record))
             field = str(error.path[0]) if error is not None and error.path else "record"
             rule = str(error.validator) if error is not None else "schema"
