@@ -54,6 +54,9 @@ class CallState:
     server_id: str | None = None
     upstream_tool: str | None = None
     args_digest: str | None = None
+    # The call's tool_call record (tool_call.schema.json), built and validated by the
+    # connector before the tool runs (enforcement.ToolCallRecordCheck).
+    tool_call_record: Mapping[str, Any] | None = None
     risk: str | None = None
     tool_class: str | None = None
     heuristic_class: bool = False

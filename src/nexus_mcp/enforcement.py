@@ -12,25 +12,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from jsonschema.exceptions import best_match
+
 from nexus_mcp.calls import (
     ARG_IDEMPOTENCY_KEY,
     META_EXPECTED_HASHES,
     META_IDEMPOTENCY_KEY,
     META_TOOL_CLASS,
+    PLUMBING_ARGS,
     CallState,
 )
 from nexus_mcp.decorator import ToolContract
-from nexus_mcp.errors import InvalidInputError
+from nexus_mcp.errors import InvalidInputError, ToolCallRecordInvalidError
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.classification import Classification, classify_call
 from nexus_mcp.policy.documents import (
     DocumentCheck,
+    build_tool_call,
     build_tool_effect,
     check_read_documents,
     check_write_documents,
     parse_expected_hashes,
 )
-from nexus_mcp.policy.registry import DocumentSpec, RegistrySet
+from nexus_mcp.policy.hashing import fingerprint_arguments
+from nexus_mcp.policy.registry import (
+    TOOL_CALL_SCHEMA,
+    DocumentSpec,
+    RegistrySet,
+    contract_check,
+    contract_validator,
+)
 
 log = get_logger(__name__)
 
@@ -201,4 +212,61 @@ class RegistryConnectorCheck:
             state.document_check = self.enforcer.check_read(classification, structured)
 
 
-__all__ = ["RegistryConnectorCheck", "RegistryEnforcer", "plumbing_value"]
+class ToolCallRecordCheck:
+    """Builds the call's ``tool_call`` record and validates it (seed 000, 9.2.2).
+
+    A connector check, so the one sequence that runs native, upstream and replayed tools
+    (``decorator.bind_tool``, ``UpstreamTool.run``, ``FixtureTool.run``) builds it for all
+    three, right before the tool runs. The record carries the call's own
+    ``tool_call_id`` (the id of its audit events and of its ``tool_effect``), the routed
+    ``{server_id, tool_name}``, the digest of the arguments (the audit's), the caller's
+    declared class, idempotency key and expected hashes. A record the schema refuses
+    stops the call with ``TOOL_CALL_RECORD_INVALID``, naming the field, never its value.
+    The schema is compiled once to plain checks (``contract_check``); jsonschema runs only
+    to name the failing field of a refused record.
+    """
+
+    def __init__(self, enforcer: RegistryEnforcer) -> None:
+        self.enforcer = enforcer
+        self.is_valid = contract_check(TOOL_CALL_SCHEMA)
+        self.validator = contract_validator(TOOL_CALL_SCHEMA)
+
+    def record(self, state: CallState) -> dict[str, Any]:
+        server_id, tool_name = self.enforcer.route(state.tool_name)
+        if state.args_digest is None:
+            state.args_digest = fingerprint_arguments(state.arguments, exclude=PLUMBING_ARGS)
+        expected_raw = state.meta.get(META_EXPECTED_HASHES)
+        declared = state.meta.get(META_TOOL_CLASS)
+        record = build_tool_call(
+            server_id=server_id,
+            tool_name=tool_name,
+            args_digest=state.args_digest,
+            tool_call_id=state.tool_call_id,
+            idempotency_key=plumbing_value(state, ARG_IDEMPOTENCY_KEY, META_IDEMPOTENCY_KEY),
+            expected_hashes=(
+                parse_expected_hashes(expected_raw) if expected_raw is not None else None
+            ),
+        )
+        if declared is not None:
+            record["tool_class"] = declared  # as sent: the schema decides, not a filter here
+        return record
+
+    def before(self, contract: ToolContract, state: CallState, arguments: dict[str, Any]) -> None:
+        record = self.record(state)
+        if not self.is_valid(record):
+            error = best_match(self.validator.iter_errors(record))
+            field = str(error.path[0]) if error is not None and error.path else "record"
+            rule = str(error.validator) if error is not None else "schema"
+            raise ToolCallRecordInvalidError(field=field, rule=rule)
+        state.tool_call_record = record
+
+    def after(self, contract: ToolContract, state: CallState, structured: dict[str, Any]) -> None:
+        return None
+
+
+__all__ = [
+    "RegistryConnectorCheck",
+    "RegistryEnforcer",
+    "ToolCallRecordCheck",
+    "plumbing_value",
+]

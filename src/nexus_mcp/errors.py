@@ -15,7 +15,8 @@ means: no input values, no paths the caller sent, no exception text, no secrets.
     │   ├── ToolClassMismatchError       TOOL_CLASS_MISMATCH
     │   ├── ToolClassDeclarationError    TOOL_CLASS_DECLARATION_MISMATCH
     │   ├── IdempotencyKeyRequiredError  IDEMPOTENCY_KEY_REQUIRED
-    │   └── IdempotencyKeyConflictError  IDEMPOTENCY_KEY_CONFLICT
+    │   ├── IdempotencyKeyConflictError  IDEMPOTENCY_KEY_CONFLICT
+    │   └── ToolCallRecordInvalidError   TOOL_CALL_RECORD_INVALID
     ├── DocumentError
     │   ├── DocSizeExceededError         DOC_SIZE_EXCEEDED
     │   ├── DocHashMismatchError         DOC_HASH_MISMATCH
@@ -54,6 +55,7 @@ class Code(StrEnum):
     TOOL_CLASS_DECLARATION_MISMATCH = "TOOL_CLASS_DECLARATION_MISMATCH"
     IDEMPOTENCY_KEY_REQUIRED = "IDEMPOTENCY_KEY_REQUIRED"
     IDEMPOTENCY_KEY_CONFLICT = "IDEMPOTENCY_KEY_CONFLICT"
+    TOOL_CALL_RECORD_INVALID = "TOOL_CALL_RECORD_INVALID"
     DOC_SIZE_EXCEEDED = "DOC_SIZE_EXCEEDED"
     DOC_HASH_MISMATCH = "DOC_HASH_MISMATCH"
     DOC_CONTENT_POINTER_INVALID = "DOC_CONTENT_POINTER_INVALID"
@@ -170,6 +172,21 @@ class IdempotencyKeyRequiredError(RegistryError):
 class IdempotencyKeyConflictError(RegistryError):
     code = Code.IDEMPOTENCY_KEY_CONFLICT
     default_message = "idempotency_key was already used with different arguments"
+
+
+class ToolCallRecordInvalidError(RegistryError):
+    """The call's ``tool_call`` record (seed 000, 9.2.2) fails ``tool_call.schema.json``.
+
+    Names the record's field (a schema property name) only, never its value.
+    """
+
+    code = Code.TOOL_CALL_RECORD_INVALID
+
+    def render(self, facts: dict[str, Any]) -> str:
+        field = facts.get("field")
+        if isinstance(field, str):
+            return f"the tool call record is invalid at '{field}'"
+        return "the tool call record is invalid"
 
 
 # --- documents --------------------------------------------------------------------------
@@ -450,6 +467,7 @@ __all__ = [
     "NotFoundError",
     "RateLimitedError",
     "RegistryError",
+    "ToolCallRecordInvalidError",
     "ToolClassDeclarationError",
     "ToolClassMismatchError",
     "ToolTimeoutError",

@@ -37,7 +37,7 @@ from nexus_mcp.decorator import (
     build_arguments_model,
     contract_of,
 )
-from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer
+from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer, ToolCallRecordCheck
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
 from nexus_mcp.fixtures.store import FixtureWriter
@@ -469,7 +469,8 @@ def _build_server(
             ),
             contracts=contracts,
             argument_models=argument_models,
-            connector_checks=[RegistryConnectorCheck(enforcer)],
+            # The registry re-check, then the call's tool_call record (seed 000, 9.2.2).
+            connector_checks=[RegistryConnectorCheck(enforcer), ToolCallRecordCheck(enforcer)],
             verifier=build_verifier(settings) if settings.transport == "http" else None,
             upstreams=upstreams,
             repos=repos,

@@ -12,16 +12,17 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from typing import Any
+from typing import Any, cast
 
 from starlette.middleware import Middleware as ASGIMiddlewareSpec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import enforce_one_handler
+from nexus_mcp.routing_headers import RoutingHeadersMiddleware
 from nexus_mcp.server import NexusServer
 from nexus_mcp.settings import Settings
-from nexus_mcp.wire_errors import TransportErrorsMiddleware
+from nexus_mcp.wire_errors import ScrubbingSendStream, TransportErrorsMiddleware
 
 LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
 LISTEN_BACKLOG = 2048  # uvicorn's default, which it would have used binding the socket itself
@@ -139,8 +140,11 @@ def http_options(settings: Settings) -> dict[str, Any]:
         "allowed_origins": list(settings.allowed_origins) or None,
         "middleware": [
             ASGIMiddlewareSpec(BodyLimitMiddleware, max_bytes=settings.limits.max_request_bytes),
-            # The SDK's own 400 errors quote the body they refuse (wire_errors.py).
+            # JSON-RPC errors the SDK and FastMCP build from request content quote it back
+            # (wire_errors.py): every error leaves with a fixed message.
             ASGIMiddlewareSpec(TransportErrorsMiddleware),
+            # Mcp-Method / Mcp-Name agree with the body in every era (routing_headers.py).
+            ASGIMiddlewareSpec(RoutingHeadersMiddleware),
             *(
                 [
                     ASGIMiddlewareSpec(
@@ -232,6 +236,31 @@ def announce(settings: Settings, *, port: int) -> None:
     sys.stderr.flush()
 
 
+async def run_stdio(server: NexusServer) -> None:
+    """FastMCP's ``run_stdio_async`` (fastmcp/server/mixins/transport.py), with every
+    JSON-RPC error scrubbed on its way to stdout (``wire_errors.ScrubbingSendStream``).
+
+    FastMCP has no hook on the stdio write stream and the SDK writes several errors from
+    request content (an unknown method's name, a resource URI), so this is the same
+    sequence with the stream wrapped: transport marked ``stdio``, the server's lifespan,
+    the SDK's ``stdio_server``, the low-level server's ``run``.
+    """
+    from fastmcp.server.context import reset_transport, set_transport
+    from mcp.server.stdio import stdio_server
+
+    mcp = server.mcp
+    token = set_transport("stdio")
+    try:
+        async with mcp._lifespan_manager(), stdio_server() as (read_stream, write_stream):
+            await mcp._mcp_server.run(
+                read_stream,
+                cast(Any, ScrubbingSendStream(write_stream)),
+                mcp._mcp_server.create_initialization_options(),
+            )
+    finally:
+        reset_transport(token)
+
+
 async def serve(server: NexusServer) -> None:
     settings = server.runtime.settings
     # Building the server imported FastMCP and the MCP SDK, which may install handlers of
@@ -239,7 +268,7 @@ async def serve(server: NexusServer) -> None:
     enforce_one_handler()
     try:
         if settings.transport == "stdio":
-            await server.mcp.run_stdio_async(show_banner=False)
+            await run_stdio(server)
         else:
             listener = bind_listener(settings)
             try:
@@ -269,5 +298,6 @@ __all__ = [
     "bind_listener",
     "client_config",
     "http_options",
+    "run_stdio",
     "serve",
 ]

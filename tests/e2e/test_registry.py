@@ -1023,8 +1023,11 @@ async def test_gateway_and_connector_hold_one_registry_object(build: Builder) ->
     ]
     assert len(gateway) == 2
     assert all(m.enforcer is runtime.enforcer for m in gateway)
-    assert [type(c).__name__ for c in runtime.connector_checks] == ["RegistryConnectorCheck"]
-    assert runtime.connector_checks[0].enforcer is runtime.enforcer  # type: ignore[attr-defined]
+    assert [type(c).__name__ for c in runtime.connector_checks] == [
+        "RegistryConnectorCheck",
+        "ToolCallRecordCheck",  # the seed's tool_call record (issue 22), same enforcer
+    ]
+    assert all(c.enforcer is runtime.enforcer for c in runtime.connector_checks)  # type: ignore[attr-defined]
     assert runtime.enforcer.registry is runtime.registry
 
 

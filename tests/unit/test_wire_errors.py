@@ -12,7 +12,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from nexus_mcp.wire_errors import MAX_ERROR_BODY_BYTES, TransportErrorsMiddleware, scrub_error_body
+from nexus_mcp.wire_errors import (
+    MAX_ERROR_BODY_BYTES,
+    ScrubbingSendStream,
+    TransportErrorsMiddleware,
+    _SseScrubber,
+    scrub_error,
+    scrub_error_body,
+    scrub_json,
+)
 
 CANARY = "CANARY-WIRE-5d2"
 
@@ -75,7 +83,7 @@ async def echo(request: Request) -> Response:
     return Response(error(-32602, message), status_code=status, media_type="application/json")
 
 
-async def test_the_middleware_rewrites_only_400_json_errors_and_fixes_their_length() -> None:
+async def test_the_middleware_rewrites_json_errors_of_any_status_and_fixes_their_length() -> None:
     app = TransportErrorsMiddleware(
         Starlette(routes=[Route("/mcp", echo, methods=["POST", "GET"])])
     )
@@ -89,5 +97,97 @@ async def test_the_middleware_rewrites_only_400_json_errors_and_fixes_their_leng
     assert CANARY not in refused.text
     assert int(refused.headers["content-length"]) == len(refused.content)
     assert refused.json()["error"]["message"] == "Invalid request parameters"
-    assert CANARY in passed.text  # a 200 is the server's answer, not the transport's
+    # A 200 carrying a JSON-RPC error is scrubbed as well (issue 22: the SDK's dispatch
+    # errors are 200s); GET answers pass through the same filter.
+    assert CANARY not in passed.text
+    assert passed.json()["error"]["message"] == "Invalid request parameters"
     assert fetched.status_code == 400  # GET passes through untouched
+
+
+@pytest.mark.parametrize(
+    ("error_in", "error_out"),
+    [
+        ({"code": -32601, "message": "Method not found", "data": f"{CANARY}/x"},
+         {"code": -32601, "message": "Method not found"}),
+        ({"code": -32002, "message": f"Unknown resource: nexus://{CANARY}",
+          "data": {"uri": f"nexus://{CANARY}"}},
+         {"code": -32002, "message": "Resource not found"}),
+        ({"code": -32602, "message": f"Unknown prompt: '{CANARY}'"},
+         {"code": -32602, "message": "Invalid request parameters"}),
+        ({"code": 0, "message": f"KeyError: {CANARY}"},
+         {"code": 0, "message": "Internal server error"}),
+        ({"code": -32099, "message": CANARY, "data": [CANARY]},
+         {"code": -32099, "message": "Request failed"}),
+        ({"code": -32022, "message": f"Unsupported protocol version {CANARY}",
+          "data": {"supported": ["2026-07-28"], "requested": CANARY}},
+         {"code": -32022, "message": "Unsupported protocol version",
+          "data": {"supported": ["2026-07-28"], "requested": ""}}),
+        ({"code": -32022, "message": "x", "data": {"supported": CANARY}},
+         {"code": -32022, "message": "Unsupported protocol version"}),
+        ({"code": "-32602", "message": CANARY},
+         {"code": -32603, "message": "Internal server error"}),
+    ],
+    ids=["method", "resource", "prompt", "code-0", "unknown-code", "version", "version-bad",
+         "code-not-int"],
+)  # fmt: skip
+def test_every_error_gets_the_fixed_text_of_its_code(
+    error_in: dict[str, Any], error_out: dict[str, Any]
+) -> None:
+    assert scrub_error(error_in) == error_out
+
+
+def test_a_batch_and_an_error_with_a_result_sibling_are_scrubbed_element_by_element() -> None:
+    body = json.dumps(
+        [
+            {"jsonrpc": "2.0", "id": 1, "result": {"text": CANARY}},
+            {"jsonrpc": "2.0", "id": 2, "error": {"code": -32601, "message": "x", "data": CANARY}},
+        ]
+    ).encode()
+    scrubbed = json.loads(scrub_json(body))
+    assert scrubbed[0]["result"] == {"text": CANARY}  # a result is the server's answer
+    assert scrubbed[1]["error"] == {"code": -32601, "message": "Method not found"}
+
+
+async def sse(request: Request) -> Response:
+    event = error(-32601, "Method not found", data=CANARY).decode()
+    done = json.dumps({"jsonrpc": "2.0", "id": 3, "result": {"ok": CANARY}})
+    text = f"event: message\r\nid: 7\r\ndata: {event}\r\n\r\n: ping\r\n\r\ndata: {done}\n\n"
+    return Response(text.encode(), media_type="text/event-stream")
+
+
+async def test_the_events_of_a_stream_are_scrubbed_however_it_is_chunked() -> None:
+    app = TransportErrorsMiddleware(Starlette(routes=[Route("/mcp", sse, methods=["POST"])]))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t"
+    ) as http:
+        answer = await http.post("/mcp")
+    events = [line for line in answer.text.splitlines() if line.startswith("data:")]
+    assert json.loads(events[0][5:])["error"] == {"code": -32601, "message": "Method not found"}
+    assert json.loads(events[1][5:])["result"] == {"ok": CANARY}
+    assert "id: 7" in answer.text and ": ping" in answer.text
+    # Fed a byte at a time, the stream comes out the same.
+    raw = (await sse(None)).body  # type: ignore[arg-type]
+    whole = _SseScrubber().feed(raw, final=True)
+    split = _SseScrubber()
+    pieces = [split.feed(raw[i : i + 1], final=i == len(raw) - 1) for i in range(len(raw))]
+    assert b"".join(pieces) == whole
+    assert CANARY.encode() not in whole.split(b"result")[0]
+
+
+async def test_the_stdio_stream_writes_errors_scrubbed_and_results_as_they_are() -> None:
+    import anyio
+    from mcp.shared.message import SessionMessage
+    from mcp_types import ErrorData, JSONRPCError, JSONRPCResponse
+
+    send, receive = anyio.create_memory_object_stream[SessionMessage](4)
+    stream = ScrubbingSendStream(send)
+    async with stream:
+        failed = ErrorData(code=-32601, message="Method not found", data=CANARY)
+        await stream.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=1, error=failed)))
+        ok = JSONRPCResponse(jsonrpc="2.0", id=2, result={"text": CANARY})
+        await stream.send(SessionMessage(ok))
+    async with receive:
+        written = [item.message async for item in receive]
+    assert isinstance(written[0], JSONRPCError)
+    assert written[0].error.data is None and written[0].error.message == "Method not found"
+    assert written[1] == ok
