@@ -169,6 +169,44 @@ def is_transport_failure(exc: BaseException) -> bool:
     return code in (-32000,) and "closed" in str(getattr(error, "message", "")).lower()
 
 
+class RedirectRefused(httpx2.TransportError):
+    """A request to another URL than the upstream's configured one (never sent)."""
+
+
+def http_client_factory(url: str, verify: ssl.SSLContext | bool) -> Callable[..., Any]:
+    """The ``httpx_client_factory`` of an HTTP upstream's transport: no redirect, ever.
+
+    Exactly the headers given (the caller's are never merged in: forward_incoming_headers
+    stays off). Redirects: FastMCP asks its factory for ``follow_redirects=True``, and the
+    MCP SDK follows a same-origin 307/308 by itself whatever that flag says
+    (``stream_within_origin``, up to the client's ``max_redirects``), carrying the
+    gateway's credential. So the client gets ``follow_redirects=False`` *and*
+    ``max_redirects=0`` (the SDK then hands the 3xx back, and the request fails as an
+    upstream error), and a request hook refuses, before it is sent, any request to
+    another URL than the configured endpoint, whatever follows a redirect in the future.
+    """
+    endpoint = httpx2.URL(url)
+
+    async def only_the_endpoint(request: httpx2.Request) -> None:
+        target = request.url
+        if (target.scheme, target.host, target.port, target.raw_path) != (
+            endpoint.scheme,
+            endpoint.host,
+            endpoint.port,
+            endpoint.raw_path,
+        ):
+            raise RedirectRefused("request to another URL than the upstream's endpoint")
+
+    def factory(**kwargs: Any) -> httpx2.AsyncClient:
+        kwargs["follow_redirects"] = False
+        kwargs["max_redirects"] = 0
+        kwargs["verify"] = verify
+        kwargs["event_hooks"] = {"request": [only_the_endpoint]}
+        return httpx2.AsyncClient(**kwargs)
+
+    return factory
+
+
 def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
     """A FastMCP client for one session, with only the gateway's own credentials.
 
@@ -206,16 +244,10 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
                 context.load_cert_chain(str(creds.cert_file), str(creds.key_file))
             verify = context
 
-        def factory(**kwargs: Any) -> httpx2.AsyncClient:
-            # Exactly the headers given here: the caller's are never merged in
-            # (forward_incoming_headers stays off), and redirects are not followed,
-            # so a credential never leaves for another origin.
-            kwargs["follow_redirects"] = False
-            kwargs["verify"] = verify
-            return httpx2.AsyncClient(**kwargs)
-
         transport = StreamableHttpTransport(
-            str(config.url), headers=headers, httpx_client_factory=cast(Any, factory)
+            str(config.url),
+            headers=headers,
+            httpx_client_factory=cast(Any, http_client_factory(str(config.url), verify)),
         )
     forward = config.forward
     relays: dict[str, Any] = {}
