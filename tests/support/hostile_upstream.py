@@ -13,7 +13,8 @@ cursor, or ``http`` with the path, the port it arrived on and its Authorization 
 so a test can count pages served and prove a redirect target was never asked.
 
 Modes:
-- ``names``: a listing with one good tool (``echo``) among invalid definitions;
+- ``names``: a listing with two good tools (``echo``, ``add``) among invalid definitions;
+- ``badschema``: a page with an ``inputSchema`` of type string (the SDK refuses the page);
 - ``endless``: 500 fresh tools per page and a new ``nextCursor`` forever;
 - ``cycle``: cursors that come back (``A`` -> ``B`` -> ``A``), 10 tools per page;
 - ``fat``: 8 tools of 200 KB descriptions per page, a new cursor forever;
@@ -56,8 +57,6 @@ def names_listing() -> list[dict[str, Any]]:
         tool("x" * 300),
         tool("twice", "First definition."),
         tool("twice", "Second definition."),
-        tool("string_schema", schema={"type": "string"}),
-        tool("array_props", schema={"type": "object", "properties": []}),
         tool("long_description", "d" * 200_000),
         tool(
             "big_schema",
@@ -75,6 +74,8 @@ def names_listing() -> list[dict[str, Any]]:
 def page(mode: str, cursor: str | None) -> dict[str, Any]:
     if mode == "names":
         return {"tools": names_listing()}
+    if mode == "badschema":  # what the MCP SDK refuses for the whole page
+        return {"tools": [tool("echo"), tool("string_schema", schema={"type": "string"})]}
     if mode == "endless":
         number = int(cursor[1:]) if cursor else 0
         tools = [tool(f"t{number}_{i}") for i in range(500)]

@@ -17,7 +17,7 @@ import os
 import ssl
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -173,7 +173,54 @@ class RedirectRefused(httpx2.TransportError):
     """A request to another URL than the upstream's configured one (never sent)."""
 
 
-def http_client_factory(url: str, verify: ssl.SSLContext | bool) -> Callable[..., Any]:
+class ResponseTooLarge(httpx2.StreamError):
+    """An HTTP response longer than the upstream's response cap (read no further)."""
+
+
+class _BoundedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._limit:
+                raise ResponseTooLarge("response over the upstream's cap")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class BoundedTransport(httpx2.AsyncBaseTransport):
+    """Every response body is read up to ``limit`` bytes, then refused: one page of a
+    listing, or one result, cannot fill the gateway's memory (the SDK reads a JSON
+    response whole). Server-sent events are bounded per event by the SDK as well."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._limit:
+            await response.aclose()
+            raise ResponseTooLarge("response over the upstream's cap")
+        stream = response.stream
+        assert isinstance(stream, httpx2.AsyncByteStream)
+        response.stream = _BoundedStream(stream, self._limit)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def http_client_factory(
+    url: str, verify: ssl.SSLContext | bool, max_response_bytes: int
+) -> Callable[..., Any]:
     """The ``httpx_client_factory`` of an HTTP upstream's transport: no redirect, ever.
 
     Exactly the headers given (the caller's are never merged in: forward_incoming_headers
@@ -200,11 +247,22 @@ def http_client_factory(url: str, verify: ssl.SSLContext | bool) -> Callable[...
     def factory(**kwargs: Any) -> httpx2.AsyncClient:
         kwargs["follow_redirects"] = False
         kwargs["max_redirects"] = 0
-        kwargs["verify"] = verify
+        kwargs.pop("verify", None)
+        kwargs["transport"] = BoundedTransport(
+            httpx2.AsyncHTTPTransport(verify=verify), max_response_bytes
+        )
         kwargs["event_hooks"] = {"request": [only_the_endpoint]}
         return httpx2.AsyncClient(**kwargs)
 
     return factory
+
+
+def max_response_bytes(server: UpstreamServer) -> int:
+    """One HTTP response of an upstream: a result (``limits.max_read_bytes``) or a page
+    of a listing (``MAX_LISTING_BYTES``), whichever is more, and room for the envelope."""
+    from nexus_mcp.providers.upstream_listing import MAX_LISTING_BYTES
+
+    return max(server.max_result_bytes, MAX_LISTING_BYTES) + 1024 * 1024
 
 
 def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
@@ -247,7 +305,9 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
         transport = StreamableHttpTransport(
             str(config.url),
             headers=headers,
-            httpx_client_factory=cast(Any, http_client_factory(str(config.url), verify)),
+            httpx_client_factory=cast(
+                Any, http_client_factory(str(config.url), verify, max_response_bytes(server))
+            ),
         )
     forward = config.forward
     relays: dict[str, Any] = {}
