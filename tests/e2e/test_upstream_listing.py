@@ -242,7 +242,23 @@ def test_an_oversized_http_page_is_refused_unread(
     with hostile_http("bigpage", tmp_path / "record.jsonl") as upstream:
         gw = gateway(tmp_path, [http_upstream("h", upstream.url, timeouts={"connect_seconds": 5})])
         assert cli(gw, "check", "h") == 1
-        assert "could not connect" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "could not connect" in err
+        assert '"upstream_message_too_large"' in err
+
+
+def test_an_oversized_stdio_message_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same 24 MB page as one stdio line: over the per-message cap the connection
+    ends (the upstream is down) instead of the line being buffered whole."""
+    record = tmp_path / "record.jsonl"
+    gw = gateway(tmp_path, [hostile_stdio("h", "bigpage", record, timeouts={"connect_seconds": 5})])
+    assert cli(gw, "check", "h") == 1
+    err = capsys.readouterr().err
+    assert "could not connect" in err
+    assert '"upstream_message_too_large"' in err
+    assert pages_served(record) >= 1
 
 
 async def test_serve_exposes_at_most_the_cap_and_audits_the_cut(tmp_path: Path) -> None:

@@ -13,25 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import ssl
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import httpx2
 from fastmcp import Client
 from fastmcp.client.messages import MessageHandler
-from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
+from fastmcp.client.transports import StreamableHttpTransport
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from nexus_mcp.errors import UpstreamError
+from nexus_mcp.logs import get_logger
+from nexus_mcp.providers.upstream_stdio import BoundedStdioTransport
 
 if TYPE_CHECKING:
     from nexus_mcp.providers.upstream import UpstreamServer
+
+log = get_logger(__name__)
 
 GATEWAY_SESSION = ("__gateway__",)
 SessionKey = tuple[str, ...]
@@ -187,6 +189,7 @@ class _BoundedStream(httpx2.AsyncByteStream):
         async for chunk in self._inner:
             seen += len(chunk)
             if seen > self._limit:
+                log.warning("upstream_message_too_large", transport="http")
                 raise ResponseTooLarge("response over the upstream's cap")
             yield chunk
 
@@ -207,6 +210,7 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
         response = await self._inner.handle_async_request(request)
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self._limit:
+            log.warning("upstream_message_too_large", transport="http")
             await response.aclose()
             raise ResponseTooLarge("response over the upstream's cap")
         stream = response.stream
@@ -275,19 +279,19 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
     """
     config = server.config
     handler = _ListChanged(lambda: server.schedule_refresh(key))
-    transport: StdioTransport | StreamableHttpTransport
+    transport: BoundedStdioTransport | StreamableHttpTransport
     if config.transport == "stdio":
         env = dict(config.env)
         env.update({k: v.get_secret_value() for k, v in server.secrets.env.items()})
         # The SDK starts the subprocess with a small default environment (PATH, HOME,
         # ...) plus ``env``: nothing of nexus's own environment (its secrets) is inherited.
-        transport = StdioTransport(
+        # FastMCP's StdioTransport, but for a bound on each message (upstream_stdio.py).
+        transport = BoundedStdioTransport(
             command=str(config.command),
             args=list(config.args),
             env=env,
             cwd=str(config.cwd) if config.cwd is not None else None,
-            keep_alive=False,
-            log_file=Path(os.devnull),
+            max_line_chars=max_response_bytes(server),
         )
     else:
         headers = {k: v.get_secret_value() for k, v in server.secrets.headers.items()}
