@@ -87,11 +87,14 @@ def run_check(args: argparse.Namespace) -> int:
         return _refuse(str(exc))
     print_table(_COLUMNS, _rows(report))
     drift = _drift(report)
+    unusable = _print_unusable(report)
     if report["state"] != "ready":
         print(f"{args.server}: could not connect ({report['failure']})", file=sys.stderr)
         return EXIT_DRIFT
     if drift:
         print(f"{args.server}: {len(drift)} tool(s) drifted: {', '.join(drift)}", file=sys.stderr)
+        return EXIT_DRIFT
+    if unusable:
         return EXIT_DRIFT
     print(f"{args.server}: every listed tool is classified and pinned")
     return EXIT_OK
@@ -104,6 +107,12 @@ def run_pin(args: argparse.Namespace) -> int:
         return _refuse(str(exc))
     if report["state"] != "ready":
         return _refuse(f"{args.server}: could not connect ({report['failure']})")
+    _print_unusable(report)
+    if report["pins_unusable"]:
+        # Writing would replace every pin it holds: the operator decides (move it away).
+        return _refuse(
+            f"{context.lock_file(args.server)} cannot be used; move it away and pin again"
+        )
     tools: dict[str, dict[str, Any]] = report["tools"]
     wanted = set(args.tool) if args.tool else {n for n, t in tools.items() if t["allowed"]}
     unknown = sorted(wanted - set(tools))
@@ -226,9 +235,35 @@ async def _inspect(context: _Context, server_id: str) -> dict[str, Any]:
             "failure": server.last_failure,
             "tools": tools,
             "missing": missing,
+            **_listing_report(server),
         }
     finally:
         await server.close()
+
+
+def _listing_report(server: Any) -> dict[str, Any]:
+    """What the listing and the lock file held that could not be used (by position)."""
+    return {
+        "invalid": [i.as_record() for i in server.invalid],
+        "cut": server.listing_cut,
+        "pin_problems": server.pins.problems(),
+        "pins_unusable": server.pins.unusable is not None,
+    }
+
+
+def _print_unusable(report: dict[str, Any]) -> int:
+    """Skipped definitions, a cut listing and bad lock entries, on stderr; their count."""
+    lines = [
+        f"definition #{i['position']} skipped ({i['reason']}), sha256 {i['sha256']}"
+        for i in report.get("invalid", ())
+    ]
+    if report.get("cut") is not None:
+        reason, kept = report["cut"]
+        lines.append(f"listing cut after {kept} definitions ({reason}): the rest is not exposed")
+    lines.extend(report.get("pin_problems", ()))
+    for line in lines:
+        print(f"{report['server_id']}: {line}", file=sys.stderr)
+    return len(lines)
 
 
 def _drift(report: dict[str, Any]) -> list[str]:

@@ -11,12 +11,22 @@ The canonical definition is the JSON object of the tool's ``name``, ``title``,
 ``description``, ``inputSchema``, ``outputSchema`` and ``annotations`` (absent fields as
 ``null``), written as canonical JSON (DESIGN.md: sorted keys, compact separators, UTF-8).
 No FastMCP here: callers pass the MCP wire form of a tool (camelCase keys).
+
+A lock file is read entry by entry (``load_pins``), never all-or-nothing, so a hostile
+or damaged entry cannot take the server down: an entry that breaks the contract (a name
+outside MCP's tool-name rule, a digest that is not 64 lowercase hex digits, a duplicate
+name, an unknown field) is dropped and reported by its position, never by its text; a
+tool whose own entry is bad is quarantined. A file that cannot be used at all (not
+readable, not JSON, not the contract, another upstream's ``server_id``) quarantines
+every tool of that upstream, and of that upstream only (``PinFile.unusable``): native
+tools and the other upstreams are served as ever.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,15 +35,19 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from nexus_mcp.errors import ConfigError
 from nexus_mcp.policy.hashing import sha256_hex, to_canonical_json
-from nexus_mcp.policy.registry import find_contract_errors, read_registry_file
 
 PINS_SCHEMA = "tool_pins"
 PINS_SCHEMA_ID = "nexus.mcp.tool_pins"
 PINS_SCHEMA_VERSION = "v1"
 LOCK_SUFFIX = ".lock.json"
 DEFINITION_FIELDS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+# The contract's rules (tool_pins.schema.json), checked entry by entry.
+PIN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+PIN_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+PIN_SERVER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_PIN_ENTRIES = 10_000
+MAX_LOCK_FILE_BYTES = 16 * 1024 * 1024
 
 
 def canonical_definition(tool: Mapping[str, Any]) -> bytes:
@@ -63,6 +77,22 @@ class PinFile:
     digests: Mapping[str, str] = field(default_factory=dict)
     pinned_at: Mapping[str, str] = field(default_factory=dict)
     path: Path | None = None
+    # What could not be used, by position only (module docstring): the whole file
+    # (``unusable``: a reason), or entries (``rejected``: position, reason); ``broken``:
+    # the valid tool names whose own entry was bad (those tools are quarantined).
+    unusable: str | None = None
+    rejected: tuple[tuple[int, str], ...] = ()
+    broken: frozenset[str] = frozenset()
+
+    def quarantines(self, tool_name: str) -> bool:
+        """The lock file cannot vouch for this tool: the file, or its entry, is bad."""
+        return self.unusable is not None or tool_name in self.broken
+
+    def problems(self) -> list[str]:
+        """What was not used, for logs and ``upstream check`` (positions, no text)."""
+        if self.unusable is not None:
+            return [f"lock file unusable: {self.unusable}"]
+        return [f"lock entry #{position}: {reason}" for position, reason in self.rejected]
 
     def state_of(self, tool_name: str, digest: str) -> PinState:
         pinned = self.digests.get(tool_name)
@@ -78,7 +108,7 @@ class PinFile:
             if merged.get(name) != digest:
                 stamps[name] = now
             merged[name] = digest
-        return PinFile(self.server_id, merged, stamps, self.path)
+        return PinFile(self.server_id, merged, stamps, self.path, broken=self.broken - set(digests))
 
     def to_document(self) -> dict[str, Any]:
         tools = {}
@@ -96,24 +126,121 @@ class PinFile:
 
 
 def load_pins(registry_dir: Path, server_id: str) -> PinFile:
-    """The upstream's lock file; a missing file is an empty one (every tool unpinned)."""
+    """The upstream's lock file; a missing file is an empty one (every tool unpinned).
+
+    Never raises for what the file holds (module docstring): what cannot be used is in
+    ``unusable``, ``rejected`` and ``broken``.
+    """
     path = lock_path(registry_dir, server_id)
     if not path.exists():
         return PinFile(server_id, {}, {}, path)
-    _raw, document = read_registry_file(path)
-    errors = find_contract_errors(PINS_SCHEMA, document)
-    if errors:
-        listing = "\n  ".join(errors)
-        raise ConfigError(f"pin file {path} is invalid ({len(errors)} errors):\n  {listing}")
-    if document["server_id"] != server_id:
-        raise ConfigError(f"pin file {path}: server_id differs from the file name")
+    document, why = _read_lock(path)
+    if why is None:
+        why = _top_level_problem(document, server_id)
+    if why is not None:
+        return PinFile(server_id, {}, {}, path, unusable=why)
+    return _entries(server_id, path, document["tools"])
+
+
+class _Pairs(dict[str, Any]):
+    """A JSON object that remembers the keys it was given more than once."""
+
+    duplicates: frozenset[str] = frozenset()
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> _Pairs:
+    result = _Pairs(pairs)
+    if len(result) != len(pairs):
+        counted: dict[str, int] = {}
+        for key, _value in pairs:
+            counted[key] = counted.get(key, 0) + 1
+        result.duplicates = frozenset(k for k, n in counted.items() if n > 1)
+    return result
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _read_lock(path: Path) -> tuple[Any, str | None]:
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_LOCK_FILE_BYTES + 1)
+    except OSError as exc:
+        return None, f"cannot be read ({type(exc).__name__})"
+    if len(raw) > MAX_LOCK_FILE_BYTES:
+        return None, f"larger than {MAX_LOCK_FILE_BYTES} bytes"
+    try:
+        text = raw.decode("utf-8")
+        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_refuse_constant), None
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except (ValueError, RecursionError):
+        return None, "not JSON"
+
+
+def _top_level_problem(document: Any, server_id: str) -> str | None:
+    if not isinstance(document, dict):
+        return "not a JSON object"
+    if document.duplicates if isinstance(document, _Pairs) else False:
+        return "a top-level key is given twice"
+    expected = {"schema_id", "schema_version", "server_id", "tools"}
+    if set(document) != expected:
+        return "not the tool_pins contract (its keys differ)"
+    if (document["schema_id"], document["schema_version"]) != (PINS_SCHEMA_ID, PINS_SCHEMA_VERSION):
+        return "not the tool_pins v1 contract"
+    found = document["server_id"]
+    if not isinstance(found, str) or not PIN_SERVER_ID_RE.match(found) or found != server_id:
+        return "server_id differs from the file name"
     tools = document["tools"]
-    return PinFile(
-        server_id,
-        {name: entry["sha256"] for name, entry in tools.items()},
-        {name: entry["pinned_at"] for name, entry in tools.items() if "pinned_at" in entry},
-        path,
-    )
+    if not isinstance(tools, dict):
+        return "tools is not an object"
+    if len(tools) > MAX_PIN_ENTRIES:
+        return f"more than {MAX_PIN_ENTRIES} entries"
+    return None
+
+
+def _entries(server_id: str, path: Path, tools: dict[str, Any]) -> PinFile:
+    digests: dict[str, str] = {}
+    stamps: dict[str, str] = {}
+    rejected: list[tuple[int, str]] = []
+    broken: set[str] = set()
+    duplicates = tools.duplicates if isinstance(tools, _Pairs) else frozenset()
+    for position, (name, entry) in enumerate(tools.items()):
+        why = _entry_problem(name, entry, duplicates)
+        if why is None:
+            digests[name] = entry["sha256"]
+            if "pinned_at" in entry:
+                stamps[name] = entry["pinned_at"]
+            continue
+        rejected.append((position, why))
+        if PIN_NAME_RE.match(name):
+            broken.add(name)  # a tool of that name is quarantined, not left unpinned
+    return PinFile(server_id, digests, stamps, path, None, tuple(rejected), frozenset(broken))
+
+
+def _entry_problem(name: str, entry: Any, duplicates: frozenset[str]) -> str | None:
+    if not PIN_NAME_RE.match(name):
+        return "its name does not follow MCP's tool-name rule"
+    if name in duplicates:
+        return "its name is given more than once"
+    if not isinstance(entry, dict) or not set(entry) <= {"sha256", "pinned_at"}:
+        return "not an object of sha256 and pinned_at"
+    digest = entry.get("sha256")
+    if not isinstance(digest, str) or not PIN_DIGEST_RE.match(digest):
+        return "sha256 is not 64 lowercase hex digits"
+    stamp = entry.get("pinned_at")
+    if stamp is not None and (not isinstance(stamp, str) or not _is_datetime(stamp)):
+        return "pinned_at is not a date-time"
+    return None
+
+
+def _is_datetime(text: str) -> bool:
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return len(text) <= 64
 
 
 def write_pins(pins: PinFile) -> Path:

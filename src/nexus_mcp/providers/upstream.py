@@ -65,6 +65,14 @@ from nexus_mcp.policy.quarantine import (
 from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.principal import Principal
+from nexus_mcp.providers.upstream_listing import (
+    MAX_TOOLS_PER_UPSTREAM,
+    InvalidDefinition,
+    Listing,
+    fetch_listing,
+    listing_digest,
+    screen,
+)
 from nexus_mcp.providers.upstream_sessions import (
     GATEWAY_SESSION,
     SessionKey,
@@ -86,7 +94,7 @@ from nexus_mcp.providers.upstream_tools import (
 log = get_logger(__name__)
 
 MAX_RESULT_BYTES_DEFAULT = 10 * 1024 * 1024
-MAX_TOOLS_PER_UPSTREAM = 1000  # more are ignored, with a warning
+MAX_REPORTED_INVALID = 50  # skipped definitions named (by position) in one audit event
 # Observations kept to send once the shared evidence store answers again.
 MAX_UNSENT_OBSERVATIONS = 16 * MAX_TOOLS_PER_UPSTREAM
 
@@ -94,6 +102,10 @@ EVENT_DEFINITION_CHANGED = "tool_definition_changed"
 EVENT_UNPINNED = "tool_unpinned"
 EVENT_UPSTREAM_DOWN = "upstream_down"
 EVENT_UPSTREAM_UP = "upstream_up"
+EVENT_LISTING_CUT = "upstream_listing_cut"
+EVENT_TOOL_INVALID = "upstream_tool_invalid"
+EVENT_PINS_INVALID = "upstream_pins_invalid"
+REASON_PINS_INVALID = "pin_entry_invalid"
 
 ServerState = Literal["starting", "ready", "degraded"]
 Unsent = tuple[str, str, str | None]  # (tool, digest, pin) the shared store has not got yet
@@ -133,11 +145,15 @@ class UpstreamServer:
         self.max_result_bytes = max_result_bytes
         self._client_factory = client_factory or build_client
         self.pins: PinFile = load_pins(registry_dir, config.server_id)
+        self._note_pins()
         self._pins_mtime = _mtime(lock_path(registry_dir, config.server_id))
         self._pins_unreadable: float | None = None  # the mtime a reload failed at
         self.state: ServerState = "starting"
         self.last_failure: str | None = None
         self.views: dict[str, ToolView] = {}
+        # The last listing's skipped definitions and cut (upstream_listing.py).
+        self.invalid: list[InvalidDefinition] = []
+        self.listing_cut: tuple[str, int] | None = None
         # Every digest any session showed for a tool under its pin: a tool is exposed
         # only while every one of them equals its pin (an upstream that shows one
         # principal, or one replica, another definition is quarantined for all).
@@ -178,6 +194,7 @@ class UpstreamServer:
         self._probe = None
         self._reaper = None
         self._first_attempt = asyncio.Event()
+        self._note_pins(logged=False)
         self._reconnect = self._spawn(self._connect_gateway())
         self._reaper = self._spawn(self._reap())
 
@@ -410,22 +427,34 @@ class UpstreamServer:
 
     async def _list_on(self, session: UpstreamSession, *, authoritative: bool) -> None:
         try:
-            listed = await asyncio.wait_for(
-                session.client.list_tools(), self.config.timeouts.connect_seconds
+            listing = await asyncio.wait_for(
+                fetch_listing(session.client), self.config.timeouts.connect_seconds
             )
         except TimeoutError:
             raise UpstreamFailure("timeout", "list_timeout") from None
         except Exception:  # noqa: BLE001 - an upstream's failure, never its text
             raise UpstreamFailure("error", "list_failed") from None
-        definitions = {}
-        if len(listed) > MAX_TOOLS_PER_UPSTREAM:
-            log.warning(
-                "upstream_too_many_tools", server_id=self.server_id, kept=MAX_TOOLS_PER_UPSTREAM
-            )
-        for tool in listed[:MAX_TOOLS_PER_UPSTREAM]:
-            wire = tool.model_dump(mode="json", by_alias=True, exclude_none=False)
-            definitions[tool.name] = wire
+        definitions, invalid = screen(listing.wire)
+        if authoritative:
+            self._report_listing(listing, invalid)
         await self._evaluate(definitions, authoritative=authoritative)
+
+    def _report_listing(self, listing: Listing, invalid: list[InvalidDefinition]) -> None:
+        """A cut listing and skipped definitions (``upstream_listing.py``): logged and
+        audited when they change, by position and digest (never a name)."""
+        cut = (listing.cut, len(listing.wire)) if listing.cut is not None else None
+        if cut is not None and cut != self.listing_cut:
+            log.warning(
+                "upstream_listing_cut", server_id=self.server_id, reason=cut[0], kept=cut[1]
+            )
+            self._emit(EVENT_LISTING_CUT, reason=cut[0], kept=cut[1], pages=listing.pages)
+        self.listing_cut = cut
+        digest = listing_digest(invalid) if invalid else None
+        if digest is not None and digest != listing_digest(self.invalid):
+            records = [i.as_record() for i in invalid[:MAX_REPORTED_INVALID]]
+            log.warning("upstream_tool_invalid", server_id=self.server_id, count=len(invalid))
+            self._emit(EVENT_TOOL_INVALID, count=len(invalid), definitions=records)
+        self.invalid = invalid
 
     def _reload_pins(self) -> bool:
         """Read the lock file again if its mtime changed (a stat otherwise); True when
@@ -442,7 +471,18 @@ class UpstreamServer:
             return False
         self._pins_mtime = mtime
         self._pins_unreadable = None
+        self._note_pins()
         return True
+
+    def _note_pins(self, *, logged: bool = True) -> None:
+        """A lock file, or entries of it, that could not be used (``policy/pins.py``):
+        logged and audited by position; the tools it cannot vouch for are quarantined.
+        (At construction the audit log is not bound yet: audited when started.)"""
+        problems = self.pins.problems()
+        if problems:
+            if logged:
+                log.warning("upstream_pins_invalid", server_id=self.server_id, problems=problems)
+            self._emit(EVENT_PINS_INVALID, problems=problems)
 
     def evaluate(
         self, definitions: Mapping[str, Mapping[str, Any]], *, authoritative: bool = True
@@ -688,6 +728,8 @@ class UpstreamServer:
             return view("bad_name", "tool_name_rule")
         if entry is None and self.mode != DEV_MODE:
             return view("unclassified", "TOOL_UNCLASSIFIED_DENIED")
+        if self.pins.quarantines(name):
+            return view("quarantined", REASON_PINS_INVALID)
         if pin_state is PinState.CHANGED:
             return view("quarantined", EVENT_DEFINITION_CHANGED)
         if pin_state is PinState.UNPINNED and self.mode != DEV_MODE:

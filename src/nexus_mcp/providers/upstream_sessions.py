@@ -13,25 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import ssl
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import httpx2
 from fastmcp import Client
 from fastmcp.client.messages import MessageHandler
-from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
+from fastmcp.client.transports import StreamableHttpTransport
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from nexus_mcp.errors import UpstreamError
+from nexus_mcp.logs import get_logger
+from nexus_mcp.providers.upstream_stdio import BoundedStdioTransport
 
 if TYPE_CHECKING:
     from nexus_mcp.providers.upstream import UpstreamServer
+
+log = get_logger(__name__)
 
 GATEWAY_SESSION = ("__gateway__",)
 SessionKey = tuple[str, ...]
@@ -169,6 +171,104 @@ def is_transport_failure(exc: BaseException) -> bool:
     return code in (-32000,) and "closed" in str(getattr(error, "message", "")).lower()
 
 
+class RedirectRefused(httpx2.TransportError):
+    """A request to another URL than the upstream's configured one (never sent)."""
+
+
+class ResponseTooLarge(httpx2.StreamError):
+    """An HTTP response longer than the upstream's response cap (read no further)."""
+
+
+class _BoundedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._limit:
+                log.warning("upstream_message_too_large", transport="http")
+                raise ResponseTooLarge("response over the upstream's cap")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class BoundedTransport(httpx2.AsyncBaseTransport):
+    """Every response body is read up to ``limit`` bytes, then refused: one page of a
+    listing, or one result, cannot fill the gateway's memory (the SDK reads a JSON
+    response whole). Server-sent events are bounded per event by the SDK as well."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._limit:
+            log.warning("upstream_message_too_large", transport="http")
+            await response.aclose()
+            raise ResponseTooLarge("response over the upstream's cap")
+        stream = response.stream
+        assert isinstance(stream, httpx2.AsyncByteStream)
+        response.stream = _BoundedStream(stream, self._limit)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def http_client_factory(
+    url: str, verify: ssl.SSLContext | bool, max_response_bytes: int
+) -> Callable[..., Any]:
+    """The ``httpx_client_factory`` of an HTTP upstream's transport: no redirect, ever.
+
+    Exactly the headers given (the caller's are never merged in: forward_incoming_headers
+    stays off). Redirects: FastMCP asks its factory for ``follow_redirects=True``, and the
+    MCP SDK follows a same-origin 307/308 by itself whatever that flag says
+    (``stream_within_origin``, up to the client's ``max_redirects``), carrying the
+    gateway's credential. So the client gets ``follow_redirects=False`` *and*
+    ``max_redirects=0`` (the SDK then hands the 3xx back, and the request fails as an
+    upstream error), and a request hook refuses, before it is sent, any request to
+    another URL than the configured endpoint, whatever follows a redirect in the future.
+    """
+    endpoint = httpx2.URL(url)
+
+    async def only_the_endpoint(request: httpx2.Request) -> None:
+        target = request.url
+        if (target.scheme, target.host, target.port, target.raw_path) != (
+            endpoint.scheme,
+            endpoint.host,
+            endpoint.port,
+            endpoint.raw_path,
+        ):
+            raise RedirectRefused("request to another URL than the upstream's endpoint")
+
+    def factory(**kwargs: Any) -> httpx2.AsyncClient:
+        kwargs["follow_redirects"] = False
+        kwargs["max_redirects"] = 0
+        kwargs.pop("verify", None)
+        kwargs["transport"] = BoundedTransport(
+            httpx2.AsyncHTTPTransport(verify=verify), max_response_bytes
+        )
+        kwargs["event_hooks"] = {"request": [only_the_endpoint]}
+        return httpx2.AsyncClient(**kwargs)
+
+    return factory
+
+
+def max_response_bytes(server: UpstreamServer) -> int:
+    """One HTTP response of an upstream: a result (``limits.max_read_bytes``) or a page
+    of a listing (``MAX_LISTING_BYTES``), whichever is more, and room for the envelope."""
+    from nexus_mcp.providers.upstream_listing import MAX_LISTING_BYTES
+
+    return max(server.max_result_bytes, MAX_LISTING_BYTES) + 1024 * 1024
+
+
 def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
     """A FastMCP client for one session, with only the gateway's own credentials.
 
@@ -179,19 +279,19 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
     """
     config = server.config
     handler = _ListChanged(lambda: server.schedule_refresh(key))
-    transport: StdioTransport | StreamableHttpTransport
+    transport: BoundedStdioTransport | StreamableHttpTransport
     if config.transport == "stdio":
         env = dict(config.env)
         env.update({k: v.get_secret_value() for k, v in server.secrets.env.items()})
         # The SDK starts the subprocess with a small default environment (PATH, HOME,
         # ...) plus ``env``: nothing of nexus's own environment (its secrets) is inherited.
-        transport = StdioTransport(
+        # FastMCP's StdioTransport, but for a bound on each message (upstream_stdio.py).
+        transport = BoundedStdioTransport(
             command=str(config.command),
             args=list(config.args),
             env=env,
             cwd=str(config.cwd) if config.cwd is not None else None,
-            keep_alive=False,
-            log_file=Path(os.devnull),
+            max_line_chars=max_response_bytes(server),
         )
     else:
         headers = {k: v.get_secret_value() for k, v in server.secrets.headers.items()}
@@ -206,16 +306,12 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
                 context.load_cert_chain(str(creds.cert_file), str(creds.key_file))
             verify = context
 
-        def factory(**kwargs: Any) -> httpx2.AsyncClient:
-            # Exactly the headers given here: the caller's are never merged in
-            # (forward_incoming_headers stays off), and redirects are not followed,
-            # so a credential never leaves for another origin.
-            kwargs["follow_redirects"] = False
-            kwargs["verify"] = verify
-            return httpx2.AsyncClient(**kwargs)
-
         transport = StreamableHttpTransport(
-            str(config.url), headers=headers, httpx_client_factory=cast(Any, factory)
+            str(config.url),
+            headers=headers,
+            httpx_client_factory=cast(
+                Any, http_client_factory(str(config.url), verify, max_response_bytes(server))
+            ),
         )
     forward = config.forward
     relays: dict[str, Any] = {}

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from nexus_mcp.errors import ConfigError
 from nexus_mcp.policy.pins import (
     PinState,
     canonical_definition,
@@ -89,12 +88,6 @@ def test_a_lock_file_is_not_a_registry(tmp_path: Path) -> None:
         {"schema_id": "nexus.mcp.tool_pins", "schema_version": "v1", "server_id": "up"},
         {
             "schema_id": "nexus.mcp.tool_pins",
-            "schema_version": "v1",
-            "server_id": "up",
-            "tools": {"echo": {"sha256": "not-hex"}},
-        },
-        {
-            "schema_id": "nexus.mcp.tool_pins",
             "schema_version": "v2",
             "server_id": "up",
             "tools": {},
@@ -107,17 +100,50 @@ def test_a_lock_file_is_not_a_registry(tmp_path: Path) -> None:
         },
     ],
 )
-def test_a_bad_lock_file_stops_start_up(tmp_path: Path, document: dict[str, object]) -> None:
+def test_an_unusable_lock_file_vouches_for_no_tool(
+    tmp_path: Path, document: dict[str, object]
+) -> None:
+    """Issue 22 item 8: it no longer stops start-up; every tool of that upstream is
+    quarantined instead (``quarantines``), and the problem is said without the content."""
     lock_path(tmp_path, "up").write_text(json.dumps(document))
-    with pytest.raises(ConfigError, match="pin file"):
-        load_pins(tmp_path, "up")
+    pins = load_pins(tmp_path, "up")
+    assert pins.unusable is not None and pins.digests == {}
+    assert pins.quarantines("echo")
+    assert pins.problems() == [f"lock file unusable: {pins.unusable}"]
 
 
-def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
+def test_a_bad_entry_is_dropped_and_its_tool_quarantined(tmp_path: Path) -> None:
+    good = "a" * 64
+    lock_path(tmp_path, "up").write_text(
+        json.dumps(
+            {
+                "schema_id": "nexus.mcp.tool_pins",
+                "schema_version": "v1",
+                "server_id": "up",
+                "tools": {
+                    "echo": {"sha256": "not-hex"},
+                    "../x": {"sha256": good},
+                    "add": {"sha256": good},
+                },
+            }
+        )
+    )
+    pins = load_pins(tmp_path, "up")
+    assert pins.digests == {"add": good}
+    assert pins.rejected == (
+        (0, "sha256 is not 64 lowercase hex digits"),
+        (1, "its name does not follow MCP's tool-name rule"),
+    )
+    assert pins.quarantines("echo") and not pins.quarantines("add")
+    assert all("../x" not in line for line in pins.problems())
+
+
+def test_a_duplicated_entry_quarantines_that_tool(tmp_path: Path) -> None:
     digest = "a" * 64
     lock_path(tmp_path, "up").write_text(
         '{"schema_id":"nexus.mcp.tool_pins","schema_version":"v1","server_id":"up",'
         f'"tools":{{"echo":{{"sha256":"{digest}"}},"echo":{{"sha256":"{digest}"}}}}}}'
     )
-    with pytest.raises(ConfigError, match="duplicate"):
-        load_pins(tmp_path, "up")
+    pins = load_pins(tmp_path, "up")
+    assert pins.digests == {} and pins.quarantines("echo")
+    assert pins.rejected == ((0, "its name is given more than once"),)

@@ -1,0 +1,169 @@
+"""A stdio upstream's transport with a bound on each message (issue 22, unbounded listings).
+
+The MCP SDK's ``stdio_client`` reads the server's stdout into a line buffer with no
+limit: an upstream that writes one endless line (a ``tools/list`` page of gigabytes)
+fills the gateway's memory before any cap on the listing can look at it. This is that
+client, unchanged (its process start, its shutdown: the SDK's own helpers) but for the
+reader: a line longer than ``max_line_chars`` ends the connection (the upstream is down,
+as for any broken transport; logged, never echoed). FastMCP's ``StdioTransport`` has no
+hook for its stdio client, so ``BoundedStdioTransport`` is a plain ``ClientTransport``
+(one process per session, as ``keep_alive=False`` gives).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import anyio.lowlevel
+from anyio.streams.text import TextReceiveStream
+from fastmcp.client.transports.base import ClientTransport, TransportOptions
+from mcp import ClientSession
+from mcp.client.stdio import (
+    _WRITER_FLUSH_TIMEOUT,
+    StdioServerParameters,
+    _aclose_all,
+    _create_platform_compatible_process,
+    _drain_stdout,
+    _get_executable_command,
+    _parse_line,
+    _stop_server_process,
+    get_default_environment,
+)
+from mcp.shared.message import SessionMessage
+
+from nexus_mcp.logs import get_logger
+
+log = get_logger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def bounded_stdio_client(
+    server: StdioServerParameters, errlog: TextIO, max_line_chars: int
+) -> AsyncGenerator[tuple[Any, Any], None]:
+    """``mcp.client.stdio.stdio_client`` with a bounded line buffer (module docstring)."""
+    command = await _get_executable_command(server.command)
+    process = await _create_platform_compatible_process(
+        command=command,
+        args=server.args,
+        env=get_default_environment() | (server.env or {}),
+        errlog=errlog,
+        cwd=server.cwd,
+    )
+    read_stream_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](
+        0
+    )
+    write_stream, write_stream_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    shutting_down = False
+    writer_done = anyio.Event()
+
+    async def stdout_reader() -> None:
+        assert process.stdout, "Opened process is missing stdout"
+        stdout = TextReceiveStream(
+            process.stdout, encoding=server.encoding, errors=server.encoding_error_handler
+        )
+        try:
+            async with read_stream_writer:
+                try:
+                    buffer = ""
+                    async for chunk in stdout:
+                        lines = (buffer + chunk).split("\n")
+                        buffer = lines.pop()
+                        for line in lines:
+                            if len(line) > max_line_chars:
+                                log.warning("upstream_message_too_large", transport="stdio")
+                                return
+                            try:
+                                await read_stream_writer.send(_parse_line(line))
+                            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                                return
+                        if len(buffer) > max_line_chars:
+                            # One message over the cap: not read further; the
+                            # connection ends (the session sees it closed).
+                            log.warning("upstream_message_too_large", transport="stdio")
+                            return
+                finally:
+                    await _drain_stdout(process)
+        except anyio.ClosedResourceError:
+            pass
+        except (anyio.BrokenResourceError, ConnectionError):
+            if not shutting_down:
+                log.warning("upstream_stdout_failed")
+
+    async def stdin_writer() -> None:
+        assert process.stdin, "Opened process is missing stdin"
+        try:
+            async with write_stream_reader:
+                async for session_message in write_stream_reader:
+                    json = session_message.message.model_dump_json(
+                        by_alias=True, exclude_unset=True
+                    )
+                    data = (json + "\n").encode(
+                        encoding=server.encoding, errors=server.encoding_error_handler
+                    )
+                    await process.stdin.send(data)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_stream_writer.aclose()
+        finally:
+            writer_done.set()
+
+    async def shutdown() -> None:
+        read_stream.close()
+        write_stream.close()
+        with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT) as flush_scope:
+            await writer_done.wait()
+        if flush_scope.cancelled_caught:
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+        await _stop_server_process(process)
+        await _aclose_all(read_stream, write_stream, read_stream_writer, write_stream_reader)
+        await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stdout_reader)
+        tg.start_soon(stdin_writer)
+        try:
+            yield read_stream, write_stream
+        finally:
+            shutting_down = True
+            with anyio.CancelScope(shield=True):
+                await shutdown()
+            tg.cancel_scope.cancel()
+    await anyio.lowlevel.cancel_shielded_checkpoint()
+
+
+class BoundedStdioTransport(ClientTransport):
+    """A stdio upstream, one process per session, each message bounded."""
+
+    def __init__(
+        self,
+        command: str,
+        args: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str | None,
+        max_line_chars: int,
+    ) -> None:
+        self.params = StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
+        self.max_line_chars = max_line_chars
+
+    @contextlib.asynccontextmanager
+    async def connect_session(
+        self, *, transport_options: TransportOptions | None = None, **session_kwargs: Any
+    ) -> AsyncIterator[ClientSession]:
+        options = transport_options or TransportOptions()
+        with Path(os.devnull).open("a") as errlog:
+            async with (
+                bounded_stdio_client(self.params, errlog, self.max_line_chars) as (read, write),
+                options.session_class(read, write, **session_kwargs) as session,
+            ):
+                yield session
+
+    def __repr__(self) -> str:
+        return "<BoundedStdioTransport>"
+
+
+__all__ = ["BoundedStdioTransport", "bounded_stdio_client"]

@@ -1,0 +1,244 @@
+"""A hostile upstream MCP server for the gateway tests: raw JSON-RPC, run as a process.
+
+    python tests/support/hostile_upstream.py --transport stdio|http --mode MODE
+        [--port N] [--record FILE]
+
+Written by hand (no MCP library) so it can answer what a well-behaved server never would:
+tool names that break MCP's rule, endless or cyclic ``nextCursor``, huge pages, HTTP
+redirects. Over HTTP it serves ``http://127.0.0.1:PORT/mcp`` and prints ``READY PORT``
+(and, for the cross-origin redirect modes, ``OTHER PORT``) to stderr once listening.
+
+``--record``: one JSON line per request received (``kind``: ``rpc`` with the method and
+cursor, or ``http`` with the path, the port it arrived on and its Authorization header),
+so a test can count pages served and prove a redirect target was never asked.
+
+Modes:
+- ``names``: a listing with two good tools (``echo``, ``add``) among invalid definitions;
+- ``badschema``: a page with an ``inputSchema`` of type string (the SDK refuses the page);
+- ``endless``: 500 fresh tools per page and a new ``nextCursor`` forever;
+- ``cycle``: cursors that come back (``A`` -> ``B`` -> ``A``), 10 tools per page;
+- ``fat``: 8 tools of 200 KB descriptions per page, a new cursor forever;
+- ``bigpage``: one page of about 24 MB;
+- ``redirect-CODE-same`` / ``redirect-CODE-cross``: every request to ``/mcp`` answered
+  with CODE (301, 302, 307, 308) to ``/moved`` on the same origin, or to another port;
+  both targets serve the ``plain`` listing (and record that they were reached);
+- ``plain``: ``echo`` and ``add``, one page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+ZERO_WIDTH = "a\u200bb"
+CYRILLIC_LOOKALIKE = "ec\u0441ho"  # the third letter is CYRILLIC SMALL LETTER ES
+
+
+def tool(name: Any, description: Any = "A tool.", schema: Any = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": description,
+        "inputSchema": OBJECT_SCHEMA if schema is None else schema,
+    }
+
+
+def names_listing() -> list[dict[str, Any]]:
+    return [
+        tool("echo", "Echo text back."),
+        tool(""),
+        tool("../x"),
+        tool(ZERO_WIDTH),
+        tool(CYRILLIC_LOOKALIKE),
+        tool("x" * 300),
+        tool("twice", "First definition."),
+        tool("twice", "Second definition."),
+        tool("long_description", "d" * 200_000),
+        tool(
+            "big_schema",
+            schema={
+                "type": "object",
+                "properties": {
+                    f"p{i}": {"type": "string", "description": "s" * 100} for i in range(3000)
+                },
+            },
+        ),
+        tool("add", "Add two integers."),
+    ]
+
+
+def page(mode: str, cursor: str | None) -> dict[str, Any]:
+    if mode == "names":
+        return {"tools": names_listing()}
+    if mode == "badschema":  # what the MCP SDK refuses for the whole page
+        return {"tools": [tool("echo"), tool("string_schema", schema={"type": "string"})]}
+    if mode == "endless":
+        number = int(cursor[1:]) if cursor else 0
+        tools = [tool(f"t{number}_{i}") for i in range(500)]
+        return {"tools": tools, "nextCursor": f"c{number + 1}"}
+    if mode == "cycle":
+        following = {None: "A", "A": "B", "B": "A"}[cursor]
+        label = cursor or "first"
+        return {"tools": [tool(f"{label}_{i}") for i in range(10)], "nextCursor": following}
+    if mode == "fat":
+        number = int(cursor[1:]) if cursor else 0
+        tools = [tool(f"f{number}_{i}", "d" * 200_000) for i in range(8)]
+        return {"tools": tools, "nextCursor": f"c{number + 1}"}
+    if mode == "bigpage":
+        return {"tools": [tool(f"b{i}", "d" * 24_000) for i in range(1000)]}
+    return {"tools": [tool("echo", "Echo text back."), tool("add", "Add two integers.")]}
+
+
+class Upstream:
+    def __init__(self, mode: str, record: str | None) -> None:
+        self.mode = mode
+        self.record = record
+        self.lock = threading.Lock()
+
+    def append(self, line: dict[str, Any]) -> None:
+        if self.record is None:
+            return
+        with self.lock, open(self.record, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line, sort_keys=True) + "\n")
+
+    def answer(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        method = message.get("method")
+        params = message.get("params") or {}
+        if "id" not in message:
+            return None  # a notification
+        cursor = params.get("cursor") if isinstance(params, dict) else None
+        self.append({"kind": "rpc", "method": method, "cursor": cursor})
+        result: dict[str, Any]
+        if method == "initialize":
+            result = {
+                "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+                "capabilities": {"tools": {"listChanged": False}},
+                "serverInfo": {"name": "hostile", "version": "1.0.0"},
+            }
+        elif method == "tools/list":
+            mode = "plain" if self.mode.startswith("redirect") else self.mode
+            result = page(mode, cursor)
+        elif method == "tools/call":
+            result = {"content": [{"type": "text", "text": "ok"}]}
+        elif method == "ping":
+            result = {}
+        else:
+            return {
+                "jsonrpc": "2.0",
+                "id": message["id"],
+                "error": {"code": -32601, "message": "Method not found"},
+            }
+        return {"jsonrpc": "2.0", "id": message["id"], "result": result}
+
+
+def run_stdio(upstream: Upstream) -> None:
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        reply = upstream.answer(json.loads(line))
+        if reply is not None:
+            sys.stdout.write(json.dumps(reply) + "\n")
+            sys.stdout.flush()
+
+
+def handler_for(upstream: Upstream, redirect_to: dict[str, str]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _record(self) -> None:
+            upstream.append(
+                {
+                    "kind": "http",
+                    "method": self.command,
+                    "path": self.path,
+                    "port": self.server.server_address[1],
+                    "authorization": self.headers.get("Authorization"),
+                }
+            )
+
+        def _send(
+            self, status: int, body: bytes = b"", headers: dict[str, str] | None = None
+        ) -> None:
+            self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if body:
+                self.wfile.write(body)
+
+        def _redirect(self) -> bool:
+            mode = upstream.mode
+            if not mode.startswith("redirect") or self.path != "/mcp":
+                return False
+            if self.server.server_address[1] != int(redirect_to["home"]):
+                return False
+            code = int(mode.split("-")[1])
+            self._send(code, headers={"Location": redirect_to["target"]})
+            return True
+
+        def do_POST(self) -> None:
+            self._record()
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            if self._redirect():
+                return
+            reply = upstream.answer(json.loads(body))
+            if reply is None:
+                self._send(202)
+                return
+            self._send(200, json.dumps(reply).encode(), {"Content-Type": "application/json"})
+
+        def do_GET(self) -> None:
+            self._record()
+            if self._redirect():
+                return
+            self._send(405)
+
+        def do_DELETE(self) -> None:
+            self._record()
+            self._send(200)
+
+    return Handler
+
+
+def run_http(upstream: Upstream, port: int) -> None:
+    redirect_to: dict[str, str] = {}
+    handler = handler_for(upstream, redirect_to)
+    home = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    home_port = home.server_address[1]
+    redirect_to["home"] = str(home_port)
+    redirect_to["target"] = f"http://127.0.0.1:{home_port}/moved"
+    if upstream.mode.endswith("-cross"):
+        other = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        other_port = other.server_address[1]
+        redirect_to["target"] = f"http://127.0.0.1:{other_port}/mcp"
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        print(f"OTHER {other_port}", file=sys.stderr, flush=True)
+    print(f"READY {home_port}", file=sys.stderr, flush=True)
+    home.serve_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    parser.add_argument("--mode", default="plain")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--record", default=None)
+    args = parser.parse_args()
+    upstream = Upstream(args.mode, args.record)
+    if args.transport == "stdio":
+        run_stdio(upstream)
+    else:
+        run_http(upstream, args.port)
+
+
+if __name__ == "__main__":
+    main()
