@@ -791,7 +791,13 @@ def bind_replayed_upstreams(runtime: Runtime, replay: ReplaySet) -> None:
         )
         runtime.argument_checks[name] = functools.partial(check_arguments, view)
     writes = frozenset(n for n, c in runtime.contracts.items() if c.tool_class == "write")
-    runtime.access.set_tools(frozenset(runtime.contracts), writes)
+    # A recorded upstream name that is a native tool's reaches no grant, as live.
+    runtime.access.set_tools(
+        frozenset(runtime.contracts),
+        writes,
+        upstream=list(replay.upstream_records),
+        native=native_catalog(runtime.settings, runtime.registry, {}),
+    )
 
 
 def sealing(settings: Settings, environ: Mapping[str, str]) -> RequestStateSecurity | None:
