@@ -92,6 +92,7 @@ def refused_start(gw: Gateway) -> str:
         ("merge", None, "merge_guarded"),
         ("notes", "get_", "get_note_outline"),  # the notes toolset, mounted
         ("disco", "NEXUS_DISCOVERY_", "nexus_discovery_list_servers"),
+        ("bare", "", "apply_patch"),  # no prefix at all: every native name
     ],
 )
 def test_a_name_that_could_be_a_native_tools_stops_start_up(
