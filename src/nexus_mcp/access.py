@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from cachetools import TTLCache
@@ -32,6 +33,7 @@ from nexus_mcp.policy.grants import (
     to_tool_name,
 )
 from nexus_mcp.policy.profiles import ToolProfileConfig, select_profile
+from nexus_mcp.policy.upstreams import name_key
 from nexus_mcp.policy.visibility import VisibleToolsCache
 from nexus_mcp.principal import Principal
 from nexus_mcp.stores.grants import TOOLS_PREFIX, TupleStore
@@ -59,6 +61,18 @@ def lookup_tools(store: TupleStore, subject: str, zone: str) -> frozenset[str]:
     relation = PROFILE_RELATION if subject.startswith(PROFILE_SUBJECT_PREFIX) else DIRECT_RELATION
     return frozenset(
         to_tool_name(o) for o in store.list_objects(subject, relation, zone, TOOLS_PREFIX)
+    )
+
+
+def upstream_collisions(upstream: Sequence[str], native: Collection[str]) -> frozenset[str]:
+    """The upstream names no grant may reach: a native tool's name, or one more than one
+    upstream tool is exposed under, compared by ``name_key``."""
+    if not upstream:
+        return frozenset()
+    native_keys = {name_key(name) for name in native}
+    counts = Counter(name_key(name) for name in upstream)
+    return frozenset(
+        name for name in upstream if name_key(name) in native_keys or counts[name_key(name)] > 1
     )
 
 
@@ -92,8 +106,24 @@ class GrantedTools:
         # moment); None: every granted name. A grant never makes a tool exist.
         self._available: frozenset[str] | None = None
 
-    def set_tools(self, available: frozenset[str], write_tools: frozenset[str]) -> None:
-        """The tools that exist and which of them write, after an upstream's list changed."""
+    def set_tools(
+        self,
+        available: frozenset[str],
+        write_tools: frozenset[str],
+        *,
+        upstream: Sequence[str] = (),
+        native: Collection[str] = (),
+    ) -> None:
+        """The tools that exist and which of them write, after an upstream's list changed.
+
+        ``upstream``: the names upstream tools are exposed under (one per tool, so a name
+        two upstreams share appears twice); ``native``: every native tool name, mounted or
+        not. A grant names a tool by its exposed name, so an upstream name that is a native
+        tool's, or another upstream tool's, under ``name_key`` (case, Unicode forms) is not
+        a tool any grant reaches: it is left out of what exists (start-up refuses the
+        configurations that make one; this holds whatever made it).
+        """
+        available = available - upstream_collisions(upstream, native)
         if available == self._available and write_tools == self.write_tools:
             return
         self._available = available
@@ -211,4 +241,5 @@ __all__ = [
     "GrantedTools",
     "lookup_tools",
     "profile_subject",
+    "upstream_collisions",
 ]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from nexus_mcp.audit import AuditEvent
+from nexus_mcp.errors import Code
 from nexus_mcp.ids import new_id
 from nexus_mcp.policy.documents import DocumentCheck
 from nexus_mcp.principal import Principal
@@ -77,6 +78,9 @@ class CallState:
     # (``repos/writes.Prepared``): set by a write gate, read by the tool it gated.
     prepared: Any = None
     block_reason: str | None = None
+    # The audit outcome of a call answered as an unknown tool, when the truth has a code
+    # of its own (an unclassified upstream tool: TOOL_UNCLASSIFIED_DENIED).
+    block_outcome: str | None = None
     executed: bool = False
     # Set by the audit layer, which writes the call's end record: a read-class call's
     # started event may then wait and be written with it (``middleware/audit.py``).
@@ -88,6 +92,14 @@ class CallState:
     def __post_init__(self) -> None:
         if not self.correlation_id:
             self.correlation_id = self.tool_call_id
+
+    def mark_hidden(self, server_id: str, upstream_tool: str, reason: str) -> None:
+        """The call named an upstream tool hidden from everyone (unclassified, quarantined,
+        left out): the caller is answered as for an unknown tool, the audit records which
+        tool it was and why (the README's reason code)."""
+        self.server_id, self.upstream_tool, self.block_reason = server_id, upstream_tool, reason
+        if reason == Code.TOOL_UNCLASSIFIED_DENIED:
+            self.block_outcome = reason
 
     @property
     def elapsed_ms(self) -> float:

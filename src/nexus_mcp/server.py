@@ -41,6 +41,7 @@ from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer, Tool
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
 from nexus_mcp.fixtures.store import FixtureWriter
+from nexus_mcp.health import NO_STORE, is_operator, operator_token, public_readiness
 from nexus_mcp.identity import (
     HTTP_TRANSPORTS,
     IdentityResolver,
@@ -408,7 +409,7 @@ def _build_server(
             registry_dir=upstream_registry_dir(
                 settings.registry.directory, settings.registry.upstream_directory
             ),
-            native_tools=contracts,
+            native_tools=native_catalog(settings, registry, native_contracts),
             environ=environ,
         )
         if upstream_config.servers and replay is None
@@ -424,6 +425,7 @@ def _build_server(
     )
     warn_about_replicas(settings, approval_keys)
     observability = build_server_observability(settings, environ)
+    health_token = operator_token(settings, environ)
     prepare_state(settings)  # one line naming the setting, not a store's traceback
     sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
     audit_log = AuditLog(sinks)
@@ -574,7 +576,7 @@ def _build_server(
         upstreams.recorder = recorder
         upstreams.bind(runtime, catalog, trail)
         mcp.add_provider(upstreams.provider)
-    _add_health_routes(mcp, runtime)
+    _add_health_routes(mcp, runtime, health_token)
     _add_metrics_route(mcp, runtime)
     add_approval_routes(mcp, runtime)
     log.info(
@@ -623,6 +625,7 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
         namespace=ToolNamespaceMiddleware(
             runtime.access,
             warm_up=runtime.upstreams.provider if runtime.upstreams is not None else None,
+            hidden=runtime.upstreams.hidden_reason if runtime.upstreams is not None else None,
         ),
         classification=ClassificationMiddleware(
             runtime.enforcer,
@@ -789,7 +792,13 @@ def bind_replayed_upstreams(runtime: Runtime, replay: ReplaySet) -> None:
         )
         runtime.argument_checks[name] = functools.partial(check_arguments, view)
     writes = frozenset(n for n, c in runtime.contracts.items() if c.tool_class == "write")
-    runtime.access.set_tools(frozenset(runtime.contracts), writes)
+    # A recorded upstream name that is a native tool's reaches no grant, as live.
+    runtime.access.set_tools(
+        frozenset(runtime.contracts),
+        writes,
+        upstream=list(replay.upstream_records),
+        native=native_catalog(runtime.settings, runtime.registry, {}),
+    )
 
 
 def sealing(settings: Settings, environ: Mapping[str, str]) -> RequestStateSecurity | None:
@@ -819,6 +828,22 @@ def load_registry(settings: Settings) -> RegistrySet:
         pins=pins,
         upstream_directory=settings.registry.upstream_directory,
     )
+
+
+def native_catalog(
+    settings: Settings, registry: RegistrySet, mounted: Mapping[str, ToolContract]
+) -> frozenset[str]:
+    """Every native tool name: each toolset's, whether this configuration mounts it or
+    not (built over stand-ins, as a replay builds them), the native registry's, and the
+    ones mounted here. No upstream tool is exposed under one of them (``providers/gateway``)."""
+    names = {contract_of(fn).name for fn in replay_stand_ins(settings, ToolCatalog(), _no_one)}
+    names.update(native_registry_names(registry, settings.registry.server_id))
+    names.update(mounted)
+    return frozenset(names)
+
+
+def _no_one(_principal: Any) -> frozenset[str]:
+    return frozenset()
 
 
 def native_registry_names(registry: RegistrySet, server_id: str) -> list[str]:
@@ -957,32 +982,40 @@ def _add_metrics_route(mcp: FastMCP[Any], runtime: Runtime) -> None:
         return metrics_response(observability, request.headers.get("authorization"))
 
 
-def _add_health_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
+def _add_health_routes(mcp: FastMCP[Any], runtime: Runtime, token: SecretStr | None) -> None:
+    """``token``: ``health.bearer_token``, which unlocks ``/readyz``'s detail."""
+
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(_request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
     @mcp.custom_route("/readyz", methods=["GET"])
-    async def readyz(_request: Request) -> JSONResponse:
-        upstream_status: dict[str, Any] = {}
-        status = "ready"
-        if runtime.upstreams is not None:
-            summaries = runtime.upstreams.summary()
-            upstream_status["upstreams"] = summaries
-            # The gateway serves on while an upstream is down or has quarantined tools;
-            # it says which, by name, so an operator sees it (never a tool's text).
-            if any(s["state"] != "ready" or s["quarantined"] for s in summaries.values()):
-                status = "degraded"
-        return JSONResponse(
-            {
-                "status": status,
-                "version": __version__,
-                "mode": runtime.settings.mode,
-                "tools": len(runtime.contracts),
-                "registry": runtime.registry_info(),
-                **upstream_status,
-            }
-        )
+    async def readyz(request: Request) -> JSONResponse:
+        summaries = runtime.upstreams.summary() if runtime.upstreams is not None else None
+        public = public_readiness(summaries)
+        header = request.headers.get("authorization")
+        if header is None:
+            # Whoever reaches the port: ready or not, and which component (health.py).
+            return JSONResponse(public, headers=NO_STORE)
+        if not is_operator(token, header):
+            return JSONResponse(
+                {"error": "authentication required"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer", **NO_STORE},
+            )
+        # The operator: the gateway serves on while an upstream is down or has quarantined
+        # tools; it says which, by name (never a tool's text).
+        detail: dict[str, Any] = {
+            "status": public["status"],
+            "components": public["components"],
+            "version": __version__,
+            "mode": runtime.settings.mode,
+            "tools": len(runtime.contracts),
+            "registry": runtime.registry_info(),
+        }
+        if summaries is not None:
+            detail["upstreams"] = summaries
+        return JSONResponse(detail, headers=NO_STORE)
 
 
 __all__ = ["NexusServer", "Runtime", "build_layers", "build_server", "build_verifier"]

@@ -259,6 +259,13 @@ class MetricsSettings(_Section):
     bearer_token: SecretStr | SecretRef | None = None
 
 
+class HealthSettings(_Section):
+    """``/readyz`` detail for the operator (README "Observability"): without this bearer
+    token the route says only ready or not and which component."""
+
+    bearer_token: SecretStr | SecretRef | None = None
+
+
 class Settings(BaseSettings):
     """Every setting of a nexus-mcp process. See the configuration table in README.md."""
 
@@ -309,6 +316,7 @@ class Settings(BaseSettings):
     notes: NotesSettings = NotesSettings()
     state: StateSettings = StateSettings()
     metrics: MetricsSettings = MetricsSettings()
+    health: HealthSettings = HealthSettings()
     approver_roles: tuple[str, ...] = ("admin",)
     approvals_elicit_profiles: tuple[str, ...] = ()
     # Deterministic mode (seed 002): record every call that reaches a tool, or answer every

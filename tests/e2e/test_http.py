@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 SECRET = "test-secret-0123456789abcdef-0123456789"
 AUDIENCE = "nexus-test"
+OPERATOR_TOKEN = "operator-token-for-the-http-tests-0123456789"
 
 
 def token(**overrides: Any) -> str:
@@ -46,6 +47,8 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "NEXUS_MCP_AUTH__JWT_SECRET": SECRET,
         "NEXUS_MCP_AUTH__AUDIENCE": AUDIENCE,
         "NEXUS_MCP_DATA_DIR": str(tmp_path_factory.mktemp("data")),
+        "NEXUS_MCP_HEALTH__BEARER_TOKEN": '{"env": "NEXUS_TEST_OPERATOR_TOKEN"}',
+        "NEXUS_TEST_OPERATOR_TOKEN": OPERATOR_TOKEN,
     }
     with http_server(["--workspace", str(workspace)], env, port=port):
         yield f"http://127.0.0.1:{port}"
@@ -120,8 +123,20 @@ def test_oversized_request_bodies_are_refused(server_url: str) -> None:
 
 def test_health_and_readiness(server_url: str) -> None:
     assert httpx.get(f"{server_url}/healthz", timeout=5).json() == {"status": "ok"}
-    ready = httpx.get(f"{server_url}/readyz", timeout=5).json()
+    operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    ready = httpx.get(f"{server_url}/readyz", headers=operator, timeout=5).json()
     assert ready["status"] == "ready" and ready["mode"] == "prod"
+
+
+def test_readiness_detail_is_the_operators_alone(server_url: str) -> None:
+    anyone = httpx.get(f"{server_url}/readyz", timeout=5)
+    assert anyone.json() == {"status": "ready", "components": {"server": "ready"}}
+    assert anyone.headers["cache-control"] == "no-store"
+    # A caller's own valid token is no operator's.
+    caller = {"Authorization": f"Bearer {token(role='admin')}"}
+    refused = httpx.get(f"{server_url}/readyz", headers=caller, timeout=5)
+    assert refused.status_code == 401
+    assert refused.json() == {"error": "authentication required"}
 
 
 def test_prod_http_without_token_verification_refuses_to_start(tmp_path: Path) -> None:

@@ -956,10 +956,22 @@ async def test_finished_events_carry_class_hashes_effect_and_the_pinned_registry
 # --- registry parity ---------------------------------------------------------------------
 
 
+OPERATOR_TOKEN = "operator-token-for-the-registry-tests-0123456789"
+
+
+def operator(tmp_path: Path) -> dict[str, Any]:
+    """The ``health`` settings that let ``readyz`` ask as the operator."""
+    token_file = tmp_path / "operator-token"
+    token_file.write_text(OPERATOR_TOKEN)
+    return {"bearer_token": {"file": str(token_file)}}
+
+
 async def readyz(server: NexusServer) -> dict[str, Any]:
+    """``/readyz`` as the operator sees it (``health.bearer_token``, set by ``operator``)."""
     transport = httpx.ASGITransport(app=server.mcp.http_app())
+    headers = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
-        response = await http.get("/readyz")
+        response = await http.get("/readyz", headers=headers)
     assert response.status_code == 200
     body: dict[str, Any] = response.json()
     return body
@@ -999,13 +1011,14 @@ async def test_a_pin_for_a_server_without_a_registry_file_stops_start_up(
 
 @pytest.mark.parametrize("digest", [SHIPPED_DIGEST, SHIPPED_DIGEST.upper()], ids=["lower", "upper"])
 async def test_the_correct_pin_starts_and_readyz_reports_the_registry(
-    build: Builder, digest: str
+    build: Builder, digest: str, tmp_path: Path
 ) -> None:
     server = build(
         mode="prod",
         subject="alice",
         role="editor",
         registry={"pins": {"nexus": {"version": "0.1.0", "digest": digest}}},
+        health=operator(tmp_path),
     )
     body = await readyz(server)
     assert body["registry"] == {"nexus": {"server_version": "0.1.0", "digest": SHIPPED_DIGEST}}
@@ -1032,11 +1045,14 @@ async def test_gateway_and_connector_hold_one_registry_object(build: Builder) ->
 
 
 async def test_a_custom_registry_is_reported_by_its_own_digest(
-    build: Builder, audit: MemoryAuditSink, limited_dir: Path
+    build: Builder, audit: MemoryAuditSink, limited_dir: Path, tmp_path: Path
 ) -> None:
     digest = sha((limited_dir / "nexus.json").read_bytes())
     assert digest != SHIPPED_DIGEST
-    server = build(registry={"directory": limited_dir, "pins": {"nexus": {"digest": digest}}})
+    server = build(
+        registry={"directory": limited_dir, "pins": {"nexus": {"digest": digest}}},
+        health=operator(tmp_path),
+    )
     assert (await readyz(server))["registry"] == {
         "nexus": {"server_version": "0.1.0", "digest": digest}
     }

@@ -69,12 +69,19 @@ async def caller(url: str, subject: str) -> AsyncIterator[ClientSession]:
                 yield session
 
 
+OPERATOR_TOKEN = "operator-token-for-the-upstream-http-tests-0123"
+OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+
+
 @contextmanager
 def nexus_http(gw: Gateway, env: dict[str, str] | None = None) -> Iterator[str]:
     port = free_port()
     settings_env = {
         "NEXUS_MCP_AUTH__JWT_SECRET": JWT_SECRET,
         "NEXUS_MCP_AUTH__AUDIENCE": AUDIENCE,
+        # /readyz's detail is the operator's (health.py)
+        "NEXUS_MCP_HEALTH__BEARER_TOKEN": json.dumps({"env": "NEXUS_TEST_OPERATOR_TOKEN"}),
+        "NEXUS_TEST_OPERATOR_TOKEN": OPERATOR_TOKEN,
         **(env or {}),
     }
     args = [
@@ -193,7 +200,7 @@ async def test_the_upstream_never_sees_the_callers_token_or_headers(
                 assert result.is_error is False
                 echoed = await session.call_tool("up_echo", {"text": "hi"})
                 assert echoed.structured_content == {"text": "hi"}
-            ready = httpx.get(f"{base}/readyz", timeout=5).json()
+            ready = httpx.get(f"{base}/readyz", headers=OPERATOR, timeout=5).json()
     assert ready["upstreams"]["up"]["state"] == "ready"
     received = read_record(record)
     calls = [r for r in received if r["method"] == "tools/call"]

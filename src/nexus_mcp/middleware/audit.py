@@ -221,7 +221,7 @@ class AuditMiddleware(Middleware):
             result = await call_next(context)
         except FastMCPNotFoundError:
             state.block_reason = state.block_reason or "unknown_tool"
-            self._finished(state, record, OUTCOME_UNKNOWN_TOOL)
+            self._finished(state, record, state.block_outcome or OUTCOME_UNKNOWN_TOOL)
             raise
         except BaseException as exc:
             if isinstance(exc, Exception):

@@ -3,13 +3,14 @@
 ``tools/list`` is filtered to the caller's visible set; a ``tools/call`` of a tool that is
 not visible gets FastMCP's own unknown-tool answer (``Unknown tool: '<name>'``), byte for
 byte, so a hidden tool cannot be told from a missing one. The audit records the real
-reason. No principal means nothing is visible (fail closed), and so does a failed grant
-lookup (which is never cached).
+reason (for an upstream tool hidden from everyone: which one, and why). No principal
+means nothing is visible (fail closed), and so does a failed grant lookup (which is
+never cached).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
@@ -48,10 +49,20 @@ class WarmUp(Protocol):
     async def warm_up(self) -> None: ...
 
 
+# (server_id, upstream tool, reason code) of a name an upstream tool is hidden under.
+HiddenLookup = Callable[[str], "tuple[str, str, str] | None"]
+
+
 class ToolNamespaceMiddleware(Middleware):
-    def __init__(self, namespace: Namespace, warm_up: WarmUp | None = None) -> None:
+    def __init__(
+        self,
+        namespace: Namespace,
+        warm_up: WarmUp | None = None,
+        hidden: HiddenLookup | None = None,
+    ) -> None:
         self.namespace = namespace
         self.warm_up = warm_up
+        self.hidden = hidden
 
     async def _settle(self) -> None:
         # Right after start-up only: the set of tools that exist may still be growing.
@@ -99,6 +110,9 @@ class ToolNamespaceMiddleware(Middleware):
                 ctx = context.fastmcp_context
                 exists = ctx is not None and await ctx.fastmcp.get_tool(name) is not None
                 state.block_reason = "not_granted" if exists else "unknown_tool"
+                found = self.hidden(name) if self.hidden is not None and not exists else None
+                if found is not None:
+                    state.mark_hidden(*found)
             self.namespace.record_rejected()
             raise unknown_tool(name)
         return await call_next(context)

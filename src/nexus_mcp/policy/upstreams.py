@@ -12,7 +12,8 @@ No FastMCP here: ``providers/upstream.py`` turns a ``UpstreamConfig`` into a con
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -205,10 +206,10 @@ class UpstreamConfig(_Model):
         for name in (*self.env, *self.secret_env):
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
                 raise ValueError("env names must be [A-Za-z_][A-Za-z0-9_]*")
-        if self.prefix is not None and not re.match(r"^[A-Za-z0-9_.-]{0,64}$", self.prefix):
+        if self.prefix is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{0,64}", self.prefix):
             raise ValueError("prefix may hold only [A-Za-z0-9_.-], at most 64 characters")
         for tool in (*(self.tools or ()), *self._policy_tools()):
-            if not TOOL_NAME_RE.match(tool):
+            if not TOOL_NAME_RE.fullmatch(tool):
                 raise ValueError("a tool name does not follow MCP's tool-name rule")
         return self
 
@@ -222,7 +223,8 @@ class UpstreamConfig(_Model):
     def exposed_name(self, tool_name: str) -> str | None:
         """The name callers see, or None when it would break MCP's tool-name rule."""
         name = self.name_prefix + tool_name
-        return name if TOOL_NAME_RE.match(name) else None
+        # fullmatch: ``$`` would let a name end in a newline through.
+        return name if TOOL_NAME_RE.fullmatch(name) else None
 
     def allows(self, tool_name: str) -> bool:
         """The per-server allowlist (seed 002): a tool not listed is never exposed."""
@@ -273,12 +275,13 @@ def load_upstreams(raw: Any, *, mode: str, native_server_id: str) -> UpstreamsCo
                 f"{where}.server_id: also used by {CONFIG_LOCATION}[{seen_ids[server.server_id]}]"
             )
         seen_ids.setdefault(server.server_id, position)
-        prefix = server.name_prefix
+        prefix = name_key(server.name_prefix)
         for other, other_position in seen_prefixes.items():
             if prefix.startswith(other) or other.startswith(prefix):
                 problems.append(
-                    f"{where}.prefix: overlaps the prefix of {CONFIG_LOCATION}[{other_position}]"
-                    " (exposed names could collide)"
+                    f"{where}.prefix ({server.server_id}): overlaps the prefix of "
+                    f"{CONFIG_LOCATION}[{other_position}] (exposed names could collide;"
+                    " compared without case)"
                 )
         seen_prefixes.setdefault(prefix, position)
         for location in _inline_secrets(server):
@@ -292,6 +295,20 @@ def load_upstreams(raw: Any, *, mode: str, native_server_id: str) -> UpstreamsCo
             f"invalid {CONFIG_LOCATION} configuration ({count}):\n  " + "\n  ".join(problems)
         )
     return UpstreamsConfig(document.upstreams, tuple(warnings))
+
+
+def name_key(name: str) -> str:
+    """The form under which two tool names are the same name: Unicode-compatibility
+    normalized (NFKC) and case-folded. Exposed names are ASCII by MCP's rule, but a name
+    one client, log or person could take for another's must never belong to two tools."""
+    return unicodedata.normalize("NFKC", name).casefold()
+
+
+def shadowed_names(prefix: str, names: Iterable[str]) -> list[str]:
+    """The names (native tools) that ``prefix`` + some upstream tool name could equal,
+    under ``name_key``: every name the prefix begins."""
+    key = name_key(prefix)
+    return sorted(name for name in names if name_key(name).startswith(key))
 
 
 def _inline_secrets(server: UpstreamConfig) -> list[str]:
@@ -418,6 +435,8 @@ __all__ = [
     "decide_upstream_write",
     "describe_errors",
     "load_upstreams",
+    "name_key",
     "resolve_secret",
     "resolve_secrets",
+    "shadowed_names",
 ]

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.catalog import ToolCatalog
-from nexus_mcp.decorator import ToolContract
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.quarantine import SeenDigests
@@ -29,7 +28,9 @@ from nexus_mcp.policy.upstreams import (
     UpstreamConfig,
     UpstreamsConfig,
     decide_upstream_write,
+    name_key,
     resolve_secrets,
+    shadowed_names,
 )
 from nexus_mcp.policy.write_policy import WriteDecision
 from nexus_mcp.providers.upstream import (
@@ -60,6 +61,7 @@ class UpstreamGateway:
     _catalog: ToolCatalog | None = None
     _native: frozenset[str] = frozenset()
     _native_writes: frozenset[str] = frozenset()
+    _catalog_names: frozenset[str] = frozenset()  # every native tool name, mounted or not
     _listed: dict[str, set[str]] = field(default_factory=dict)
     recorder: Recorder | None = None  # serve --record: the tools as listed, and every call
 
@@ -71,7 +73,7 @@ class UpstreamGateway:
         settings: Settings,
         registry: RegistrySet,
         registry_dir: Path,
-        native_tools: Mapping[str, ToolContract],
+        native_tools: Collection[str],
         environ: Mapping[str, str],
         seen: SeenDigests | None = None,
     ) -> UpstreamGateway:
@@ -105,8 +107,26 @@ class UpstreamGateway:
             mode=settings.mode,
             registry=registry,
         )
+        gateway.reserve_native_names(native_tools)
         gateway_ref.append(gateway)
         return gateway
+
+    def reserve_native_names(self, names: Collection[str]) -> None:
+        """Every native tool name, of every toolset, mounted here or not: no upstream tool
+        is ever exposed under one of them, nor reached by a grant of one."""
+        self._catalog_names = frozenset(names)
+        reserved = frozenset(name_key(name) for name in names)
+        for server in self.servers.values():
+            server.reserved_keys = reserved
+
+    def hidden_reason(self, name: str) -> tuple[str, str, str] | None:
+        """Why ``name`` is an upstream tool's name that is hidden from everyone now:
+        (server_id, its tool, the reason code), for the audit; None otherwise."""
+        for server in self.servers.values():
+            found = server.hidden_reason(name)
+            if found is not None:
+                return (server.server_id, *found)
+        return None
 
     def share_evidence(self, seen: SeenDigests) -> None:
         """Keep every upstream's quarantine evidence in ``seen``, the store every replica
@@ -191,14 +211,19 @@ class UpstreamGateway:
         runtime = self._runtime
         if runtime is None:
             return
-        exposed: set[str] = set()
+        exposed: list[str] = []
         writes: set[str] = set()
         for server in self.servers.values():
             for name, tool in server.visible_tools().items():
-                exposed.add(name)
+                exposed.append(name)
                 if tool.view.tool_class == "write":
                     writes.add(name)
-        runtime.access.set_tools(self._native | exposed, frozenset(self._native_writes | writes))
+        runtime.access.set_tools(
+            self._native | frozenset(exposed),
+            frozenset(self._native_writes | writes),
+            upstream=exposed,
+            native=self._catalog_names,
+        )
 
     def decide_write(self, server_id: str, tool_name: str) -> WriteDecision:
         server = self.servers.get(server_id)
@@ -227,7 +252,7 @@ def check_upstreams(
     config: UpstreamsConfig,
     registry: RegistrySet,
     registry_dir: Path,
-    native_tools: Mapping[str, ToolContract],
+    native_tools: Collection[str],
     *,
     mode: str,
 ) -> None:
@@ -235,12 +260,7 @@ def check_upstreams(
     problems: list[str] = []
     for position, server in enumerate(config.servers):
         where = f"upstreams[{position}] ({server.server_id})"
-        shadowed = sorted(n for n in native_tools if n.startswith(server.name_prefix))
-        if shadowed:
-            problems.append(
-                f"{where}: prefix {server.name_prefix!r} could shadow native tools "
-                f"({', '.join(shadowed[:3])})"
-            )
+        problems.extend(_shadow_problems(where, server, native_tools))
         upstream_registry = registry.get(server.server_id)
         if upstream_registry is None:
             message = f"{where}: no registry file {registry_dir / (server.server_id + '.json')}"
@@ -260,6 +280,20 @@ def check_upstreams(
             )
     if problems:
         raise ConfigError("invalid upstreams configuration:\n  " + "\n  ".join(problems))
+
+
+def _shadow_problems(where: str, server: UpstreamConfig, native: Collection[str]) -> list[str]:
+    """An exposed name is never a native tool's, of any toolset, mounted here or not (a
+    grant written for the native tool would reach the upstream one): a prefix that begins
+    a native name, case and Unicode variants included, stops start-up."""
+    shadowed = shadowed_names(server.name_prefix, native)
+    if not shadowed:
+        return []
+    return [
+        f"{where}: server_id {server.server_id!r} exposes its tools as "
+        f"{server.name_prefix!r}<tool>, which could shadow native tools "
+        f"({', '.join(shadowed[:3])}); set another server_id or prefix"
+    ]
 
 
 def _policy_problems(where: str, server: UpstreamConfig, entries: Any) -> list[str]:

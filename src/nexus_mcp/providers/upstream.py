@@ -63,7 +63,7 @@ from nexus_mcp.policy.quarantine import (
     SeenDigests,
 )
 from nexus_mcp.policy.registry import RegistrySet
-from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
+from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig, name_key
 from nexus_mcp.principal import Principal
 from nexus_mcp.providers.upstream_listing import (
     MAX_TOOLS_PER_UPSTREAM,
@@ -100,6 +100,9 @@ MAX_UNSENT_OBSERVATIONS = 16 * MAX_TOOLS_PER_UPSTREAM
 
 EVENT_DEFINITION_CHANGED = "tool_definition_changed"
 EVENT_UNPINNED = "tool_unpinned"
+# Why a listed tool is hidden, beyond the registry and the pins (``hidden_reason``).
+REASON_NATIVE_NAME = "native_name"  # its exposed name is a native tool's
+REASON_UPSTREAM_DOWN = "upstream_down"  # ``when_down: hide`` while the upstream is down
 EVENT_UPSTREAM_DOWN = "upstream_down"
 EVENT_UPSTREAM_UP = "upstream_up"
 EVENT_LISTING_CUT = "upstream_listing_cut"
@@ -177,6 +180,9 @@ class UpstreamServer:
         self._backoff = config.reconnect.initial_seconds
         self._refreshing: set[SessionKey] = set()
         self._refresh_again: set[SessionKey] = set()
+        # ``name_key`` of every native tool name (the whole catalog, set by the gateway):
+        # a tool that would be exposed under one of them never is.
+        self.reserved_keys: frozenset[str] = frozenset()
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -726,6 +732,8 @@ class UpstreamServer:
             return view("not_allowed", "allowlist")
         if exposed is None:
             return view("bad_name", "tool_name_rule")
+        if name_key(exposed) in self.reserved_keys:
+            return view("bad_name", REASON_NATIVE_NAME)
         if entry is None and self.mode != DEV_MODE:
             return view("unclassified", "TOOL_UNCLASSIFIED_DENIED")
         if self.pins.quarantines(name):
@@ -755,6 +763,19 @@ class UpstreamServer:
         if self.state == "degraded" and self.config.when_down == "hide":
             return {}
         return self.tools
+
+    def hidden_reason(self, exposed: str) -> tuple[str, str] | None:
+        """Why a name of this upstream is not exposed now: (its tool, the README's reason
+        code), for the audit only; the caller's answer is an unknown tool's. None: not a
+        name of this upstream's, or exposed."""
+        if exposed in self.visible_tools():
+            return None
+        if exposed in self.tools:
+            return self.tools[exposed].view.upstream_name, REASON_UPSTREAM_DOWN
+        for view in self.views.values():
+            if view.exposed_name == exposed and view.status != "exposed":
+                return view.upstream_name, view.reason or view.status
+        return None
 
     def contract_for(self, view: ToolView) -> ToolContract:
         risk: Any = view.tool_class

@@ -129,7 +129,10 @@ class UpstreamTool(Tool):
         except NexusError as exc:  # the evidence store cannot answer: fail closed
             raise ConnectorRefusal(exc) from exc
         if not exposed:
-            raise UnknownTool(self.name)  # quarantined now (audited by the server)
+            found = server.hidden_reason(self.name)  # quarantined now (audited by the server)
+            if found is not None:
+                state.mark_hidden(server.server_id, *found)
+            raise UnknownTool(self.name)
         hooks = server.hooks
         assert hooks is not None, "the composition root binds the connector hooks"
         checks, build_effect, on_started, before_run = hooks
