@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.policy.upstreams import SecretRef, SecretValue
+from nexus_mcp.policy.upstreams import SERVER_ID_RE, SecretRef, SecretValue
 
 MIB = 1024 * 1024
 ENV_PREFIX = "NEXUS_MCP_"
@@ -146,7 +146,9 @@ class RegistrySettings(_Section):
     upstream_directory: Path | None = Field(
         default=None, description="upstream registries and pins; default: directory"
     )
-    server_id: str = "nexus"
+    # The same rule as an upstream's id: every call's tool_call record carries it (seed 000),
+    # so an id the record schema refuses must stop start-up, not refuse every call.
+    server_id: str = Field(default="nexus", pattern=SERVER_ID_RE.pattern)
     pins: dict[str, RegistryPin] = Field(default_factory=dict)
     idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
     idempotency_wait_seconds: float = Field(default=30.0, gt=0)

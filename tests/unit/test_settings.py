@@ -131,3 +131,22 @@ def test_a_canister_deadline_shorter_than_its_parts_names_its_setting(
         load_settings()
     named = "'notes.total_timeout_seconds' (NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS)"
     assert named in str(info.value)
+
+
+@pytest.mark.parametrize("server_id", ["my server", "", "-lead", "a/b", "x" * 65, "n\u00e9xus"])
+def test_a_native_server_id_the_tool_call_record_refuses_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch, server_id: str
+) -> None:
+    # Every call's tool_call record carries this id; an id the schema refuses would
+    # otherwise refuse every call with TOOL_CALL_RECORD_INVALID instead of failing here.
+    monkeypatch.setenv("NEXUS_MCP_REGISTRY__SERVER_ID", server_id)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "registry.server_id" in str(info.value)
+    if server_id:
+        assert server_id not in str(info.value)
+
+
+def test_a_native_server_id_of_the_record_rule_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEXUS_MCP_REGISTRY__SERVER_ID", "corp.nexus-1")
+    assert load_settings().registry.server_id == "corp.nexus-1"
