@@ -39,8 +39,9 @@ from nexus_mcp.decorator import (
 )
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.fixtures.integrity import resolve_fixture_key
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
-from nexus_mcp.fixtures.store import FixtureWriter
+from nexus_mcp.fixtures.store import FixtureWriter, has_macs
 from nexus_mcp.identity import (
     HTTP_TRANSPORTS,
     IdentityResolver,
@@ -99,8 +100,9 @@ from nexus_mcp.providers.fixtures import (
     FixtureProvider,
     Recorder,
     ReplaySet,
+    check_replay,
     listed_definition,
-    load_replay,
+    replay_refusal,
 )
 from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
@@ -380,7 +382,9 @@ def _build_server(
     )
     replay = None
     if settings.replay is not None:
-        replay = load_replay_set(settings, functions, contracts, argument_models, upstream_config)
+        replay = load_replay_set(
+            settings, functions, contracts, argument_models, upstream_config, environ
+        )
         contracts = replay.contracts
         argument_models = {n: m for n, m in argument_models.items() if n in contracts}
     else:
@@ -416,7 +420,15 @@ def _build_server(
     )
     recorder = (
         Recorder(
-            FixtureWriter(settings.record),
+            FixtureWriter(
+                settings.record,
+                key=resolve_fixture_key(
+                    settings.fixture_key,
+                    is_dev=settings.is_dev,
+                    environ=environ,
+                    folder=settings.record,
+                ),
+            ),
             SecretScanner.of(configured_secrets(settings, sections, environ)),
         )
         if settings.record is not None
@@ -730,9 +742,60 @@ def load_replay_set(
     contracts: Mapping[str, ToolContract],
     argument_models: Mapping[str, type[BaseModel]],
     upstream_config: UpstreamsConfig,
+    environ: Mapping[str, str],
 ) -> ReplaySet:
-    """The recording in ``settings.replay``, checked against this build and configuration."""
+    """The recording in ``settings.replay``, checked against this build and configuration
+    (``ConfigError`` listing every problem)."""
     assert settings.replay is not None
+    replay, problems = _check_recording(
+        settings, settings.replay, functions, contracts, argument_models, upstream_config, environ
+    )
+    if problems:
+        raise replay_refusal(settings.replay, problems)
+    return replay
+
+
+def check_recording(
+    settings: Settings,
+    directory: Path,
+    *,
+    sections: Mapping[str, Any],
+    environ: Mapping[str, str],
+) -> list[str]:
+    """Every problem ``serve --replay`` start-up would refuse ``directory`` for, with these
+    settings and configuration sections: the same check (``check_replay``) over the same
+    build (``replay_stand_ins``). ``nexus-mcp fixtures verify`` runs it."""
+    catalog = ToolCatalog()
+    functions = replay_stand_ins(settings, catalog, lambda _principal: frozenset())
+    contracts = {contract_of(fn).name: contract_of(fn) for fn in functions}
+    argument_models = {contract_of(fn).name: build_arguments_model(fn) for fn in functions}
+    upstream_config = load_upstreams(
+        sections.get("upstreams"), mode=settings.mode, native_server_id=settings.registry.server_id
+    )
+    _replay, problems = _check_recording(
+        settings, directory, functions, contracts, argument_models, upstream_config, environ
+    )
+    return problems
+
+
+def _check_recording(
+    settings: Settings,
+    directory: Path,
+    functions: Iterable[ToolFunction],
+    contracts: Mapping[str, ToolContract],
+    argument_models: Mapping[str, type[BaseModel]],
+    upstream_config: UpstreamsConfig,
+    environ: Mapping[str, str],
+) -> tuple[ReplaySet, list[str]]:
+    key = resolve_fixture_key(
+        settings.fixture_key, is_dev=settings.is_dev, environ=environ, folder=directory
+    )
+    if key is None and has_macs(directory):
+        log.warning(
+            "fixtures_not_verified",
+            reason="the recording is sealed (its lines carry MACs) but no fixture_key is "
+            "configured: the MACs are not checked",
+        )
     definitions = {}
     for fn in functions:
         contract = contract_of(fn)
@@ -750,13 +813,14 @@ def load_replay_set(
     def pin(server_id: str, tool: str) -> str | None:
         return load_pins(pins_dir, server_id).digests.get(tool) if server_id in configured else None
 
-    return load_replay(
-        settings.replay,
+    return check_replay(
+        directory,
         native_server_id=settings.registry.server_id,
         native_contracts=contracts,
         native_definitions=definitions,
         upstream_exposed=exposed,
         upstream_pin=pin,
+        key=key,
     )
 
 

@@ -401,7 +401,7 @@ class ReplaySet:
     upstream_records: dict[str, ToolRecord]
 
 
-def load_replay(
+def check_replay(
     directory: Path,
     *,
     native_server_id: str,
@@ -409,21 +409,26 @@ def load_replay(
     native_definitions: Mapping[str, Mapping[str, Any]],
     upstream_exposed: Callable[[str, str], str | None],
     upstream_pin: Callable[[str, str], str | None],
-) -> ReplaySet:
-    """Read ``directory`` and check it against this build, every problem at once.
+    key: bytes | None = None,
+) -> tuple[ReplaySet, list[str]]:
+    """Read ``directory`` and check it against this build: what a replay would serve, and
+    every problem found. The one check of a recording: ``serve --replay`` start-up
+    (``load_replay``) and ``nexus-mcp fixtures verify`` both run it, so they cannot drift.
 
-    Refused (``ConfigError``): a line that is not a fixture line; a call of a tool the
-    recording never listed; a native tool this build lacks, or whose contract version
-    differs (a version change invalidates its fixtures), or whose schemas changed without
-    a version bump; an upstream the configuration no longer exposes under that name, or
-    whose pinned definition differs from the recorded one; an unknown error code.
+    Problems: a folder entry that is not a regular ``*.jsonl`` file (a link, FIFO, device,
+    subfolder); a line that is not a fixture line; a line that contradicts itself
+    (``fixtures/integrity.py``: a refusal that is not one, a document whose recorded hash
+    no longer matches, ...); with ``key`` a line without a MAC or whose MAC does not
+    verify; a call of a tool the recording never listed; a native tool this build lacks,
+    or whose contract version differs (a version change invalidates its fixtures), or
+    whose schemas changed without a version bump; an upstream the configuration no longer
+    exposes under that name, or whose pinned definition differs from the recorded one; an
+    unknown error code; a result that is no MCP content.
     ``upstream_exposed(server_id, upstream_tool)`` is the name the configuration exposes
     (None: not configured or not allowed); ``upstream_pin`` the pinned digest, if any.
     """
-    servers, line_problems = read_fixtures(directory)
-    problems = [
-        f"{p.path.name} line {p.line}: not a fixture line ({p.problem})" for p in line_problems
-    ]
+    servers, line_problems = read_fixtures(directory, key=key)
+    problems = [p.describe() for p in line_problems]
     records: dict[str, ToolRecord] = {}
     upstream_records: dict[str, ToolRecord] = {}
     calls: dict[tuple[str, str, str], list[CallRecord]] = {}
@@ -468,28 +473,39 @@ def load_replay(
                 # Listed as this build lists it: a description, title, annotation or
                 # _meta edited in the file is never served (same version, same schemas).
                 record.definition = dict(native_definitions[name])
-        for key, answers in fixtures.calls.items():
+        for call_key, answers in fixtures.calls.items():
             for answer in answers:
                 code = (answer.error or {}).get("code")
                 if code is not None and code not in Code.__members__:
                     problems.append(
-                        f"{server_id}: {key[0]}: a recorded refusal has an unknown code"
+                        f"{server_id}: {call_key[0]}: a recorded refusal has an unknown code"
                     )
                     break
                 if not _content_is_valid(answer.result.get("content")):
-                    problems.append(f"{server_id}: {key[0]}: a result that is no MCP content")
+                    problems.append(f"{server_id}: {call_key[0]}: a result that is no MCP content")
                     break
-            if key[0] in records and key[1] == records[key[0]].version:
-                calls.setdefault(key, []).extend(answers)
+            if call_key[0] in records and call_key[1] == records[call_key[0]].version:
+                calls.setdefault(call_key, []).extend(answers)
+    return ReplaySet(records, calls, contracts, upstream_records), problems
+
+
+def load_replay(directory: Path, **checks: Any) -> ReplaySet:
+    """``check_replay``, refusing (``ConfigError``) a recording with any problem."""
+    replay, problems = check_replay(directory, **checks)
     if problems:
-        shown = problems[:MAX_LISTED_PROBLEMS]
-        more = len(problems) - len(shown)
-        raise ConfigError(
-            f"the fixtures in 'replay' ({directory}) do not fit this server:\n  "
-            + "\n  ".join(shown)
-            + (f"\n  ... and {more} more" if more > 0 else "")
-        )
-    return ReplaySet(records, calls, contracts, upstream_records)
+        raise replay_refusal(directory, problems)
+    return replay
+
+
+def replay_refusal(directory: Path, problems: Sequence[str]) -> ConfigError:
+    """The start-up refusal of a recording: every problem (up to ``MAX_LISTED_PROBLEMS``)."""
+    shown = problems[:MAX_LISTED_PROBLEMS]
+    more = len(problems) - len(shown)
+    return ConfigError(
+        f"the fixtures in 'replay' ({directory}) do not fit this server:\n  "
+        + "\n  ".join(shown)
+        + (f"\n  ... and {more} more" if more > 0 else "")
+    )
 
 
 def _definition_problem(record: ToolRecord) -> str | None:
@@ -551,4 +567,4 @@ def _upstream_problem(
     return None
 
 
-__all__ += ["ReplaySet", "load_replay"]
+__all__ += ["ReplaySet", "check_replay", "load_replay", "replay_refusal"]
