@@ -129,7 +129,7 @@ from nexus_mcp.tools.notes import build_notes_tools
 from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
 from nexus_mcp.tools.repo import build_repo_tools
 from nexus_mcp.vaults import VaultRouter, check_canister_deadline
-from nexus_mcp.workspace import LexicalPaths, Workspace
+from nexus_mcp.workspace import LexicalPaths, ReachedTheWorld, ReplayWorkspace, Workspace
 
 log = get_logger(__name__)
 
@@ -351,13 +351,18 @@ def _build_server(
     write_policies = load_write_policies(sections, settings)
     replaying = settings.replay is not None
     # A replay serves no folder: the write policy judges paths as named (workspace.py).
-    workspace = LexicalPaths() if replaying else resolve_workspace(settings, write_policies)
+    workspace = (
+        LexicalPaths(replay_hidden_parts(settings))
+        if replaying
+        else resolve_workspace(settings, write_policies)
+    )
     catalog = ToolCatalog()
     vaults = VaultRouter(settings)
     # The discovery tools ask the namespace, which is built from the tool list below; the
     # late binding closes that loop without a global.
     late: dict[str, GrantedTools] = {}
     visible = lambda principal: late["access"].visible_tools(principal)  # noqa: E731
+    stand_ins: list[ToolFunction] = []
     if isinstance(workspace, Workspace):
         functions: list[ToolFunction] = [
             *build_files_tools(workspace, settings),
@@ -368,7 +373,8 @@ def _build_server(
         ]
     else:
         # Every native tool's contract, to check the recording against; none of them runs.
-        functions = [*replay_stand_ins(settings, catalog, visible), *extra_tools]
+        stand_ins = replay_stand_ins(settings, catalog, visible, workspace)
+        functions = [*stand_ins, *extra_tools]
     contracts: dict[str, ToolContract] = {}
     for fn in functions:
         contract = contract_of(fn)
@@ -546,6 +552,9 @@ def _build_server(
             replay.calls,
             contracts=runtime.contracts,
             argument_models=runtime.argument_models,
+            # The native tools' own bodies over stand-ins: the refusals they make from
+            # their arguments alone are made in replay too, by the same code.
+            prechecks={contract_of(fn).name: fn for fn in stand_ins},
         )
         provider.hooks = (
             list(runtime.connector_checks),
@@ -708,32 +717,55 @@ def build_targets(
 
 
 class _Absent:
-    """Stands in for what a replaying server never touches (the workspace, a vault, a
-    repository): any use is a bug, and fails instead of reaching the world."""
+    """Stands in for what a replaying server never touches (a vault, a repository): a
+    replayed tool's body that reaches it has made every check it makes from its
+    arguments (``ReachedTheWorld``), and never reaches the world."""
 
     def __init__(self, what: str) -> None:
         self._what = what
 
     def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(f"a replay never touches the {self._what}")
+        raise ReachedTheWorld(self._what)
 
 
 def replay_stand_ins(
-    settings: Settings, catalog: ToolCatalog, visible: Callable[[Any], Any]
+    settings: Settings,
+    catalog: ToolCatalog,
+    visible: Callable[[Any], Any],
+    paths: LexicalPaths | None = None,
 ) -> list[ToolFunction]:
-    """Every native toolset over stand-ins, for its contracts and argument models only
-    (``serve --replay`` answers every call from the recording)."""
+    """Every native toolset over stand-ins (``serve --replay`` answers every call from
+    the recording): their contracts and argument models, and their bodies up to the
+    first touch of a file, vault or repository (``workspace.ReplayWorkspace``)."""
 
     def no_vault(_principal: Any) -> Any:
-        raise RuntimeError("a replay never touches a vault")
+        raise ReachedTheWorld("vault")
 
     absent_repos: Any = _Absent("repositories")
+    workspace = cast(Workspace, ReplayWorkspace(paths or LexicalPaths()))
     return [
-        *build_files_tools(cast(Workspace, _Absent("workspace")), settings),
+        *build_files_tools(workspace, settings),
         *build_notes_tools(no_vault),
         *build_discovery_tools(catalog, visible),
         *build_repo_tools(absent_repos, absent_repos, settings),
     ]
+
+
+def replay_hidden_parts(settings: Settings) -> list[tuple[str, ...]]:
+    """What a live server over ``workspace`` hides from the file tools, as relative parts
+    (the recording folder, the data directory, the audit file...), for a replay to refuse
+    by name (``LexicalPaths``). Nothing without a configured workspace: a replay has no
+    folder to place them in."""
+    if settings.workspace is None:
+        return []
+    root = settings.workspace.resolve()
+    live = settings.model_copy(update={"record": settings.replay})
+    parts: list[tuple[str, ...]] = []
+    for path in server_state_paths(live, root):
+        real = path.resolve()
+        if real != root and root in real.parents:
+            parts.append(real.relative_to(root).parts)
+    return parts
 
 
 def load_replay_set(

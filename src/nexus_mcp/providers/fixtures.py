@@ -21,9 +21,10 @@ session), and the last one then repeats. An unrecorded call is ``FIXTURE_NOT_FOU
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read
 from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.audit import safe_facts
 from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope, to_wire_error
+from nexus_mcp.workspace import ReachedTheWorld
 
 log = get_logger(__name__)
 
@@ -267,10 +269,12 @@ class FixtureProvider(Provider):
         *,
         contracts: Mapping[str, ToolContract],
         argument_models: Mapping[str, type[BaseModel]],
+        prechecks: Mapping[str, Callable[..., Awaitable[Any]]] | None = None,
     ) -> None:
         super().__init__()
         self.contracts = contracts
         self.argument_models = argument_models
+        self.prechecks = dict(prechecks or {})
         self.calls = calls
         self.tools = {name: ReplayTool.for_record(r, self) for name, r in records.items()}
         self.hooks: ConnectorHooks | None = None
@@ -300,6 +304,13 @@ class FixtureProvider(Provider):
             normalized = self._normalized(record, state, arguments)
             for check in checks:
                 check.before(contract, state, normalized)
+            refusal = await self._precheck(record, normalized)
+            if refusal is not None:
+                # Live, the tool ran and refused from its arguments: so it does here.
+                before_run(contract, state)
+                state.executed = True
+                on_started(contract, state)
+                raise refusal
             key = (
                 record.tool,
                 record.version,
@@ -340,6 +351,27 @@ class FixtureProvider(Provider):
             meta={META_TOOL_EFFECT: dict(effect)},
             is_error=is_error,
         )
+
+    async def _precheck(
+        self, record: ToolRecord, arguments: Mapping[str, Any]
+    ) -> NexusError | None:
+        """The refusal a native tool's own body makes from its arguments alone, before it
+        touches a file, vault or repository (its body runs over stand-ins until then:
+        ``workspace.ReplayWorkspace``), or None. Made before the recording is looked up,
+        so a replay refuses what live refuses whatever the recording holds."""
+        body = self.prechecks.get(record.tool) if record.upstream_tool is None else None
+        if body is None:
+            return None
+        accepted = inspect.signature(body).parameters
+        try:
+            await body(**{k: v for k, v in arguments.items() if k in accepted})
+        except ReachedTheWorld:
+            return None
+        except NexusError as exc:
+            return exc
+        except Exception as exc:  # noqa: BLE001 - the recording decides, as before
+            log.debug("replay_precheck_inconclusive", tool=record.tool, exc_type=type(exc).__name__)
+        return None
 
     def _normalized(
         self, record: ToolRecord, state: CallState, arguments: dict[str, Any]
