@@ -27,7 +27,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -107,7 +107,7 @@ class Recordings:
     """Real recordings, each made once for the module when first asked for: a plain one
     and two sealed ones (same key, another todo.txt in the second)."""
 
-    MADE: dict[str, dict[str, Any]] = {
+    MADE: ClassVar[dict[str, dict[str, Any]]] = {
         "plain": {},
         "sealed": {"key": KEY},
         "sealed-2": {"key": KEY, "todo": "- another launch\n"},
@@ -191,9 +191,9 @@ def assert_both_accept(
 
 def first(lines: list[Line], kind: str, tool: str, refused: bool | None = None) -> Line:
     for line in lines:
-        if line["kind"] == kind and line["tool"] == tool:
-            if refused is None or ("error" in line) == refused:
-                return line
+        same = line["kind"] == kind and line["tool"] == tool
+        if same and (refused is None or ("error" in line) == refused):
+            return line
     raise AssertionError(f"no {kind} line of {tool}")
 
 
