@@ -347,6 +347,11 @@ def a_fifo_beside_it(folder: Path) -> None:
     os.mkfifo(folder / "other.jsonl")
 
 
+def a_fifo_in_its_place(folder: Path) -> None:
+    (folder / "nexus.jsonl").unlink()
+    os.mkfifo(folder / "nexus.jsonl")
+
+
 def moved_into_a_subfolder(folder: Path) -> None:
     """Half the recording moved one level down: its tools would silently disappear."""
     (folder / "sub").mkdir()
@@ -366,6 +371,10 @@ def a_symlinked_subfolder(folder: Path) -> None:
 FOLDER_EDITS: dict[str, tuple[Callable[[Path], None], str]] = {
     "symlink": (as_symlink, "nexus.jsonl: a symbolic link, not a fixture file"),
     "fifo": (a_fifo_beside_it, "other.jsonl: not a regular file (FIFO, device or socket)"),
+    "fifo-in-place": (
+        a_fifo_in_its_place,
+        "nexus.jsonl: not a regular file (FIFO, device or socket)",
+    ),
     "subfolder": (moved_into_a_subfolder, "sub: a subfolder (fixtures are never read there)"),
     "renamed": (renamed_by_mistake, "upstream.jsonl.bak: not a fixture file (not *.jsonl)"),
     "linked-folder": (a_symlinked_subfolder, "linked: a symbolic link, not a fixture file"),
