@@ -634,6 +634,8 @@ REFUSED_LIVE: list[tuple[str, dict[str, Any]]] = [
     ("nexus_write_file", {"path": ".git/config", "content": "a", "idempotency_key": "r5"}),
     ("nexus_write_file", {"path": "scratch/a.txt", "content": "a"}),
     ("nexus_read_file", {"path": "todo.txt", "extra": 1}),
+    ("get_note_outline", {"path": "../x.md"}),
+    ("get_metadata_facets", {"path": "/etc/passwd"}),
 ]
 
 
