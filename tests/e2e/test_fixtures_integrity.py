@@ -723,3 +723,61 @@ async def test_a_recorded_success_is_refused_when_the_policy_now_refuses_its_arg
         finally:
             server.close()
     assert answers[0] == answers[1] == ["INVALID_INPUT"]
+
+
+APPROVAL_SECRET = "approval-secret-for-replay-tests-0123456789"
+POLICY: dict[str, Any] = {
+    "workspace": {
+        "allowed_paths": ["scratch/**", "fx/**"],
+        "allowed_operations": ["write", "edit", "rename"],
+        "max_bytes_per_write": 64,
+        "require_approval": True,
+    }
+}
+
+
+async def test_in_production_with_approvals_a_replay_refuses_as_live_before_the_token(
+    live_and_replay: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Prod, approvals required, the recording folder inside the workspace and even inside
+    the policy's allowed paths: live refuses a write into it (INVALID_PATH), one over the
+    size limit and one outside the allowed paths before asking for a token; so does the
+    replay, whose recording holds none of them."""
+    workspace, folder = live_and_replay
+    config = tmp_path / "nexus.yaml"
+    config.write_text(yaml.safe_dump({"write_policies": POLICY}))
+    env = {"NEXUS_MCP_APPROVAL_SECRET": APPROVAL_SECRET}
+    base: dict[str, Any] = {"mode": "prod", "subject": "alice", "role": "editor"}
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("nexus_write_file", {"path": "fx/x.txt", "content": "a", "idempotency_key": "p1"}),
+        (
+            "nexus_write_file",
+            {"path": "scratch/big.txt", "content": "b" * 65, "idempotency_key": "p2"},
+        ),
+        ("nexus_write_file", {"path": "docs/x.txt", "content": "c", "idempotency_key": "p3"}),
+        ("nexus_write_file", {"path": "scratch/ok.txt", "content": "d", "idempotency_key": "p4"}),
+        (
+            "nexus_rename_file",
+            {"source": "scratch/a.txt", "destination": "fx/nexus.jsonl", "idempotency_key": "p5"},
+        ),
+    ]
+    results = []
+    for name, extra in (
+        ("live", {"workspace": workspace, "record": folder}),
+        ("replay", {"workspace": workspace, "replay": folder}),
+    ):
+        server = build_server(
+            Settings(data_dir=tmp_path / name, **base, **extra),
+            config_file=config,
+            audit_sinks=[MemoryAuditSink()],
+            env=env,
+        )
+        try:
+            results.append(await codes(server, calls))
+        finally:
+            server.close()
+    live_codes, replay_codes = results
+    assert live_codes[3] == "APPROVAL_REQUIRED"
+    assert live_codes[0] == live_codes[4] == "INVALID_PATH"
+    assert "FIXTURE_NOT_FOUND" not in replay_codes
+    assert replay_codes == live_codes
