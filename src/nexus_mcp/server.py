@@ -38,7 +38,7 @@ from nexus_mcp.decorator import (
     contract_of,
 )
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer
-from nexus_mcp.errors import ConfigError
+from nexus_mcp.errors import ConfigError, InvalidInputError, NotFoundError
 from nexus_mcp.fixtures.integrity import resolve_fixture_key
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
 from nexus_mcp.fixtures.store import FixtureWriter, has_macs
@@ -83,7 +83,7 @@ from nexus_mcp.policy.registry import (
     load_registry_dir,
     upstream_registry_dir,
 )
-from nexus_mcp.policy.repos import ReposConfig, load_repos_config
+from nexus_mcp.policy.repos import ReposConfig, is_safe_repo_name, load_repos_config
 from nexus_mcp.policy.upstreams import (
     UpstreamsConfig,
     decide_upstream_write,
@@ -107,7 +107,7 @@ from nexus_mcp.providers.fixtures import (
 from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
-from nexus_mcp.repos.catalog import RepoCatalog
+from nexus_mcp.repos.catalog import ARG_REPO, RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
 from nexus_mcp.settings import Settings, config_sections
@@ -373,7 +373,7 @@ def _build_server(
         ]
     else:
         # Every native tool's contract, to check the recording against; none of them runs.
-        stand_ins = replay_stand_ins(settings, catalog, visible, workspace)
+        stand_ins = replay_stand_ins(settings, catalog, visible, workspace, repos_config)
         functions = [*stand_ins, *extra_tools]
     contracts: dict[str, ToolContract] = {}
     for fn in functions:
@@ -728,11 +728,35 @@ class _Absent:
         raise ReachedTheWorld(self._what)
 
 
+class _ReplayRepos:
+    """The repositories of a replay, never opened: a repository tool's body gets as far as
+    its own argument checks. The name is judged as ``RepoCatalog.get`` judges it (a name
+    that is not a repository name is INVALID_INPUT; one the configuration does not hold
+    is NOT_FOUND, unless dev mode serves any folder); what the tool then asks of the
+    repository is ``ReachedTheWorld``."""
+
+    def __init__(self, config: ReposConfig | None) -> None:
+        self._config = config
+
+    def get(self, name: object) -> Any:
+        if not is_safe_repo_name(name):
+            raise InvalidInputError(field=ARG_REPO)
+        config = self._config
+        known = config is not None and (name in config.repositories or config.dev_allow_all_repos)
+        if not known:
+            raise NotFoundError(reason="repository_not_found")
+        return _Absent("repository")
+
+    def __getattr__(self, name: str) -> Any:
+        raise ReachedTheWorld("repositories")
+
+
 def replay_stand_ins(
     settings: Settings,
     catalog: ToolCatalog,
     visible: Callable[[Any], Any],
     paths: LexicalPaths | None = None,
+    repos_config: ReposConfig | None = None,
 ) -> list[ToolFunction]:
     """Every native toolset over stand-ins (``serve --replay`` answers every call from
     the recording): their contracts and argument models, and their bodies up to the
@@ -742,7 +766,7 @@ def replay_stand_ins(
         # A vault that is never read: the notes tools check the path before they read.
         return _Absent("vault")
 
-    absent_repos: Any = _Absent("repositories")
+    absent_repos: Any = _ReplayRepos(repos_config)
     workspace = cast(Workspace, ReplayWorkspace(paths or LexicalPaths()))
     return [
         *build_files_tools(workspace, settings),
@@ -799,7 +823,12 @@ def check_recording(
     settings and configuration sections: the same check (``check_replay``) over the same
     build (``replay_stand_ins``). ``nexus-mcp fixtures verify`` runs it."""
     catalog = ToolCatalog()
-    functions = replay_stand_ins(settings, catalog, lambda _principal: frozenset())
+    functions = replay_stand_ins(
+        settings,
+        catalog,
+        lambda _principal: frozenset(),
+        repos_config=load_repos_config(sections.get("repos"), mode=settings.mode),
+    )
     contracts = {contract_of(fn).name: contract_of(fn) for fn in functions}
     argument_models = {contract_of(fn).name: build_arguments_model(fn) for fn in functions}
     upstream_config = load_upstreams(

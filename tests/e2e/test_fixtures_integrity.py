@@ -42,6 +42,7 @@ from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import DEMO_WORKSPACE, wire
+from .repo_harness import Builder, build, project  # noqa: F401 - fixtures
 
 CANARY = "TAMPER-CANARY-31f7"
 KEY_ENV = "FIXTURE_KEY_FOR_TESTS"
@@ -780,4 +781,34 @@ async def test_in_production_with_approvals_a_replay_refuses_as_live_before_the_
     assert live_codes[3] == "APPROVAL_REQUIRED"
     assert live_codes[0] == live_codes[4] == "INVALID_PATH"
     assert "FIXTURE_NOT_FOUND" not in replay_codes
+    assert replay_codes == live_codes
+
+
+REPO_CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("list_repo_files", {"repo": "proj", "path": "../etc"}),
+    ("read_repo_file", {"repo": "proj", "path": "/etc/passwd"}),
+    ("read_repo_file", {"repo": "nope", "path": "README.md"}),
+    ("read_repo_file", {"repo": "../proj", "path": "README.md"}),
+    ("list_repo_files", {"repo": "proj", "path": "src/../../x"}),
+]
+
+
+async def test_repository_tools_refuse_in_replay_as_live_without_a_repository(
+    build: Builder,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """A repository tool's own argument checks (its name, its path) run in replay over a
+    catalog that opens nothing: the same codes as live, never FIXTURE_NOT_FOUND."""
+    folder = tmp_path / "fx-repo"
+    live = build(record=folder)
+    async with Client(live.mcp) as client:
+        read = wire(
+            await client.call_tool_mcp("read_repo_file", {"repo": "proj", "path": "README.md"})
+        )
+    assert read["isError"] is False, read
+    recorded = (folder / "nexus.jsonl").read_bytes()
+    live_codes = await codes(live, REPO_CALLS)
+    (folder / "nexus.jsonl").write_bytes(recorded)
+    replay_codes = await codes(build(replay=folder), REPO_CALLS)
+    assert "FIXTURE_NOT_FOUND" not in live_codes
     assert replay_codes == live_codes
