@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 from fastmcp import Client
+from structlog.testing import capture_logs
 
 from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.cli import main as cli_main
@@ -812,3 +813,30 @@ async def test_repository_tools_refuse_in_replay_as_live_without_a_repository(
     replay_codes = await codes(build(replay=folder), REPO_CALLS)
     assert "FIXTURE_NOT_FOUND" not in live_codes
     assert replay_codes == live_codes
+
+
+async def test_a_replayed_note_is_answered_from_the_recording_and_logs_no_vault_read(
+    live_and_replay: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The pre-check runs the notes tool up to its vault; that is not a call, and the
+    operational log says nothing of a vault read that never happened."""
+    workspace, folder = live_and_replay
+    call = ("get_note_outline", {"path": "notes/projects/atlas/plan.md"})
+    answers = []
+    for name, extra in (("live", {"record": folder}), ("replay", {"replay": folder})):
+        server = build_server(
+            Settings(mode="dev", workspace=workspace, data_dir=tmp_path / name, **extra),
+            audit_sinks=[MemoryAuditSink()],
+            env={},
+        )
+        try:
+            with capture_logs() as logs:
+                async with Client(server.mcp) as client:
+                    answers.append(wire(await client.call_tool_mcp(*call)))
+        finally:
+            server.close()
+        notes_lines = [e for e in logs if e["event"] == "notes_tool"]
+        assert len(notes_lines) == (1 if name == "live" else 0), notes_lines
+    live, replayed = answers
+    assert replayed["isError"] is False
+    assert replayed["structuredContent"] == live["structuredContent"]
