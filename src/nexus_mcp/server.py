@@ -38,9 +38,10 @@ from nexus_mcp.decorator import (
     contract_of,
 )
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer, ToolCallRecordCheck
-from nexus_mcp.errors import ConfigError
+from nexus_mcp.errors import ConfigError, InvalidInputError, NotFoundError
+from nexus_mcp.fixtures.integrity import resolve_fixture_key
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
-from nexus_mcp.fixtures.store import FixtureWriter
+from nexus_mcp.fixtures.store import FixtureWriter, has_macs
 from nexus_mcp.health import NO_STORE, is_operator, operator_token, public_readiness
 from nexus_mcp.identity import (
     HTTP_TRANSPORTS,
@@ -83,7 +84,7 @@ from nexus_mcp.policy.registry import (
     load_registry_dir,
     upstream_registry_dir,
 )
-from nexus_mcp.policy.repos import ReposConfig, load_repos_config
+from nexus_mcp.policy.repos import ReposConfig, is_safe_repo_name, load_repos_config
 from nexus_mcp.policy.upstreams import (
     UpstreamsConfig,
     decide_upstream_write,
@@ -100,13 +101,14 @@ from nexus_mcp.providers.fixtures import (
     FixtureProvider,
     Recorder,
     ReplaySet,
+    check_replay,
     listed_definition,
-    load_replay,
+    replay_refusal,
 )
 from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
-from nexus_mcp.repos.catalog import RepoCatalog
+from nexus_mcp.repos.catalog import ARG_REPO, RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
 from nexus_mcp.settings import Settings, config_sections
@@ -128,7 +130,7 @@ from nexus_mcp.tools.notes import build_notes_tools
 from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
 from nexus_mcp.tools.repo import build_repo_tools
 from nexus_mcp.vaults import VaultRouter, check_canister_deadline
-from nexus_mcp.workspace import LexicalPaths, Workspace
+from nexus_mcp.workspace import LexicalPaths, ReachedTheWorld, ReplayWorkspace, Workspace
 
 log = get_logger(__name__)
 
@@ -350,13 +352,18 @@ def _build_server(
     write_policies = load_write_policies(sections, settings)
     replaying = settings.replay is not None
     # A replay serves no folder: the write policy judges paths as named (workspace.py).
-    workspace = LexicalPaths() if replaying else resolve_workspace(settings, write_policies)
+    workspace = (
+        LexicalPaths(replay_hidden_parts(settings))
+        if replaying
+        else resolve_workspace(settings, write_policies)
+    )
     catalog = ToolCatalog()
     vaults = VaultRouter(settings)
     # The discovery tools ask the namespace, which is built from the tool list below; the
     # late binding closes that loop without a global.
     late: dict[str, GrantedTools] = {}
     visible = lambda principal: late["access"].visible_tools(principal)  # noqa: E731
+    stand_ins: list[ToolFunction] = []
     if isinstance(workspace, Workspace):
         functions: list[ToolFunction] = [
             *build_files_tools(workspace, settings),
@@ -367,7 +374,8 @@ def _build_server(
         ]
     else:
         # Every native tool's contract, to check the recording against; none of them runs.
-        functions = [*replay_stand_ins(settings, catalog, visible), *extra_tools]
+        stand_ins = replay_stand_ins(settings, catalog, visible, workspace, repos_config)
+        functions = [*stand_ins, *extra_tools]
     contracts: dict[str, ToolContract] = {}
     for fn in functions:
         contract = contract_of(fn)
@@ -381,7 +389,9 @@ def _build_server(
     )
     replay = None
     if settings.replay is not None:
-        replay = load_replay_set(settings, functions, contracts, argument_models, upstream_config)
+        replay = load_replay_set(
+            settings, functions, contracts, argument_models, upstream_config, environ
+        )
         contracts = replay.contracts
         argument_models = {n: m for n, m in argument_models.items() if n in contracts}
     else:
@@ -417,7 +427,15 @@ def _build_server(
     )
     recorder = (
         Recorder(
-            FixtureWriter(settings.record),
+            FixtureWriter(
+                settings.record,
+                key=resolve_fixture_key(
+                    settings.fixture_key,
+                    is_dev=settings.is_dev,
+                    environ=environ,
+                    folder=settings.record,
+                ),
+            ),
             SecretScanner.of(configured_secrets(settings, sections, environ)),
         )
         if settings.record is not None
@@ -537,6 +555,9 @@ def _build_server(
             replay.calls,
             contracts=runtime.contracts,
             argument_models=runtime.argument_models,
+            # The native tools' own bodies over stand-ins: the refusals they make from
+            # their arguments alone are made in replay too, by the same code.
+            prechecks={contract_of(fn).name: fn for fn in stand_ins},
         )
         provider.hooks = (
             list(runtime.connector_checks),
@@ -700,32 +721,80 @@ def build_targets(
 
 
 class _Absent:
-    """Stands in for what a replaying server never touches (the workspace, a vault, a
-    repository): any use is a bug, and fails instead of reaching the world."""
+    """Stands in for what a replaying server never touches (a vault, a repository): a
+    replayed tool's body that reaches it has made every check it makes from its
+    arguments (``ReachedTheWorld``), and never reaches the world."""
 
     def __init__(self, what: str) -> None:
         self._what = what
 
     def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(f"a replay never touches the {self._what}")
+        raise ReachedTheWorld(self._what)
+
+
+class _ReplayRepos:
+    """The repositories of a replay, never opened: a repository tool's body gets as far as
+    its own argument checks. The name is judged as ``RepoCatalog.get`` judges it (a name
+    that is not a repository name is INVALID_INPUT; one the configuration does not hold
+    is NOT_FOUND, unless dev mode serves any folder); what the tool then asks of the
+    repository is ``ReachedTheWorld``."""
+
+    def __init__(self, config: ReposConfig | None) -> None:
+        self._config = config
+
+    def get(self, name: object) -> Any:
+        if not is_safe_repo_name(name):
+            raise InvalidInputError(field=ARG_REPO)
+        config = self._config
+        known = config is not None and (name in config.repositories or config.dev_allow_all_repos)
+        if not known:
+            raise NotFoundError(reason="repository_not_found")
+        return _Absent("repository")
+
+    def __getattr__(self, name: str) -> Any:
+        raise ReachedTheWorld("repositories")
 
 
 def replay_stand_ins(
-    settings: Settings, catalog: ToolCatalog, visible: Callable[[Any], Any]
+    settings: Settings,
+    catalog: ToolCatalog,
+    visible: Callable[[Any], Any],
+    paths: LexicalPaths | None = None,
+    repos_config: ReposConfig | None = None,
 ) -> list[ToolFunction]:
-    """Every native toolset over stand-ins, for its contracts and argument models only
-    (``serve --replay`` answers every call from the recording)."""
+    """Every native toolset over stand-ins (``serve --replay`` answers every call from
+    the recording): their contracts and argument models, and their bodies up to the
+    first touch of a file, vault or repository (``workspace.ReplayWorkspace``)."""
 
     def no_vault(_principal: Any) -> Any:
-        raise RuntimeError("a replay never touches a vault")
+        # A vault that is never read: the notes tools check the path before they read.
+        return _Absent("vault")
 
-    absent_repos: Any = _Absent("repositories")
+    absent_repos: Any = _ReplayRepos(repos_config)
+    workspace = cast(Workspace, ReplayWorkspace(paths or LexicalPaths()))
     return [
-        *build_files_tools(cast(Workspace, _Absent("workspace")), settings),
+        *build_files_tools(workspace, settings),
         *build_notes_tools(no_vault),
         *build_discovery_tools(catalog, visible),
         *build_repo_tools(absent_repos, absent_repos, settings),
     ]
+
+
+def replay_hidden_parts(settings: Settings) -> list[tuple[str, ...]]:
+    """What a live server over ``workspace`` hides from the file tools, as relative parts
+    (the recording folder, the data directory, the audit file...), for a replay to refuse
+    by name (``LexicalPaths``). Nothing without a configured workspace: a replay has no
+    folder to place them in."""
+    if settings.workspace is None:
+        return []
+    root = settings.workspace.resolve()
+    live = settings.model_copy(update={"record": settings.replay})
+    parts: list[tuple[str, ...]] = []
+    for path in server_state_paths(live, root):
+        real = path.resolve()
+        if real != root and root in real.parents:
+            parts.append(real.relative_to(root).parts)
+    return parts
 
 
 def load_replay_set(
@@ -734,9 +803,65 @@ def load_replay_set(
     contracts: Mapping[str, ToolContract],
     argument_models: Mapping[str, type[BaseModel]],
     upstream_config: UpstreamsConfig,
+    environ: Mapping[str, str],
 ) -> ReplaySet:
-    """The recording in ``settings.replay``, checked against this build and configuration."""
+    """The recording in ``settings.replay``, checked against this build and configuration
+    (``ConfigError`` listing every problem)."""
     assert settings.replay is not None
+    replay, problems = _check_recording(
+        settings, settings.replay, functions, contracts, argument_models, upstream_config, environ
+    )
+    if problems:
+        raise replay_refusal(settings.replay, problems)
+    return replay
+
+
+def check_recording(
+    settings: Settings,
+    directory: Path,
+    *,
+    sections: Mapping[str, Any],
+    environ: Mapping[str, str],
+) -> list[str]:
+    """Every problem ``serve --replay`` start-up would refuse ``directory`` for, with these
+    settings and configuration sections: the same check (``check_replay``) over the same
+    build (``replay_stand_ins``). ``nexus-mcp fixtures verify`` runs it."""
+    catalog = ToolCatalog()
+    functions = replay_stand_ins(
+        settings,
+        catalog,
+        lambda _principal: frozenset(),
+        repos_config=load_repos_config(sections.get("repos"), mode=settings.mode),
+    )
+    contracts = {contract_of(fn).name: contract_of(fn) for fn in functions}
+    argument_models = {contract_of(fn).name: build_arguments_model(fn) for fn in functions}
+    upstream_config = load_upstreams(
+        sections.get("upstreams"), mode=settings.mode, native_server_id=settings.registry.server_id
+    )
+    _replay, problems = _check_recording(
+        settings, directory, functions, contracts, argument_models, upstream_config, environ
+    )
+    return problems
+
+
+def _check_recording(
+    settings: Settings,
+    directory: Path,
+    functions: Iterable[ToolFunction],
+    contracts: Mapping[str, ToolContract],
+    argument_models: Mapping[str, type[BaseModel]],
+    upstream_config: UpstreamsConfig,
+    environ: Mapping[str, str],
+) -> tuple[ReplaySet, list[str]]:
+    key = resolve_fixture_key(
+        settings.fixture_key, is_dev=settings.is_dev, environ=environ, folder=directory
+    )
+    if key is None and has_macs(directory):
+        log.warning(
+            "fixtures_not_verified",
+            reason="the recording is sealed (its lines carry MACs) but no fixture_key is "
+            "configured: the MACs are not checked",
+        )
     definitions = {}
     for fn in functions:
         contract = contract_of(fn)
@@ -754,13 +879,14 @@ def load_replay_set(
     def pin(server_id: str, tool: str) -> str | None:
         return load_pins(pins_dir, server_id).digests.get(tool) if server_id in configured else None
 
-    return load_replay(
-        settings.replay,
+    return check_replay(
+        directory,
         native_server_id=settings.registry.server_id,
         native_contracts=contracts,
         native_definitions=definitions,
         upstream_exposed=exposed,
         upstream_pin=pin,
+        key=key,
     )
 
 

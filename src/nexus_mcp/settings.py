@@ -325,6 +325,11 @@ class Settings(BaseSettings):
     # call from such a recording (providers/fixtures.py). At most one of the two.
     record: Path | None = None
     replay: Path | None = None
+    # The key that seals each recorded line (HMAC-SHA256, fixtures/integrity.py): written
+    # by record, required and verified by replay and `fixtures verify` when set. By
+    # reference ({env: NAME} or {file: path}, never inside the fixture folder); inline in
+    # dev only.
+    fixture_key: SecretValue | None = None
 
     @field_validator("http_path")
     @classmethod

@@ -2,14 +2,18 @@
 
     nexus-mcp fixtures list   DIR                     tools, calls and sizes, per server
     nexus-mcp fixtures verify DIR [--config FILE]     schema-valid, consistent, no secrets
-    nexus-mcp fixtures prune  DIR --tool T [--version V]
+    nexus-mcp fixtures prune  DIR --tool T [--version V] [--config FILE]
 
-``verify`` checks every line against ``schemas/mcp/fixture_line.schema.json``, that every
-call's tool was recorded as listed, and that no line holds a secret: the configured secret
-values of ``--config`` and the environment (as ``serve`` would read them) and bearer
-tokens by shape (``fixtures/secrets.py``). It names the file, the line and the kind of
-problem, never the secret. Exit codes: 0 clean, 1 problems found (or, for ``prune``, no
-line of that tool), 2 bad usage or configuration.
+``verify`` runs the very check ``serve --replay`` start-up runs (``server.check_recording``
+over ``providers/fixtures.check_replay``, with the settings and configuration of
+``--config`` and the environment, ``fixture_key`` included), so a recording it passes is
+one a replay accepts: every folder entry a regular ``*.jsonl`` file, every line schema-valid
+and consistent in itself, every MAC (with a key), every tool in this build at its version
+and schemas, every upstream tool exposed and pinned as recorded, every code known. It also
+checks that no line holds a secret: the configured secret values and bearer tokens by
+shape (``fixtures/secrets.py``). It names the file, the line and the kind of problem,
+never the secret. Exit codes: 0 clean, 1 problems found (or, for ``prune``, no line of
+that tool), 2 bad usage or configuration.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from typing import Any
 
 from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.fixtures.integrity import resolve_fixture_key
 from nexus_mcp.fixtures.lines import KIND_CALL, KIND_TOOL
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
-from nexus_mcp.fixtures.store import fixture_files, iter_lines, parse_line, prune, read_fixtures
+from nexus_mcp.fixtures.store import iter_lines, parse_line, prune, read_fixtures, scan_folder
 from nexus_mcp.settings import config_sections, load_settings
 
 EXIT_OK = 0
@@ -58,6 +63,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     pruning.add_argument(
         "--version", default=None, metavar="V", help="only the lines of this contract version"
     )
+    pruning.add_argument(
+        "--config", type=Path, default=None,
+        help="the YAML configuration (its fixture_key re-seals a sealed recording) "
+        "[NEXUS_MCP_CONFIG]",
+    )  # fmt: skip
     pruning.set_defaults(func=run_prune)
 
 
@@ -87,6 +97,9 @@ def run_list(args: argparse.Namespace) -> int:
         print_table(("server", "tool", "version", "calls", "bytes"), rows)
     else:
         print("no fixtures")
+    # A listing lists: only what keeps lines from being read at all fails it (verify
+    # checks the rest).
+    problems = [p for p in problems if p.bad_line or p.line == 0]
     if problems:
         print(
             f"{len(problems)} line(s) are not fixture lines: nexus-mcp fixtures verify",
@@ -97,15 +110,17 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    config = args.config or (
-        Path(os.environ["NEXUS_MCP_CONFIG"]) if os.environ.get("NEXUS_MCP_CONFIG") else None
-    )
+    # Imported here: the composition root is heavy, and only verify needs this build.
+    from nexus_mcp.server import check_recording
+
+    config = _config_path(args)
     try:
         settings = load_settings(config, {})
-        scanner = SecretScanner.of(
-            configured_secrets(settings, config_sections(config), os.environ)
-        )
-        files = fixture_files(args.directory)
+        sections = config_sections(config)
+        scanner = SecretScanner.of(configured_secrets(settings, sections, os.environ))
+        files, _entries = scan_folder(args.directory)
+        # What serve --replay start-up refuses, by the same code (folder entries included).
+        shared = check_recording(settings, args.directory, sections=sections, environ=os.environ)
     except ConfigError as exc:
         return _refuse(str(exc))
     problems: list[str] = []
@@ -113,7 +128,11 @@ def run_verify(args: argparse.Namespace) -> int:
     for path in files:
         listed: set[tuple[str, str]] = set()
         calls: list[tuple[int, str, str]] = []
-        for number, raw in iter_lines(path):
+        try:
+            numbered = list(iter_lines(path))
+        except OSError:
+            continue  # named by the shared check
+        for number, raw in numbered:
             if not raw.strip():
                 continue
             lines += 1
@@ -140,6 +159,7 @@ def run_verify(args: argparse.Namespace) -> int:
                     f"{path.name} line {number}: a call of {tool} {version}, "
                     "which no tool line lists"
                 )
+    problems = list(dict.fromkeys([*problems, *shared]))
     for problem in problems:
         # A name read from a line may itself be a planted secret: never printed.
         print(scanner.redact_text(problem)[0])
@@ -148,6 +168,13 @@ def run_verify(args: argparse.Namespace) -> int:
         return EXIT_PROBLEMS
     print(f"{lines} line(s) in {len(files)} file(s): valid, no secrets")
     return EXIT_OK
+
+
+def _config_path(args: argparse.Namespace) -> Path | None:
+    given: Path | None = getattr(args, "config", None)
+    return given or (
+        Path(os.environ["NEXUS_MCP_CONFIG"]) if os.environ.get("NEXUS_MCP_CONFIG") else None
+    )
 
 
 def _findings_in(scanner: SecretScanner, line: dict[str, Any]) -> set[str]:
@@ -167,8 +194,13 @@ def _findings_in(scanner: SecretScanner, line: dict[str, Any]) -> set[str]:
 
 
 def run_prune(args: argparse.Namespace) -> int:
+    config = _config_path(args)
     try:
-        removed = prune(args.directory, args.tool, version=args.version)
+        settings = load_settings(config, {})
+        key = resolve_fixture_key(
+            settings.fixture_key, is_dev=settings.is_dev, environ=os.environ, folder=args.directory
+        )
+        removed = prune(args.directory, args.tool, version=args.version, key=key)
     except ConfigError as exc:
         return _refuse(str(exc))
     except OSError as exc:

@@ -21,9 +21,10 @@ session), and the last one then repeats. An unrecorded call is ``FIXTURE_NOT_FOU
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read
 from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.audit import safe_facts
 from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope, to_wire_error
+from nexus_mcp.workspace import ReachedTheWorld
 
 log = get_logger(__name__)
 
@@ -267,10 +269,12 @@ class FixtureProvider(Provider):
         *,
         contracts: Mapping[str, ToolContract],
         argument_models: Mapping[str, type[BaseModel]],
+        prechecks: Mapping[str, Callable[..., Awaitable[Any]]] | None = None,
     ) -> None:
         super().__init__()
         self.contracts = contracts
         self.argument_models = argument_models
+        self.prechecks = dict(prechecks or {})
         self.calls = calls
         self.tools = {name: ReplayTool.for_record(r, self) for name, r in records.items()}
         self.hooks: ConnectorHooks | None = None
@@ -300,6 +304,13 @@ class FixtureProvider(Provider):
             normalized = self._normalized(record, state, arguments)
             for check in checks:
                 check.before(contract, state, normalized)
+            refusal = await self._precheck(record, normalized)
+            if refusal is not None:
+                # Live, the tool ran and refused from its arguments: so it does here.
+                before_run(contract, state)
+                state.executed = True
+                on_started(contract, state)
+                raise refusal
             key = (
                 record.tool,
                 record.version,
@@ -340,6 +351,27 @@ class FixtureProvider(Provider):
             meta={META_TOOL_EFFECT: dict(effect)},
             is_error=is_error,
         )
+
+    async def _precheck(
+        self, record: ToolRecord, arguments: Mapping[str, Any]
+    ) -> NexusError | None:
+        """The refusal a native tool's own body makes from its arguments alone, before it
+        touches a file, vault or repository (its body runs over stand-ins until then:
+        ``workspace.ReplayWorkspace``), or None. Made before the recording is looked up,
+        so a replay refuses what live refuses whatever the recording holds."""
+        body = self.prechecks.get(record.tool) if record.upstream_tool is None else None
+        if body is None:
+            return None
+        accepted = inspect.signature(body).parameters
+        try:
+            await body(**{k: v for k, v in arguments.items() if k in accepted})
+        except ReachedTheWorld:
+            return None
+        except NexusError as exc:
+            return exc
+        except Exception as exc:  # noqa: BLE001 - the recording decides, as before
+            log.debug("replay_precheck_inconclusive", tool=record.tool, exc_type=type(exc).__name__)
+        return None
 
     def _normalized(
         self, record: ToolRecord, state: CallState, arguments: dict[str, Any]
@@ -401,7 +433,7 @@ class ReplaySet:
     upstream_records: dict[str, ToolRecord]
 
 
-def load_replay(
+def check_replay(
     directory: Path,
     *,
     native_server_id: str,
@@ -409,21 +441,26 @@ def load_replay(
     native_definitions: Mapping[str, Mapping[str, Any]],
     upstream_exposed: Callable[[str, str], str | None],
     upstream_pin: Callable[[str, str], str | None],
-) -> ReplaySet:
-    """Read ``directory`` and check it against this build, every problem at once.
+    key: bytes | None = None,
+) -> tuple[ReplaySet, list[str]]:
+    """Read ``directory`` and check it against this build: what a replay would serve, and
+    every problem found. The one check of a recording: ``serve --replay`` start-up
+    (``load_replay``) and ``nexus-mcp fixtures verify`` both run it, so they cannot drift.
 
-    Refused (``ConfigError``): a line that is not a fixture line; a call of a tool the
-    recording never listed; a native tool this build lacks, or whose contract version
-    differs (a version change invalidates its fixtures), or whose schemas changed without
-    a version bump; an upstream the configuration no longer exposes under that name, or
-    whose pinned definition differs from the recorded one; an unknown error code.
+    Problems: a folder entry that is not a regular ``*.jsonl`` file (a link, FIFO, device,
+    subfolder); a line that is not a fixture line; a line that contradicts itself
+    (``fixtures/integrity.py``: a refusal that is not one, a document whose recorded hash
+    no longer matches, ...); with ``key`` a line without a MAC or whose MAC does not
+    verify; a call of a tool the recording never listed; a native tool this build lacks,
+    or whose contract version differs (a version change invalidates its fixtures), or
+    whose schemas changed without a version bump; an upstream the configuration no longer
+    exposes under that name, or whose pinned definition differs from the recorded one; an
+    unknown error code; a result that is no MCP content.
     ``upstream_exposed(server_id, upstream_tool)`` is the name the configuration exposes
     (None: not configured or not allowed); ``upstream_pin`` the pinned digest, if any.
     """
-    servers, line_problems = read_fixtures(directory)
-    problems = [
-        f"{p.path.name} line {p.line}: not a fixture line ({p.problem})" for p in line_problems
-    ]
+    servers, line_problems = read_fixtures(directory, key=key)
+    problems = [p.describe() for p in line_problems]
     records: dict[str, ToolRecord] = {}
     upstream_records: dict[str, ToolRecord] = {}
     calls: dict[tuple[str, str, str], list[CallRecord]] = {}
@@ -468,28 +505,39 @@ def load_replay(
                 # Listed as this build lists it: a description, title, annotation or
                 # _meta edited in the file is never served (same version, same schemas).
                 record.definition = dict(native_definitions[name])
-        for key, answers in fixtures.calls.items():
+        for call_key, answers in fixtures.calls.items():
             for answer in answers:
                 code = (answer.error or {}).get("code")
                 if code is not None and code not in Code.__members__:
                     problems.append(
-                        f"{server_id}: {key[0]}: a recorded refusal has an unknown code"
+                        f"{server_id}: {call_key[0]}: a recorded refusal has an unknown code"
                     )
                     break
                 if not _content_is_valid(answer.result.get("content")):
-                    problems.append(f"{server_id}: {key[0]}: a result that is no MCP content")
+                    problems.append(f"{server_id}: {call_key[0]}: a result that is no MCP content")
                     break
-            if key[0] in records and key[1] == records[key[0]].version:
-                calls.setdefault(key, []).extend(answers)
+            if call_key[0] in records and call_key[1] == records[call_key[0]].version:
+                calls.setdefault(call_key, []).extend(answers)
+    return ReplaySet(records, calls, contracts, upstream_records), problems
+
+
+def load_replay(directory: Path, **checks: Any) -> ReplaySet:
+    """``check_replay``, refusing (``ConfigError``) a recording with any problem."""
+    replay, problems = check_replay(directory, **checks)
     if problems:
-        shown = problems[:MAX_LISTED_PROBLEMS]
-        more = len(problems) - len(shown)
-        raise ConfigError(
-            f"the fixtures in 'replay' ({directory}) do not fit this server:\n  "
-            + "\n  ".join(shown)
-            + (f"\n  ... and {more} more" if more > 0 else "")
-        )
-    return ReplaySet(records, calls, contracts, upstream_records)
+        raise replay_refusal(directory, problems)
+    return replay
+
+
+def replay_refusal(directory: Path, problems: Sequence[str]) -> ConfigError:
+    """The start-up refusal of a recording: every problem (up to ``MAX_LISTED_PROBLEMS``)."""
+    shown = problems[:MAX_LISTED_PROBLEMS]
+    more = len(problems) - len(shown)
+    return ConfigError(
+        f"the fixtures in 'replay' ({directory}) do not fit this server:\n  "
+        + "\n  ".join(shown)
+        + (f"\n  ... and {more} more" if more > 0 else "")
+    )
 
 
 def _definition_problem(record: ToolRecord) -> str | None:
@@ -551,4 +599,4 @@ def _upstream_problem(
     return None
 
 
-__all__ += ["ReplaySet", "load_replay"]
+__all__ += ["ReplaySet", "check_replay", "load_replay", "replay_refusal"]

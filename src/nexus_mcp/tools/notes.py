@@ -20,6 +20,7 @@ from nexus_mcp.errors import UpstreamError
 from nexus_mcp.logs import get_logger
 from nexus_mcp.notes import NoteBackend, ViewKind, read_note_view, to_log_record
 from nexus_mcp.principal import Principal
+from nexus_mcp.workspace import ReachedTheWorld
 
 TOOLSET = "notes"
 log = get_logger(__name__)
@@ -44,10 +45,14 @@ async def _view(backend_for: BackendFor, tool: str, kind: ViewKind, path: str) -
         error = exc
         raise
     finally:
-        log.info(
-            "notes_tool",
-            **to_log_record(tool, elapsed_s=time.perf_counter() - started, view=view, error=error),
-        )
+        # A replay's argument pre-check stops at the vault (ReachedTheWorld): not a call.
+        if not isinstance(error, ReachedTheWorld):
+            log.info(
+                "notes_tool",
+                **to_log_record(
+                    tool, elapsed_s=time.perf_counter() - started, view=view, error=error
+                ),
+            )
 
 
 def build_notes_tools(backend_for: BackendFor) -> list[Callable[..., Awaitable[Any]]]:
