@@ -264,3 +264,16 @@ async def test_evidence_against_another_tool_or_pin_is_left_alone_by_a_partial_r
     assert config["upstreams"][0]["server_id"] == "up"
     assert gw.pin("up", "echo") == 0
     await expect_echo(gw.build(), exposed=True)
+
+
+async def test_rechecks_of_a_huge_listing_keep_the_loop_responsive(tmp_path: Path) -> None:
+    """The re-check fetches a 3 MB listing every half second: the loop keeps serving
+    (hashing runs in a worker thread; only the SDK's parse of the answer is on it)."""
+    gw, record = gateway(tmp_path, big=BIG, recheck_seconds=0.5, timeouts={"connect_seconds": 60})
+    server = gw.build()
+    async with Client(server.mcp) as client:
+        assert not (await client.call_tool_mcp("up_echo", {"text": "a"})).is_error
+        start = len(listings(record))
+        async with LoopLag().running() as lag:
+            await poll(lambda: len(listings(record)) - start >= 3, seconds=60)
+    assert lag.worst < 1.0, lag.worst
