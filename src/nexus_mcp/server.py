@@ -120,6 +120,7 @@ from nexus_mcp.stores.backends import StateStores, open_state, request_state_key
 from nexus_mcp.stores.grants import TupleStore
 from nexus_mcp.stores.idempotency import IdempotencyStore
 from nexus_mcp.stores.nonces import NonceStore
+from nexus_mcp.stores.sqlite_quarantine import open_quarantine_evidence
 from nexus_mcp.targets import ToolTargets, identify_folder
 from nexus_mcp.tool_index import ToolIndex
 from nexus_mcp.tools.discovery import build_discovery_tools
@@ -594,6 +595,8 @@ def _build_server(
             from nexus_mcp.stores.redis_quarantine import RedisSeenDigests
 
             upstreams.share_evidence(RedisSeenDigests(state.redis, settings.state.key_prefix))
+        else:  # kept in the data directory across restarts (issue 22, item 15)
+            upstreams.persist_evidence(open_quarantine_evidence(settings))
         upstreams.recorder = recorder
         upstreams.bind(runtime, catalog, trail)
         mcp.add_provider(upstreams.provider)

@@ -19,6 +19,7 @@ from nexus_mcp.workspace import is_within
 IDEMPOTENCY_DB = "idempotency.sqlite3"
 NONCES_DB = "nonces.sqlite3"
 GRANTS_DB = "grants.sqlite3"
+UPSTREAM_QUARANTINE_DB = "upstream_quarantine.sqlite3"
 VAULTS_DIR = "vaults"
 SQLITE_SIDECARS = ("", "-wal", "-shm", "-journal")
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -43,6 +44,11 @@ def grants_path(settings: Settings) -> Path:
     return settings.profiles.grants_db or settings.data_dir / GRANTS_DB
 
 
+def upstream_quarantine_path(settings: Settings) -> Path:
+    """Upstream quarantine evidence kept across restarts (embedded backend)."""
+    return settings.data_dir / UPSTREAM_QUARANTINE_DB
+
+
 def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
     """What the file and notes tools must never reach if it lies inside ``served_root``.
 
@@ -58,7 +64,12 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
     only the paths inside the folder they serve.
     """
     data_dir = settings.data_dir.resolve()
-    databases = [grants_path(settings), idempotency_path(settings), nonces_path(settings)]
+    databases = [
+        grants_path(settings),
+        idempotency_path(settings),
+        nonces_path(settings),
+        upstream_quarantine_path(settings),
+    ]
     paths = [settings.audit_path, settings.data_dir / VAULTS_DIR]
     paths += [db.with_name(db.name + suffix) for db in databases for suffix in SQLITE_SIDECARS]
     if not is_within(data_dir, served_root.resolve()):
@@ -102,6 +113,7 @@ def prepare_state(settings: Settings) -> None:
         (grants_path(settings), grants_setting),
         (idempotency_path(settings), DATA_DIR_SETTING),
         (nonces_path(settings), DATA_DIR_SETTING),
+        (upstream_quarantine_path(settings), DATA_DIR_SETTING),
     ]
     files = [(settings.audit_path, AUDIT_FILE_SETTING if settings.audit_file else DATA_DIR_SETTING)]
     files += [

@@ -7,13 +7,15 @@ received is read back from its own record.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import httpx2
@@ -74,7 +76,9 @@ OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 
 @contextmanager
-def nexus_http(gw: Gateway, env: dict[str, str] | None = None) -> Iterator[str]:
+def nexus_http(
+    gw: Gateway, env: dict[str, str] | None = None, stderr: IO[bytes] | None = None
+) -> Iterator[str]:
     port = free_port()
     settings_env = {
         "NEXUS_MCP_AUTH__JWT_SECRET": JWT_SECRET,
@@ -92,7 +96,7 @@ def nexus_http(gw: Gateway, env: dict[str, str] | None = None) -> Iterator[str]:
         "--data-dir",
         str(gw.data_dir),
     ]
-    with http_server(args, settings_env, port=port, timeout=40):
+    with http_server(args, settings_env, port=port, timeout=40, stderr=stderr or subprocess.PIPE):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -430,3 +434,46 @@ async def test_idle_sessions_close_and_reopen(tmp_path: Path) -> None:
         if e["method"] == "tools/call"
     ]
     assert len(ids) == 2 and ids[0] != ids[1]
+
+
+async def test_new_callers_over_http_share_one_listing_of_a_huge_upstream(tmp_path: Path) -> None:
+    """Issue 22, item 9, end to end: three callers' first calls open three upstream
+    sessions at once on a 3 MB listing while a fourth caller's native calls go on; the
+    upstream is listed once (the gateway's own session), not once per new session."""
+    record = tmp_path / "record.jsonl"
+    upstream = stdio_upstream(record=record, timeouts={"connect_seconds": 60})
+    upstream["args"] += ["--big", "600"]
+    gw = make_gateway(
+        tmp_path / "gw", [upstream], grant={"full": [*all_up_tools(), "nexus_list_files"]}
+    )
+    assert gw.pin("up") == 0
+    pinned = [r for r in read_record(record) if r["method"] == "tools/list"]
+    # A file for the server's log: its warnings about 600 unclassified tools would fill a
+    # pipe nobody reads.
+    log_file = (tmp_path / "nexus.log").open("wb")
+    with log_file, nexus_http(gw, stderr=log_file) as base:
+        await poll(
+            lambda: (
+                httpx.get(f"{base}/readyz", timeout=5).json()["upstreams"]["up"]["state"] == "ready"
+            ),
+            seconds=60,
+        )
+        async with caller(base, "watcher") as watcher:
+            slowest = 0.0
+
+            async def first_call(subject: str) -> Any:
+                async with caller(base, subject) as session:
+                    return await session.call_tool("up_echo", {"text": subject})
+
+            opened = asyncio.gather(*(first_call(f"p{i}") for i in range(3)))
+            while not opened.done():
+                started = time.perf_counter()
+                native = await watcher.call_tool("nexus_list_files", {"path": "."})
+                slowest = max(slowest, time.perf_counter() - started)
+                assert native.is_error is False
+                await asyncio.sleep(0.05)
+            results = await opened
+    assert [r.structured_content for r in results] == [{"text": f"p{i}"} for i in range(3)]
+    listed = [r for r in read_record(record) if r["method"] == "tools/list"]
+    assert len(listed) - len(pinned) == 1
+    assert slowest < 3.0, slowest

@@ -57,6 +57,7 @@ UP_TOOLS: dict[str, str] = {
     "huge": "read",
     "whoami": "read",
     "mutate": "read",
+    "mutate_silently": "read",
     "crash": "read",
     "garbage": "read",
     "ask_sampling": "read",
@@ -147,12 +148,23 @@ class Gateway:
 
     def pin(self, server_id: str, *tools: str) -> int:
         args = ["upstream", "pin", server_id, "--config", str(self.config_file), "--yes"]
+        args += ["--data-dir", str(self.data_dir)]
         for tool in tools:
             args += ["--tool", tool]
         return run_cli(args)
 
     def check(self, server_id: str) -> int:
-        return run_cli(["upstream", "check", server_id, "--config", str(self.config_file)])
+        return run_cli(
+            [
+                "upstream",
+                "check",
+                server_id,
+                "--config",
+                str(self.config_file),
+                "--data-dir",
+                str(self.data_dir),
+            ]
+        )
 
     def build(self, env: Mapping[str, str] | None = None, **overrides: Any) -> NexusServer:
         values: dict[str, Any] = {"workspace": self.workspace, "data_dir": self.data_dir}
@@ -288,6 +300,7 @@ def http_upstream_process(
     variant: str | None = None,
     port: int | None = None,
     tls: Mapping[str, Path] | None = None,
+    flag_file: Path | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """The test server over streamable HTTP on a loopback port; yields its MCP URL.
 
@@ -299,6 +312,8 @@ def http_upstream_process(
         args += ["--record", str(record)]
     if variant is not None:
         args += ["--variant", variant]
+    if flag_file is not None:
+        args += ["--flag-file", str(flag_file)]
     scheme = "http"
     if tls is not None:
         scheme = "https"

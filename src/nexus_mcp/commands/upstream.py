@@ -7,7 +7,11 @@ nexus-mcp upstream pin   --config FILE SERVER [--tool T] [--yes]
                                                  show the diff, then write the pins
 
 Each command connects the way ``serve`` would (the same ``UpstreamServer``), as the
-gateway itself (no caller's identity), and lists the tools; nothing is called.
+gateway itself (no caller's identity), and lists the tools; nothing is called. It reads
+the quarantine evidence ``serve`` keeps (the data directory's file on the embedded
+backend, Redis on the shared one), so a definition that changed and was reverted shows as
+changed; ``pin`` clears that evidence for the tools it pins, then writes their pins with
+a new stamp (a running server forgets its own copy when it reads the new lock file).
 """
 
 from __future__ import annotations
@@ -18,19 +22,25 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.commands import print_table
-from nexus_mcp.errors import ConfigError
+from nexus_mcp.errors import ConfigError, UnavailableError
 from nexus_mcp.logs import ensure_logging
 from nexus_mcp.policy.pins import PinState, load_pins, lock_path, write_pins
+from nexus_mcp.policy.quarantine import PersistedEvidence
 from nexus_mcp.policy.registry import (
     RegistrySet,
     load_registry_dir,
     upstream_registry_dir,
 )
 from nexus_mcp.policy.upstreams import UpstreamsConfig, load_upstreams, resolve_secrets
-from nexus_mcp.settings import config_sections, load_settings
+from nexus_mcp.settings import Settings, config_sections, load_settings
+from nexus_mcp.state import upstream_quarantine_path
+from nexus_mcp.stores.sqlite_quarantine import SqliteQuarantineEvidence
+
+if TYPE_CHECKING:
+    from nexus_mcp.stores.redis_quarantine import RedisSeenDigests
 
 EXIT_OK = 0
 EXIT_DRIFT = 1
@@ -48,6 +58,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     common.add_argument("--config", type=Path, help="the YAML configuration with upstreams:")
     common.add_argument("--mode", choices=("dev", "prod"), default=None)
     common.add_argument("--registry-dir", type=Path, default=None, metavar="DIR")
+    common.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the server's data directory (its quarantine evidence, embedded backend)",
+    )
 
     listing = commands.add_parser("list", parents=[common], help="every upstream and its tools")
     listing.set_defaults(func=run_list)
@@ -137,7 +154,13 @@ def run_pin(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("not written")
             return EXIT_DRIFT
-    pins = load_pins(context.registry_dir, args.server).with_pins(changes)
+    try:
+        # First the evidence, then the lock file: a server that reads the new pins finds
+        # no evidence left against them.
+        _clear_evidence(context, args.server, {n: tools[n]["pinned"] for n in changes}, changes)
+    except (ConfigError, UnavailableError):
+        return _refuse(f"{args.server}: the quarantine evidence could not be cleared: not written")
+    pins = load_pins(context.registry_dir, args.server).with_pins(changes, renew=True)
     path = write_pins(pins)
     print(f"wrote {len(changes)} pin(s) to {path}")
     return EXIT_OK
@@ -151,12 +174,45 @@ def _connect(args: argparse.Namespace) -> tuple[_Context, dict[str, Any]]:
 
 class _Context:
     def __init__(
-        self, config: UpstreamsConfig, registry_dir: Path, mode: str, registry: RegistrySet
+        self,
+        config: UpstreamsConfig,
+        registry_dir: Path,
+        mode: str,
+        registry: RegistrySet,
+        settings: Settings,
     ) -> None:
         self.registry = registry
         self.config = config
         self.registry_dir = registry_dir
         self.mode = mode
+        self.settings = settings
+        self._redis: Any = None
+
+    def persisted(self) -> PersistedEvidence | None:
+        """The embedded backend's evidence file, when there is one (never created here)."""
+        if self.settings.state.backend == "shared":
+            return None
+        path = upstream_quarantine_path(self.settings)
+        return SqliteQuarantineEvidence(path) if path.exists() else None
+
+    def shared(self) -> RedisSeenDigests | None:
+        """The shared backend's evidence store (Redis), as ``serve`` opens it."""
+        if self.settings.state.backend != "shared":
+            return None
+        from nexus_mcp.stores.backends import resolve_url
+        from nexus_mcp.stores.redis_quarantine import RedisSeenDigests
+        from nexus_mcp.stores.redis_state import redis_client
+
+        state = self.settings.state
+        if self._redis is None:
+            url = resolve_url(state.redis_url, "state.redis_url", self.settings, os.environ)
+            self._redis = redis_client(
+                url,
+                pool_size=1,
+                connect_timeout=state.connect_timeout_seconds,
+                timeout=state.timeout_seconds,
+            )
+        return RedisSeenDigests(self._redis, state.key_prefix)
 
     @property
     def server_ids(self) -> list[str]:
@@ -176,7 +232,7 @@ def _load(args: argparse.Namespace, server_id: str | None = None) -> _Context:
     # What connecting logs (quarantine warnings, an upstream's library records) goes to
     # stderr as JSON lines; stdout is the table.
     ensure_logging()
-    overrides: dict[str, Any] = {"mode": args.mode}
+    overrides: dict[str, Any] = {"mode": args.mode, "data_dir": args.data_dir}
     settings = load_settings(args.config, overrides)
     registry_dir = args.registry_dir or upstream_registry_dir(
         settings.registry.directory, settings.registry.upstream_directory
@@ -195,7 +251,7 @@ def _load(args: argparse.Namespace, server_id: str | None = None) -> _Context:
         if args.registry_dir is not None
         else load_registry(settings)
     )
-    return _Context(config, registry_dir, settings.mode, registry)
+    return _Context(config, registry_dir, settings.mode, registry, settings)
 
 
 async def _inspect(context: _Context, server_id: str) -> dict[str, Any]:
@@ -212,7 +268,11 @@ async def _inspect(context: _Context, server_id: str) -> dict[str, Any]:
         registry_dir=context.registry_dir,
         mode=context.mode,
         on_change=lambda _server: None,
+        seen=context.shared(),
     )
+    persisted = context.persisted()
+    if persisted is not None:
+        server.use_persisted(persisted)
     try:
         await server.start()
         await server.wait_first_attempt(upstream.timeouts.connect_seconds + 1)
@@ -264,6 +324,20 @@ def _print_unusable(report: dict[str, Any]) -> int:
     for line in lines:
         print(f"{report['server_id']}: {line}", file=sys.stderr)
     return len(lines)
+
+
+def _clear_evidence(
+    context: _Context, server_id: str, pinned: dict[str, str | None], digests: dict[str, str]
+) -> None:
+    """Forget the quarantine evidence against the tools about to be pinned, under their
+    old pin and their new one, in the store ``serve`` keeps it in."""
+    persisted = context.persisted()
+    if persisted is not None:
+        persisted.clear(server_id, frozenset(digests))
+    shared = context.shared()
+    if shared is not None:
+        for name, digest in digests.items():
+            shared.clear(server_id, name, (pinned.get(name), digest))
 
 
 def _drift(report: dict[str, Any]) -> list[str]:

@@ -100,12 +100,15 @@ class PinFile:
             return PinState.UNPINNED
         return PinState.PINNED if pinned == digest else PinState.CHANGED
 
-    def with_pins(self, digests: Mapping[str, str]) -> PinFile:
-        now = datetime.now(UTC).isoformat(timespec="seconds")
+    def with_pins(self, digests: Mapping[str, str], *, renew: bool = False) -> PinFile:
+        """These pins set. ``renew``: each named tool is stamped anew even when its digest
+        is unchanged (an operator re-pinned it after review: a running server forgets the
+        quarantine evidence against a pin whose stamp changed)."""
+        now = datetime.now(UTC).isoformat(timespec="microseconds")
         merged = dict(self.digests)
         stamps = dict(self.pinned_at)
         for name, digest in digests.items():
-            if merged.get(name) != digest:
+            if renew or merged.get(name) != digest:
                 stamps[name] = now
             merged[name] = digest
         return PinFile(self.server_id, merged, stamps, self.path, broken=self.broken - set(digests))
@@ -123,6 +126,17 @@ class PinFile:
             "server_id": self.server_id,
             "tools": tools,
         }
+
+
+def renewed_pins(before: PinFile, after: PinFile) -> frozenset[str]:
+    """The tools whose pin (digest or stamp) differs between two versions of a lock file."""
+    names = set(before.digests) | set(after.digests)
+    return frozenset(
+        name
+        for name in names
+        if (before.digests.get(name), before.pinned_at.get(name))
+        != (after.digests.get(name), after.pinned_at.get(name))
+    )
 
 
 def load_pins(registry_dir: Path, server_id: str) -> PinFile:
@@ -272,5 +286,6 @@ __all__ = [
     "definition_digest",
     "load_pins",
     "lock_path",
+    "renewed_pins",
     "write_pins",
 ]

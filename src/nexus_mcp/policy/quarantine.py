@@ -14,6 +14,12 @@ while the evidence against an unchanged pin stays until the pin changes (no expi
 most ``SEEN_PER_TOOL`` digests are kept per (server, tool, pin): past that the tool is
 quarantined anyway (all but one differ from the pin), so more would say nothing new.
 
+Evidence against a pin (a digest that differs from it) must outlive the process: a
+definition shown once and then reverted stays quarantined after a restart until an
+operator re-pins the tool (``nexus-mcp upstream pin``). On the embedded backend that is
+a ``PersistedEvidence`` (``stores/sqlite_quarantine.py``: a small SQLite file in the data
+directory), read at start-up; on the shared backend the Redis sets never expire.
+
 A store that cannot answer raises ``UnavailableError(store="upstream_quarantine")``; the
 gateway then refuses that tool's calls (fail closed), never forwards them unverified.
 No FastMCP here, and no driver: the protocol and the in-process store only.
@@ -33,6 +39,8 @@ DEFAULT_MAX_KEYS = 100_000  # (server, tool, pin) triples kept in memory (see _e
 
 # One observation: the digest a session showed, and the pin in force (None: unpinned).
 Observation = tuple[str, str | None]
+# One piece of persisted evidence: (tool, pin, a digest seen under it that differs).
+Proof = tuple[str, str, str]
 
 
 @runtime_checkable
@@ -51,6 +59,33 @@ class SeenDigests(Protocol):
         """``add`` each tool's (digest, pin), then ``get`` each: what a tools/list does
         (the shared store does it in one round trip)."""
         ...
+
+
+@runtime_checkable
+class PersistedEvidence(Protocol):
+    """Evidence against pins kept across restarts (embedded backend); every method may
+    raise (the caller fails closed: it keeps the evidence in memory and says so)."""
+
+    def load(self, server_id: str) -> list[Proof]:
+        """Every (tool, pin, digest) kept for ``server_id``."""
+        ...
+
+    def record(self, server_id: str, proofs: frozenset[Proof]) -> None:
+        """Keep these (idempotent)."""
+        ...
+
+    def clear(self, server_id: str, tools: frozenset[str]) -> None:
+        """Forget every proof against any pin of these tools (an operator re-pinned)."""
+        ...
+
+
+def proofs_in(seen: Mapping[str, Observation]) -> frozenset[Proof]:
+    """The observations that prove a change: a pinned tool seen with another digest."""
+    return frozenset(
+        (tool, pinned, digest)
+        for tool, (digest, pinned) in seen.items()
+        if pinned is not None and digest != pinned
+    )
 
 
 class MemorySeenDigests:
@@ -85,6 +120,12 @@ class MemorySeenDigests:
         with self._lock:
             for digest in sorted(digests):
                 self._add(server_id, tool, digest, pinned)
+
+    def forget(self, server_id: str, tool: str) -> None:
+        """Drop every digest kept for ``tool`` under any pin (it was re-pinned)."""
+        with self._lock:
+            for key in [k for k in self._sets if k[0] == server_id and k[1] == tool]:
+                del self._sets[key]
 
     def entries(self, server_id: str) -> list[tuple[str, str | None, frozenset[str]]]:
         """Every (tool, pin, digests) kept for ``server_id``."""
@@ -128,5 +169,8 @@ __all__ = [
     "UNPINNED",
     "MemorySeenDigests",
     "Observation",
+    "PersistedEvidence",
+    "Proof",
     "SeenDigests",
+    "proofs_in",
 ]

@@ -51,6 +51,7 @@ RESERVED_HEADERS = frozenset(
         "cookie",
     }
 )
+RECHECK_SECONDS_DEFAULT = 60.0
 META_KEY_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.-]*/)?[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 RULE_UPSTREAM_NO_POLICY = "upstream_no_policy"
@@ -184,6 +185,9 @@ class UpstreamConfig(_Model):
     shared: StrictBool = False  # one session for every principal: stateless servers only
     when_down: Literal["refuse", "hide"] = "refuse"
     idle_timeout_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    # How often an open upstream's definitions are listed again without a new session or
+    # a list_changed (a silent change is found within it; issue 22, item 15).
+    recheck_seconds: float = Field(default=RECHECK_SECONDS_DEFAULT, gt=0, le=86_400)
     max_sessions: int = Field(default=32, ge=1, le=10_000)
     write_policy: UpstreamWritePolicy | None = None
 
@@ -418,6 +422,7 @@ def describe_errors(exc: ValidationError, section: str = CONFIG_LOCATION) -> str
 
 __all__ = [
     "CONFIG_LOCATION",
+    "RECHECK_SECONDS_DEFAULT",
     "RULE_UPSTREAM_NO_POLICY",
     "RULE_UPSTREAM_TOOL_NOT_ALLOWED",
     "TOOL_NAME_RE",

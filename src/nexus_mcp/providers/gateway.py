@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import get_logger
-from nexus_mcp.policy.quarantine import SeenDigests
+from nexus_mcp.policy.quarantine import PersistedEvidence, SeenDigests
 from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.upstreams import (
     UpstreamConfig,
@@ -133,6 +133,13 @@ class UpstreamGateway:
         shares (the shared backend's, opened after the gateway is built); before start."""
         for server in self.servers.values():
             server.evidence = seen
+
+    def persist_evidence(self, persisted: PersistedEvidence) -> None:
+        """Keep every upstream's evidence against its pins in ``persisted`` (embedded
+        backend: a file in the data directory) and read back what it held before a
+        restart; before start."""
+        for server in self.servers.values():
+            server.use_persisted(persisted)
 
     def known_names(self) -> list[str]:
         """Every name an upstream tool could be exposed under (for profile warnings)."""

@@ -33,7 +33,18 @@ caller's HTTP headers (FASTMCP4_GUIDE section 7). Here:
   of them. On that backend every call first reads the tool's evidence (one round trip):
   a replica refuses a tool another one quarantined at the moment of the call, and an
   unreachable store refuses the call (``UNAVAILABLE``), never forwards it unverified.
-  Every call also checks the lock file's mtime, so a new pin counts at once.
+  Every call also checks the lock file's mtime, so a new pin counts at once. On the
+  embedded backend the evidence against a pin is also kept in the data directory
+  (``PersistedEvidence``), read at start-up: a reverted definition stays quarantined
+  across a restart until an operator re-pins the tool (a new stamp in the lock file
+  makes every process forget that tool's evidence);
+- listings are fair (issue 22, item 9): one listing of an upstream at a time (the
+  ``_list_gate``), its CPU work (dumping, canonical JSON, sha256) in worker threads, a
+  page at a time, and a verified listing shared: a session opened while one is in flight, or
+  within ``recheck_seconds`` of the last, is verified by it instead of fetching its own;
+- definitions are re-checked every ``recheck_seconds`` without any list_changed: on the
+  gateway's own session and on the caller sessions in turn (one a round), so a silent
+  change on an open session is found within a bounded time (item 15).
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastmcp import Client
+from mcp_types import ListToolsResult
 
 from nexus_mcp.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
 from nexus_mcp.calls import CallState
@@ -55,12 +67,22 @@ from nexus_mcp.errors import UnavailableError
 from nexus_mcp.ids import new_id
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.classification import DEV_MODE
-from nexus_mcp.policy.pins import PinFile, PinState, definition_digest, load_pins, lock_path
+from nexus_mcp.policy.pins import (
+    PinFile,
+    PinState,
+    definition_digest,
+    load_pins,
+    lock_path,
+    renewed_pins,
+)
 from nexus_mcp.policy.quarantine import (
     STORE_UPSTREAM_QUARANTINE,
     MemorySeenDigests,
     Observation,
+    PersistedEvidence,
+    Proof,
     SeenDigests,
+    proofs_in,
 )
 from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig, name_key
@@ -183,6 +205,17 @@ class UpstreamServer:
         # ``name_key`` of every native tool name (the whole catalog, set by the gateway):
         # a tool that would be exposed under one of them never is.
         self.reserved_keys: frozenset[str] = frozenset()
+        # Fair listings (module docstring): the gate, the listing in flight, when the
+        # last one was verified (and under which lock file), and when each session was.
+        self._list_gate: asyncio.Lock | None = None
+        self._flight: asyncio.Task[None] | None = None
+        self._verified: tuple[float, float | None] | None = None
+        self._listed_at: dict[SessionKey, float] = {}
+        self._verified_tools: list[Any] | None = None
+        self._recheck: asyncio.Task[None] | None = None
+        # Evidence kept across restarts (embedded backend), and what it already holds.
+        self.persisted: PersistedEvidence | None = None
+        self._kept: set[Proof] = set()
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -201,8 +234,13 @@ class UpstreamServer:
         self._reaper = None
         self._first_attempt = asyncio.Event()
         self._note_pins(logged=False)
+        self._list_gate = asyncio.Lock()
+        self._flight = None
+        self._verified = None
+        self._listed_at = {}
         self._reconnect = self._spawn(self._connect_gateway())
         self._reaper = self._spawn(self._reap())
+        self._recheck = self._spawn(self._recheck_loop())
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -282,8 +320,8 @@ class UpstreamServer:
                 self._make_room()  # refuses at the cap; says nothing about the upstream
             try:
                 session = await self._open(key)
-                # Verify this session's own tool definitions before it carries a call.
-                await self._list_on(session, authoritative=key == GATEWAY_SESSION)
+                # Verify this session's tool definitions before it carries a call.
+                await self._verify_new(session)
             except Exception as exc:  # an upstream's failure: typed, never its text
                 if session is not None:
                     await session.close()
@@ -431,19 +469,101 @@ class UpstreamServer:
 
         self._loop.call_soon_threadsafe(start)
 
+    async def _verify_new(self, session: UpstreamSession) -> None:
+        """A new session's definitions, verified before it carries a call.
+
+        The gateway's own session always lists (its list is the tool set). A caller's
+        session is verified by the listing in flight, or by the last one while it is
+        fresh (within ``recheck_seconds``, under the same lock file): N sessions opening
+        at once cost one fetch and one verification, not N. Each open session is still
+        listed in turn by the re-check, and whenever it says list_changed.
+        """
+        if session.key == GATEWAY_SESSION:
+            # Its listing is authoritative: never a caller's flight; callers join its own.
+            own = self._flight = self._spawn(self._list_on(session, authoritative=True))
+            await asyncio.shield(own)
+            return
+        # Right after start-up, the gateway's own first listing (authoritative) is the
+        # one to share: wait for it (bounded), rather than fetch a second one beside it.
+        await self.wait_first_attempt(self.config.timeouts.connect_seconds)
+        verified = self._verified
+        if not (
+            verified is not None
+            and verified[1] == self._pins_mtime
+            and time.monotonic() - verified[0] < self.config.recheck_seconds
+        ):
+            flight = self._flight
+            mine = flight is None or flight.done()
+            if mine:
+                flight = self._flight = self._spawn(self._list_on(session, authoritative=False))
+            assert flight is not None
+            await asyncio.shield(flight)
+            if mine:
+                return  # the flight was this session's own listing
+        self._prime(session)
+
+    def _prime(self, session: UpstreamSession) -> None:
+        """Hand a session verified by another's listing that listing's tools: the MCP
+        SDK checks a result against the tool's output schema and, for a tool its session
+        never listed, lists first (a whole fetch, outside the gate). Primed, it checks
+        against the verified listing instead. ``_absorb_tool_listing`` is the SDK's own
+        way to take a listing in; without it (another SDK), the SDK lists as before."""
+        tools = self._verified_tools
+        absorb = getattr(getattr(session.client, "session", None), "_absorb_tool_listing", None)
+        if tools is None or absorb is None:
+            return
+        with contextlib.suppress(Exception):
+            absorb(ListToolsResult(tools=list(tools)), complete=True)
+
     async def _list_on(self, session: UpstreamSession, *, authoritative: bool) -> None:
-        try:
-            listing = await asyncio.wait_for(
-                fetch_listing(session.client), self.config.timeouts.connect_seconds
-            )
-        except TimeoutError:
-            raise UpstreamFailure("timeout", "list_timeout") from None
-        except Exception:  # noqa: BLE001 - an upstream's failure, never its text
-            raise UpstreamFailure("error", "list_failed") from None
-        definitions, invalid = screen(listing.wire)
-        if authoritative:
-            self._report_listing(listing, invalid)
-        await self._evaluate(definitions, authoritative=authoritative)
+        """List on ``session`` and decide every tool again: one listing of this upstream
+        at a time (its other listings wait here, other upstreams never do), fetched within
+        the caps (``upstream_listing.py``), its CPU work in worker threads."""
+        gate = self._list_gate
+        assert gate is not None, "bound to a loop first"
+        async with gate:
+            try:
+                listing = await asyncio.wait_for(
+                    fetch_listing(session.client), self.config.timeouts.connect_seconds
+                )
+            except TimeoutError:
+                raise UpstreamFailure("timeout", "list_timeout") from None
+            except Exception:  # noqa: BLE001 - an upstream's failure, never its text
+                raise UpstreamFailure("error", "list_failed") from None
+            definitions, invalid, digests = await asyncio.to_thread(_screened, listing)
+            if authoritative:
+                self._report_listing(listing, invalid)
+            await self._evaluate(definitions, authoritative=authoritative, digests=digests)
+            if authoritative or self._verified_tools is None:
+                self._verified_tools = listing.tools
+            now = time.monotonic()
+            self._listed_at[session.key] = now
+            self._verified = (now, self._pins_mtime)
+
+    async def _recheck_loop(self) -> None:
+        """List again every ``recheck_seconds``, list_changed or not (module docstring)."""
+        interval = self.config.recheck_seconds
+        while True:
+            await asyncio.sleep(interval)
+            for session in self._due_for_recheck(interval):
+                with contextlib.suppress(Exception):  # a failed listing decides nothing
+                    await self._list_on(session, authoritative=session.key == GATEWAY_SESSION)
+
+    def _due_for_recheck(self, interval: float) -> list[UpstreamSession]:
+        """The gateway's session, and the caller session listed longest ago (one per
+        round, so the work per round is bounded however many sessions are open)."""
+        now = time.monotonic()
+        alive = {k: s for k, s in self._sessions.items() if s.alive}
+        self._listed_at = {k: t for k, t in self._listed_at.items() if k in alive}
+        due = []
+        gateway = alive.pop(GATEWAY_SESSION, None)
+        if gateway is not None and now - self._listed_at.get(GATEWAY_SESSION, 0.0) >= interval:
+            due.append(gateway)
+        if alive:
+            key = min(alive, key=lambda k: self._listed_at.get(k, 0.0))
+            if now - self._listed_at.get(key, 0.0) >= interval:
+                due.append(alive[key])
+        return due
 
     def _report_listing(self, listing: Listing, invalid: list[InvalidDefinition]) -> None:
         """A cut listing and skipped definitions (``upstream_listing.py``): logged and
@@ -470,13 +590,15 @@ class UpstreamServer:
         if mtime == self._pins_mtime or mtime == self._pins_unreadable:
             return False
         try:
-            self.pins = load_pins(self.registry_dir, self.server_id)
+            pins = load_pins(self.registry_dir, self.server_id)
         except Exception:  # noqa: BLE001 - keep the old pins; say so (once per version)
             self._pins_unreadable = mtime
             log.warning("upstream_pins_unreadable", server_id=self.server_id)
             return False
+        before, self.pins = self.pins, pins
         self._pins_mtime = mtime
         self._pins_unreadable = None
+        self._forget(renewed_pins(before, pins))
         self._note_pins()
         return True
 
@@ -489,6 +611,52 @@ class UpstreamServer:
             if logged:
                 log.warning("upstream_pins_invalid", server_id=self.server_id, problems=problems)
             self._emit(EVENT_PINS_INVALID, problems=problems)
+
+    def _forget(self, tools: frozenset[str]) -> None:
+        """Tools an operator re-pinned: this process forgets their evidence (the command
+        cleared the persisted and shared copies first), then reads back what the persisted
+        store still holds against them (nothing, unless it was not cleared)."""
+        if not tools:
+            return
+        for tool in tools:
+            self._local.forget(self.server_id, tool)
+        self._unsent = {u for u in self._unsent if u[0] not in tools}
+        self._kept = {k for k in self._kept if k[0] not in tools}
+        if self.persisted is None:
+            return
+        try:
+            proofs = [p for p in self.persisted.load(self.server_id) if p[0] in tools]
+        except Exception:  # noqa: BLE001 - unreadable: the evidence in memory is gone
+            log.warning("upstream_quarantine_unreadable", server_id=self.server_id)
+            return
+        self._remember(proofs)
+
+    def use_persisted(self, persisted: PersistedEvidence) -> None:
+        """Keep evidence against pins in ``persisted`` (embedded backend) and read back
+        what it holds from before a restart; before start."""
+        self.persisted = persisted
+        self._remember(persisted.load(self.server_id))
+
+    def _remember(self, proofs: list[Proof]) -> None:
+        for tool, pinned, digest in proofs:
+            self._local.add(self.server_id, tool, digest, pinned=pinned)
+            self._kept.add((tool, pinned, digest))
+
+    def _persist(self, seen: Mapping[str, Observation]) -> frozenset[Proof]:
+        """(Worker thread.) Keep what this listing proved that is not kept yet; the proofs
+        kept (none when the store failed: tried again at the next listing)."""
+        persisted = self.persisted
+        if persisted is None:
+            return frozenset()
+        new = proofs_in(seen) - self._kept
+        if not new:
+            return frozenset()
+        try:
+            persisted.record(self.server_id, new)
+        except Exception:  # noqa: BLE001 - kept in memory: quarantined here all the same
+            log.warning("upstream_quarantine_unpersisted", server_id=self.server_id)
+            return frozenset()
+        return new
 
     def evaluate(
         self, definitions: Mapping[str, Mapping[str, Any]], *, authoritative: bool = True
@@ -504,16 +672,24 @@ class UpstreamServer:
         definitions = self._as_listed(definitions, authoritative)
         seen = self._observations(definitions)
         sent = self._send(seen, frozenset(self._unsent))
+        self._kept |= self._persist(seen)
         self._decide(definitions, seen, self._gather(seen, sent))
 
     async def _evaluate(
-        self, definitions: Mapping[str, Mapping[str, Any]], *, authoritative: bool
+        self,
+        definitions: Mapping[str, Mapping[str, Any]],
+        *,
+        authoritative: bool,
+        digests: Mapping[str, str] | None = None,
     ) -> None:
-        """``evaluate``, with the shared evidence store asked from a worker thread."""
+        """``evaluate``, with the stores asked from a worker thread; ``digests``: those of
+        ``definitions``, already computed (off the event loop)."""
         self._reload_pins()
         definitions = self._as_listed(definitions, authoritative)
-        seen = self._observations(definitions)
+        seen = self._observations(definitions, digests)
         sent = await self._offload(self._send, seen, frozenset(self._unsent))
+        if self.persisted is not None and proofs_in(seen) - self._kept:
+            self._kept |= await asyncio.to_thread(self._persist, seen)
         self._decide(definitions, seen, self._gather(seen, sent))
 
     def _as_listed(
@@ -523,12 +699,27 @@ class UpstreamServer:
             return definitions
         return {name: definitions.get(name, view.definition) for name, view in self.views.items()}
 
-    def _observations(self, definitions: Mapping[str, Mapping[str, Any]]) -> dict[str, Observation]:
+    def _observations(
+        self,
+        definitions: Mapping[str, Mapping[str, Any]],
+        digests: Mapping[str, str] | None = None,
+    ) -> dict[str, Observation]:
+        """(digest, pin) of each definition. Not hashed again: those in ``digests`` (this
+        listing's, computed off the loop) and a view's own definition object (hashed
+        when it was listed)."""
         pins = self.pins.digests
-        return {
-            name: (definition_digest(definition), pins.get(name))
-            for name, definition in definitions.items()
-        }
+        given = digests or {}
+        seen: dict[str, Observation] = {}
+        for name, definition in definitions.items():
+            digest = given.get(name)
+            if digest is None:
+                view = self.views.get(name)
+                if view is not None and view.definition is definition:
+                    digest = view.digest
+                else:
+                    digest = definition_digest(definition)
+            seen[name] = (digest, pins.get(name))
+        return seen
 
     # -- quarantine evidence (policy/quarantine.py) ---------------------------------
 
@@ -619,6 +810,27 @@ class UpstreamServer:
                 known.update((tool, digest, pin) for digest in digests)
         return frozenset(known)
 
+    def pins_stale(self) -> bool:
+        """The lock file changed since it was read (one stat)."""
+        mtime = _mtime(lock_path(self.registry_dir, self.server_id))
+        return mtime != self._pins_mtime and mtime != self._pins_unreadable
+
+    async def refresh_pins(self) -> None:
+        """A rewritten lock file counts at once (a stat, unless it changed): at every
+        lookup of an upstream tool, so a re-pinned (or newly pinned) tool comes back
+        without waiting for a listing."""
+        before = self.pins
+        if not self._reload_pins():
+            return
+        gateway = self._sessions.get(GATEWAY_SESSION)
+        if renewed_pins(before, self.pins) and gateway is not None and gateway.alive:
+            # Re-pinned: decide on what the upstream shows now (the definitions the
+            # operator reviewed), not on the last listing, which may predate a revert.
+            with contextlib.suppress(Exception):
+                await self._list_on(gateway, authoritative=True)
+                return
+        await self._evaluate({}, authoritative=False)
+
     async def check_call(self, tool: UpstreamTool) -> bool:
         """Before a call of ``tool`` is forwarded: is it still exposed?
 
@@ -700,9 +912,15 @@ class UpstreamServer:
                     pinned_sha256=pinned,
                     seen_sha256=self._differing(view, pinned),
                 )
-            elif view.status == "exposed" and view.pin_state is not PinState.PINNED:
+            elif (
+                view.status == "exposed"
+                and view.pin_state is not PinState.PINNED
+                and (before is None or before.status != view.status)
+            ):
                 log.warning("upstream_tool_unpinned_dev", server_id=self.server_id, tool=name)
-            if view.status == "unclassified":
+            if view.status == "unclassified" and (before is None or before.status != view.status):
+                # Once per change, not per listing: a listing of thousands of unclassified
+                # tools must not cost thousands of log lines each time.
                 log.warning("upstream_tool_unclassified", server_id=self.server_id, tool=name)
         self._publish()
 
@@ -943,6 +1161,17 @@ class UpstreamServer:
             self.audit.emit(AuditEvent.from_record(record))
         except Exception:  # noqa: BLE001 - the audit log reports its own failures
             log.warning("upstream_audit_failed", server_id=self.server_id, event=event)
+
+
+def _screened(
+    listing: Listing,
+) -> tuple[dict[str, dict[str, Any]], list[InvalidDefinition], dict[str, str]]:
+    """(Worker thread: one huge listing never holds the event loop for its screening
+    and hashing.) The valid definitions, the skipped ones, and the digests the valid
+    ones are pinned by."""
+    definitions, invalid = screen(listing.wire)
+    digests = {name: definition_digest(wire) for name, wire in definitions.items()}
+    return definitions, invalid, digests
 
 
 def _mtime(path: Path) -> float | None:

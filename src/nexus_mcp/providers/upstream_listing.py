@@ -28,6 +28,7 @@ No FastMCP import: the client is passed in (anything with ``list_tools_mcp(curso
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -63,6 +64,7 @@ class Listing:
     """What one bounded listing brought: the wire definitions in order, and the cut."""
 
     wire: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[Any] = field(default_factory=list)  # the SDK's objects of ``wire``
     pages: int = 0
     size: int = 0  # bytes of canonical definitions
     cut: CutReason | None = None
@@ -79,7 +81,8 @@ async def fetch_listing(client: Any) -> Listing:
             return listing
         page = await client.list_tools_mcp(cursor=cursor)
         listing.pages += 1
-        if not _take(listing, page.tools):
+        # A page is the upstream's to size: dumped and measured off the event loop.
+        if not await asyncio.to_thread(_take, listing, page.tools):
             return listing
         cursor = page.next_cursor
         if cursor is None:
@@ -97,7 +100,8 @@ async def fetch_listing(client: Any) -> Listing:
 
 
 def _take(listing: Listing, tools: list[Any]) -> bool:
-    """Add a page's definitions up to the caps; False when the listing is cut here."""
+    """(Worker thread.) Add a page's definitions up to the caps; False when the listing
+    is cut here."""
     for tool in tools:
         if len(listing.wire) >= MAX_TOOLS_PER_UPSTREAM:
             listing.cut = "tools"
@@ -109,6 +113,7 @@ def _take(listing: Listing, tools: list[Any]) -> bool:
             return False
         listing.size += size
         listing.wire.append(wire)
+        listing.tools.append(tool)
     return True
 
 

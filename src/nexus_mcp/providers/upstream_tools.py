@@ -332,7 +332,11 @@ class UpstreamProvider(Provider):
 
     def warming(self) -> bool:
         """True while some upstream is on its first connection, within the start-up window
-        (or this event loop has not started the upstreams yet)."""
+        (or this event loop has not started the upstreams yet), or while an upstream's
+        lock file changed unread (a re-pinned tool is arriving: one stat per upstream)."""
+        return self._starting() or any(server.pins_stale() for server in self.servers)
+
+    def _starting(self) -> bool:
         if self._warm:
             return False
         loop = asyncio.get_running_loop()
@@ -349,8 +353,13 @@ class UpstreamProvider(Provider):
         """Right after start-up, let upstreams still on their first connection finish it,
         together, each for at most its connect timeout (``FIRST_LIST_WAIT_SECONDS`` at
         most): a client lists (or calls) once, right after it starts the server. A server
-        known to be down is never waited for; after the window nothing waits here."""
-        if not self.warming():
+        known to be down is never waited for; after the window nothing waits here.
+        A rewritten lock file is read first (a tool re-pinned by an operator is decided
+        again before the lookup that follows)."""
+        for server in self.servers:
+            if server._loop is asyncio.get_running_loop():
+                await server.refresh_pins()
+        if not self._starting():
             return
         await asyncio.gather(*(s.wait_first_attempt(FIRST_LIST_WAIT_SECONDS) for s in self.servers))
 

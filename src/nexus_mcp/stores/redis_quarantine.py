@@ -9,9 +9,11 @@ for that tool while that pin was in force::
 A replica that lists a tool adds the digest it saw (a Lua script: ``SADD`` only while the
 set holds fewer than ``SEEN_PER_TOOL`` members, then ``SMEMBERS``), so a digest one
 replica saw quarantines the tool on all of them; before forwarding a call, a replica reads
-the set (one ``SMEMBERS``). The keys never expire: the evidence stays until the pin
-changes, and a new pin is a new key (the old one is left for the operator to inspect; it
-holds only digests).
+the set (one ``SMEMBERS``). The keys never expire (no TTL): the evidence outlives every
+replica's restart, as long as Redis keeps its data (run it with persistence: RDB or
+AOF), until an operator re-pins the tool (``nexus-mcp upstream pin`` deletes the tool's
+keys, ``clear``) or the pin changes (a new pin is a new key; the old one is left for the
+operator to inspect; it holds only digests).
 
 Fail closed: any Redis failure is ``UnavailableError(store="upstream_quarantine")``; the
 gateway refuses the tool's calls until the store answers again. The error says which
@@ -78,6 +80,13 @@ class RedisSeenDigests:
     def get(self, server_id: str, tool: str, *, pinned: str | None) -> frozenset[str]:
         key = self.key(server_id, tool, pinned)
         return _members(_call(lambda: self.client.smembers(key)))
+
+    def clear(self, server_id: str, tool: str, pins: Iterable[str | None]) -> None:
+        """Forget the evidence against these pins of ``tool`` (an operator re-pinned it:
+        ``nexus-mcp upstream pin``)."""
+        keys = sorted({self.key(server_id, tool, pinned) for pinned in pins})
+        if keys:
+            _call(lambda: self.client.delete(*keys))
 
     def observe(self, server_id: str, seen: Mapping[str, Observation]) -> dict[str, frozenset[str]]:
         if not seen:
