@@ -454,7 +454,10 @@ async def test_new_callers_over_http_share_one_listing_of_a_huge_upstream(tmp_pa
     with log_file, nexus_http(gw, stderr=log_file) as base:
         await poll(
             lambda: (
-                httpx.get(f"{base}/readyz", timeout=5).json()["upstreams"]["up"]["state"] == "ready"
+                httpx.get(f"{base}/readyz", headers=OPERATOR, timeout=5).json()["upstreams"]["up"][
+                    "state"
+                ]
+                == "ready"
             ),
             seconds=60,
         )

@@ -240,7 +240,7 @@ def test_an_oversized_http_page_is_refused_unread(
     """One 24 MB page: over the per-response cap, the listing fails (the upstream is
     down) instead of being read whole and cut afterwards."""
     with hostile_http("bigpage", tmp_path / "record.jsonl") as upstream:
-        gw = gateway(tmp_path, [http_upstream("h", upstream.url, timeouts={"connect_seconds": 5})])
+        gw = gateway(tmp_path, [http_upstream("h", upstream.url, timeouts={"connect_seconds": 30})])
         assert cli(gw, "check", "h") == 1
         err = capsys.readouterr().err
         assert "could not connect" in err
@@ -253,7 +253,9 @@ def test_an_oversized_stdio_message_is_refused_unread(
     """The same 24 MB page as one stdio line: over the per-message cap the connection
     ends (the upstream is down) instead of the line being buffered whole."""
     record = tmp_path / "record.jsonl"
-    gw = gateway(tmp_path, [hostile_stdio("h", "bigpage", record, timeouts={"connect_seconds": 5})])
+    gw = gateway(
+        tmp_path, [hostile_stdio("h", "bigpage", record, timeouts={"connect_seconds": 30})]
+    )
     assert cli(gw, "check", "h") == 1
     err = capsys.readouterr().err
     assert "could not connect" in err
