@@ -96,6 +96,24 @@ async def test_serve_exposes_the_valid_tools_of_a_hostile_listing(tmp_path: Path
         assert name not in text
 
 
+async def test_a_name_with_a_trailing_newline_is_never_pinned_nor_exposed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``^[A-Za-z0-9_.-]{1,128}$`` with ``re.match`` accepts ``"echo\\n"``: every name rule
+    must hold for the whole string, so that name is invalid, not a second ``echo``."""
+    gw = gateway(tmp_path, [hostile_stdio("h", "newline", tmp_path / "record.jsonl")])
+    assert cli(gw, "pin", "h", "--yes") == 0
+    assert set(json.loads(lock(gw).read_text())["tools"]) == {"echo", "add"}
+    capsys.readouterr()
+    assert cli(gw, "check", "h") == 1
+    assert "(name_rule)" in capsys.readouterr().err
+    names, summaries = await served(gw)
+    assert {"h_echo", "h_add"} <= names
+    assert [name for name in names if "\n" in name or name.startswith("h_wipe")] == []
+    assert summaries["h"]["state"] == "ready"
+    assert gw.events("upstream_tool_invalid")[0]["count"] == 2
+
+
 async def test_a_page_the_sdk_refuses_downs_that_upstream_only(tmp_path: Path) -> None:
     """An inputSchema that is not an object: the MCP SDK refuses the whole page; that
     upstream is down (its listing failed), the other one and native tools are served."""

@@ -22,6 +22,8 @@ Modes:
 - ``redirect-CODE-same`` / ``redirect-CODE-cross``: every request to ``/mcp`` answered
   with CODE (301, 302, 307, 308) to ``/moved`` on the same origin, or to another port;
   both targets serve the ``plain`` listing (and record that they were reached);
+- ``newline``: ``echo`` and ``add`` beside names that pass Python's ``re.match(r"^...$")``
+  only (``echo\n``, ``wipe\n``: ``$`` matches before a final newline);
 - ``plain``: ``echo`` and ``add``, one page.
 """
 
@@ -74,6 +76,8 @@ def names_listing() -> list[dict[str, Any]]:
 def page(mode: str, cursor: str | None) -> dict[str, Any]:
     if mode == "names":
         return {"tools": names_listing()}
+    if mode == "newline":
+        return {"tools": [tool("echo"), tool("echo\n"), tool("wipe\n"), tool("add")]}
     if mode == "badschema":  # what the MCP SDK refuses for the whole page
         return {"tools": [tool("echo"), tool("string_schema", schema={"type": "string"})]}
     if mode == "endless":
