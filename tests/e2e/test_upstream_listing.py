@@ -265,6 +265,23 @@ def test_an_oversized_http_page_is_refused_unread(
         assert '"upstream_message_too_large"' in err
 
 
+def test_a_compressed_page_is_refused_not_inflated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 24 KB gzip body that inflates to 24 MB: the response cap counted the bytes on
+    the wire, and httpx inflates whatever Content-Encoding the upstream names (it asks
+    for gzip by default), so a gzip bomb went through whole. The gateway asks for
+    ``identity`` and refuses an encoded body."""
+    with hostile_http("gzipbomb", tmp_path / "record.jsonl") as upstream:
+        gw = gateway(tmp_path, [http_upstream("h", upstream.url, timeouts={"connect_seconds": 5})])
+        assert cli(gw, "check", "h") == 1
+        err = capsys.readouterr().err
+        assert "could not connect" in err
+        assert '"upstream_message_encoded"' in err
+        asked = {r["accept_encoding"] for r in upstream.requests() if r["method"] == "POST"}
+    assert asked == {"identity"}
+
+
 def test_an_oversized_stdio_message_is_refused_unread(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
