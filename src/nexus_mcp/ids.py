@@ -53,7 +53,7 @@ def new_id() -> str:
 
 def is_uuid7(value: str) -> bool:
     """True for a canonical lowercase UUIDv7 string."""
-    return bool(_UUID7_RE.match(value))
+    return bool(_UUID7_RE.fullmatch(value))
 
 
 __all__ = ["is_uuid7", "new_id", "uuid7_int"]

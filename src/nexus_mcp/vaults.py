@@ -117,7 +117,7 @@ class VaultRouter:
         notes = self.settings.notes
         if vault_id is None:
             return self.settings.workspace
-        if not _VAULT_ID_RE.match(vault_id) or vault_id in (".", ".."):
+        if not _VAULT_ID_RE.fullmatch(vault_id) or vault_id in (".", ".."):
             return None
         mapped = notes.vaults.get(vault_id)
         if mapped is not None:

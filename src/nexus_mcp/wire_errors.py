@@ -31,6 +31,10 @@ from mcp.shared.message import SessionMessage
 from mcp_types import ErrorData, JSONRPCError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nexus_mcp.logs import get_logger
+
+log = get_logger(__name__)
+
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
@@ -234,10 +238,12 @@ class TransportErrorsMiddleware:
         held: Message | None = None
         chunks: list[bytes] = []
         sse: _SseScrubber | None = None
+        started = False
 
         async def scrubbing_send(message: Message) -> None:
-            nonlocal held, sse
+            nonlocal held, sse, started
             if message["type"] == "http.response.start":
+                started = True
                 kind = _content_type(message)
                 if kind == b"application/json":
                     held = message
@@ -270,6 +276,23 @@ class TransportErrorsMiddleware:
             await send({"type": "http.response.body", "body": body})
 
         await self.app(scope, receive, scrubbing_send)
+        if not started:
+            # The SDK returns without answering in a few corners (a GET carrying
+            # Last-Event-ID while no event store is configured); the server would send a
+            # bare 500 and log it as an error. The client gets a JSON-RPC error instead.
+            log.warning("response_missing", method=str(scope.get("method", "")))
+            await _send_internal_error(send)
+
+
+async def _send_internal_error(send: Send) -> None:
+    error = {"code": INTERNAL_ERROR, "message": FIXED_MESSAGES[INTERNAL_ERROR]}
+    body = _encode({"jsonrpc": "2.0", "id": None, "error": error})
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode("ascii")),
+    ]
+    await send({"type": "http.response.start", "status": 500, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _content_type(message: Message) -> bytes | None:

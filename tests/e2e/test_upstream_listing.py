@@ -96,6 +96,24 @@ async def test_serve_exposes_the_valid_tools_of_a_hostile_listing(tmp_path: Path
         assert name not in text
 
 
+async def test_a_name_with_a_trailing_newline_is_never_pinned_nor_exposed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``^[A-Za-z0-9_.-]{1,128}$`` with ``re.match`` accepts ``"echo\\n"``: every name rule
+    must hold for the whole string, so that name is invalid, not a second ``echo``."""
+    gw = gateway(tmp_path, [hostile_stdio("h", "newline", tmp_path / "record.jsonl")])
+    assert cli(gw, "pin", "h", "--yes") == 0
+    assert set(json.loads(lock(gw).read_text())["tools"]) == {"echo", "add"}
+    capsys.readouterr()
+    assert cli(gw, "check", "h") == 1
+    assert "(name_rule)" in capsys.readouterr().err
+    names, summaries = await served(gw)
+    assert {"h_echo", "h_add"} <= names
+    assert [name for name in names if "\n" in name or name.startswith("h_wipe")] == []
+    assert summaries["h"]["state"] == "ready"
+    assert gw.events("upstream_tool_invalid")[0]["count"] == 2
+
+
 async def test_a_page_the_sdk_refuses_downs_that_upstream_only(tmp_path: Path) -> None:
     """An inputSchema that is not an object: the MCP SDK refuses the whole page; that
     upstream is down (its listing failed), the other one and native tools are served."""
@@ -245,6 +263,23 @@ def test_an_oversized_http_page_is_refused_unread(
         err = capsys.readouterr().err
         assert "could not connect" in err
         assert '"upstream_message_too_large"' in err
+
+
+def test_a_compressed_page_is_refused_not_inflated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 24 KB gzip body that inflates to 24 MB: the response cap counted the bytes on
+    the wire, and httpx inflates whatever Content-Encoding the upstream names (it asks
+    for gzip by default), so a gzip bomb went through whole. The gateway asks for
+    ``identity`` and refuses an encoded body."""
+    with hostile_http("gzipbomb", tmp_path / "record.jsonl") as upstream:
+        gw = gateway(tmp_path, [http_upstream("h", upstream.url, timeouts={"connect_seconds": 5})])
+        assert cli(gw, "check", "h") == 1
+        err = capsys.readouterr().err
+        assert "could not connect" in err
+        assert '"upstream_message_encoded"' in err
+        asked = {r["accept_encoding"] for r in upstream.requests() if r["method"] == "POST"}
+    assert asked == {"identity"}
 
 
 def test_an_oversized_stdio_message_is_refused_unread(

@@ -185,3 +185,20 @@ def test_transport_refusals_quote_nothing(
         )
     assert CANARY not in response.text, (label, response.text)
     assert "error" in parse_body(response.text), label
+
+
+@pytest.mark.parametrize("last_event_id", [CANARY, f"{CANARY}_0", CANARY * 200])
+def test_a_get_stream_resumed_without_an_event_store_gets_a_json_rpc_error(
+    nexus_url: str, last_event_id: str
+) -> None:
+    """The SDK returns without answering a GET carrying ``Last-Event-ID`` when no event
+    store is configured (no resumability): the server sent a bare text 500 and logged an
+    error for whoever had a session. The answer is a fixed JSON-RPC error, no echo."""
+    with httpx.Client(timeout=20) as client:
+        session = legacy_session(client, nexus_url)
+        headers = {**session, "accept": "text/event-stream", "last-event-id": last_event_id}
+        response = client.get(nexus_url, headers=headers)
+    assert response.headers["content-type"] == "application/json"
+    answer = response.json()
+    assert answer["error"] == {"code": -32603, "message": "Internal server error"}
+    assert last_event_id not in response.text and CANARY not in response.text

@@ -22,12 +22,17 @@ Modes:
 - ``redirect-CODE-same`` / ``redirect-CODE-cross``: every request to ``/mcp`` answered
   with CODE (301, 302, 307, 308) to ``/moved`` on the same origin, or to another port;
   both targets serve the ``plain`` listing (and record that they were reached);
+- ``newline``: ``echo`` and ``add`` beside names that pass Python's ``re.match(r"^...$")``
+  only (``echo\n``, ``wipe\n``: ``$`` matches before a final newline);
+- ``gzipbomb``: over HTTP, every answer gzip-compressed whatever the client accepts; the
+  ``tools/list`` page is about 24 MB once inflated, 24 KB on the wire;
 - ``plain``: ``echo`` and ``add``, one page.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import threading
@@ -74,6 +79,10 @@ def names_listing() -> list[dict[str, Any]]:
 def page(mode: str, cursor: str | None) -> dict[str, Any]:
     if mode == "names":
         return {"tools": names_listing()}
+    if mode == "gzipbomb":
+        return {"tools": [tool("echo"), tool("bomb", "d" * 24_000_000)]}
+    if mode == "newline":
+        return {"tools": [tool("echo"), tool("echo\n"), tool("wipe\n"), tool("add")]}
     if mode == "badschema":  # what the MCP SDK refuses for the whole page
         return {"tools": [tool("echo"), tool("string_schema", schema={"type": "string"})]}
     if mode == "endless":
@@ -160,6 +169,7 @@ def handler_for(upstream: Upstream, redirect_to: dict[str, str]) -> type[BaseHTT
                     "path": self.path,
                     "port": self.server.server_address[1],
                     "authorization": self.headers.get("Authorization"),
+                    "accept_encoding": self.headers.get("Accept-Encoding"),
                 }
             )
 
@@ -194,7 +204,12 @@ def handler_for(upstream: Upstream, redirect_to: dict[str, str]) -> type[BaseHTT
             if reply is None:
                 self._send(202)
                 return
-            self._send(200, json.dumps(reply).encode(), {"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            data = json.dumps(reply).encode()
+            if upstream.mode == "gzipbomb":
+                headers["Content-Encoding"] = "gzip"
+                data = gzip.compress(data, compresslevel=9)
+            self._send(200, data, headers)
 
         def do_GET(self) -> None:
             self._record()

@@ -81,7 +81,7 @@ def to_envelope(error: NexusError) -> ToolResult:
 
 def _correlation_id(meta: dict[str, Any]) -> str | None:
     value = meta.get(META_CORRELATION_ID)
-    if isinstance(value, str) and _CORRELATION_RE.match(value):
+    if isinstance(value, str) and _CORRELATION_RE.fullmatch(value):
         return value
     return None
 

@@ -99,7 +99,7 @@ class ApprovalKeys:
         if not secrets_by_kid:
             raise ConfigError("approval keys: at least one secret is required")
         for kid, secret in secrets_by_kid.items():
-            if not isinstance(kid, str) or not _KID_RE.match(kid):
+            if not isinstance(kid, str) or not _KID_RE.fullmatch(kid):
                 raise ConfigError("approval keys: a kid must match [A-Za-z0-9._-]{1,64}")
             if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
                 raise ConfigError(

@@ -238,7 +238,7 @@ class ToolTimeouts:
         if not isinstance(self.overrides, Mapping):
             raise ConfigError("timeouts.overrides must be a mapping")
         for tool, seconds in self.overrides.items():
-            if not isinstance(tool, str) or not _TOOL_NAME_RE.match(tool):
+            if not isinstance(tool, str) or not _TOOL_NAME_RE.fullmatch(tool):
                 raise ConfigError("timeouts.overrides keys must be tool names")
             _require_positive_seconds(
                 seconds, f"timeouts.overrides.{tool}", MAX_TOOL_TIMEOUT_SECONDS

@@ -1,4 +1,4 @@
-"""A contract schema compiled to plain Python checks, for records validated on every call.
+r"""A contract schema compiled to plain Python checks, for records validated on every call.
 
 jsonschema walks the schema on every pass (about 130 us for a ``tool_call`` record, a
 tenth of a whole in-memory ``tools/call``; ``benchmarks/bench_chain.py`` missed its
@@ -10,13 +10,25 @@ in place) into nested closures built once, and returns ``None`` for a schema wit
 other keyword, so the caller falls back to jsonschema rather than guess. It answers only
 valid or not; jsonschema stays the authority that says why (``best_match``). A unit test
 compares the two on generated records.
+
+Patterns are ECMA-262 regular expressions (JSON Schema 2020-12, 6.3.3), which Python's
+``re`` reads differently in ways that matter to an anchored rule: ``$`` also matches
+before a final ``\n`` (``^[a-z]+$`` accepts ``"abc\n"``), and ``\d``/``\w`` match every
+Unicode digit and letter. ``ecma_regex`` translates those (``$`` to ``\Z``, ``\d`` to
+``[0-9]``, ``\w`` to ``[A-Za-z0-9_]``) and both the compiled checks and
+``ContractValidator`` (jsonschema with its ``pattern`` keyword on ``ecma_regex``) use it, so
+a contract's pattern means what the contract's author wrote.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import lru_cache
 from typing import Any
+
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError
 
 Check = Callable[[Any], bool]
 
@@ -32,6 +44,60 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
 
 class _Unsupported(Exception):
     pass
+
+
+_ECMA_ESCAPES = {"d": "0-9", "w": "A-Za-z0-9_"}
+
+
+@lru_cache(maxsize=256)
+def ecma_regex(pattern: str) -> re.Pattern[str]:
+    r"""``pattern`` read as ECMA-262 reads it (no flags), compiled for ``re``.
+
+    Outside a character class ``$`` becomes ``\Z`` (end of input, never before a final
+    newline); ``\d`` and ``\w`` become their ASCII classes, inside or outside one.
+    Everything else is passed through: the contracts use nothing where the two differ.
+    """
+    out: list[str] = []
+    in_class = False
+    index = 0
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\" and index + 1 < len(pattern):
+            escaped = pattern[index + 1]
+            ascii_class = _ECMA_ESCAPES.get(escaped)
+            if ascii_class is None:
+                out.append(char + escaped)
+            else:
+                out.append(ascii_class if in_class else f"[{ascii_class}]")
+            index += 2
+            continue
+        if in_class:
+            in_class = char != "]" or out[-1] in ("[", "[^")
+        elif char == "[":
+            in_class = True
+            if pattern.startswith("[^", index):
+                out.append("[^")
+                index += 2
+                continue
+        elif char == "$":
+            char = r"\Z"
+        out.append(char)
+        index += 1
+    return re.compile("".join(out))
+
+
+def _ecma_pattern(
+    validator: Any, pattern: str, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not ecma_regex(pattern).search(instance):
+        # The rule, never the value: this message may reach a log.
+        yield ValidationError("does not match the pattern")
+
+
+# jsonschema's own validator, with ``pattern`` read the ECMA way (module docstring).
+ContractValidator: type[Draft202012Validator] = validators.extend(
+    Draft202012Validator, {"pattern": _ecma_pattern}
+)
 
 
 def compile_contract(schema: Mapping[str, Any]) -> Check | None:
@@ -98,8 +164,8 @@ def _string_checks(schema: dict[str, Any], keys: set[str]) -> list[Check]:
         raise _Unsupported
     bounded = "minLength" in keys or "maxLength" in keys
     top = high if high is not None else -1
-    # JSON Schema patterns are not anchored: re.search, as jsonschema does.
-    search = re.compile(schema["pattern"]).search if "pattern" in keys else None
+    # JSON Schema patterns are not anchored (search), and are ECMA regexes (ecma_regex).
+    search = ecma_regex(schema["pattern"]).search if "pattern" in keys else None
     if bounded or search is not None:
 
         def string_rules(value: Any) -> bool:
@@ -175,4 +241,4 @@ def _object_checks(schema: dict[str, Any], keys: set[str]) -> list[Check]:
     return checks
 
 
-__all__ = ["Check", "compile_contract"]
+__all__ = ["Check", "ContractValidator", "compile_contract", "ecma_regex"]

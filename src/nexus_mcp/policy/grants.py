@@ -40,7 +40,7 @@ class ToolGrant(NamedTuple):
 
 def to_tool_object(tool: str) -> str:
     """The ReBAC object for a tool name; refuses names that could escape the prefix."""
-    if not TOOL_NAME_RE.match(tool):
+    if not TOOL_NAME_RE.fullmatch(tool):
         raise InvalidInputError(field="tool")
     return TOOLS_PREFIX + tool
 

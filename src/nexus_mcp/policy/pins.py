@@ -204,7 +204,7 @@ def _top_level_problem(document: Any, server_id: str) -> str | None:
     if (document["schema_id"], document["schema_version"]) != (PINS_SCHEMA_ID, PINS_SCHEMA_VERSION):
         return "not the tool_pins v1 contract"
     found = document["server_id"]
-    if not isinstance(found, str) or not PIN_SERVER_ID_RE.match(found) or found != server_id:
+    if not isinstance(found, str) or not PIN_SERVER_ID_RE.fullmatch(found) or found != server_id:
         return "server_id differs from the file name"
     tools = document["tools"]
     if not isinstance(tools, dict):
@@ -228,20 +228,20 @@ def _entries(server_id: str, path: Path, tools: dict[str, Any]) -> PinFile:
                 stamps[name] = entry["pinned_at"]
             continue
         rejected.append((position, why))
-        if PIN_NAME_RE.match(name):
+        if PIN_NAME_RE.fullmatch(name):
             broken.add(name)  # a tool of that name is quarantined, not left unpinned
     return PinFile(server_id, digests, stamps, path, None, tuple(rejected), frozenset(broken))
 
 
 def _entry_problem(name: str, entry: Any, duplicates: frozenset[str]) -> str | None:
-    if not PIN_NAME_RE.match(name):
+    if not PIN_NAME_RE.fullmatch(name):
         return "its name does not follow MCP's tool-name rule"
     if name in duplicates:
         return "its name is given more than once"
     if not isinstance(entry, dict) or not set(entry) <= {"sha256", "pinned_at"}:
         return "not an object of sha256 and pinned_at"
     digest = entry.get("sha256")
-    if not isinstance(digest, str) or not PIN_DIGEST_RE.match(digest):
+    if not isinstance(digest, str) or not PIN_DIGEST_RE.fullmatch(digest):
         return "sha256 is not 64 lowercase hex digits"
     stamp = entry.get("pinned_at")
     if stamp is not None and (not isinstance(stamp, str) or not _is_datetime(stamp)):

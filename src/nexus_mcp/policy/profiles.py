@@ -197,7 +197,7 @@ def _parse_profiles(value: object, source: Path) -> dict[str, _RawProfile]:
         raise ConfigError(f"{source}: 'profiles' must be a non-empty mapping of name to profile")
     parsed: dict[str, _RawProfile] = {}
     for name, body in value.items():
-        if not isinstance(name, str) or not PROFILE_NAME_RE.match(name):
+        if not isinstance(name, str) or not PROFILE_NAME_RE.fullmatch(name):
             raise ConfigError(f"{source}: profile names must match {PROFILE_NAME_RE.pattern}")
         parsed[name] = _parse_profile(name, body, source)
     return parsed
@@ -216,7 +216,7 @@ def _parse_profile(name: str, body: object, source: Path) -> _RawProfile:
     if not isinstance(tools, list):
         raise ConfigError(f"{where}: 'tools' must be a list of tool names")
     for tool in tools:
-        if not isinstance(tool, str) or not TOOL_NAME_RE.match(tool):
+        if not isinstance(tool, str) or not TOOL_NAME_RE.fullmatch(tool):
             raise ConfigError(f"{where}: every tool must be a name matching {TOOL_NAME_RE.pattern}")
     extends = body.get("extends")
     if extends is not None and not isinstance(extends, str):

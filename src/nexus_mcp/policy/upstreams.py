@@ -111,7 +111,7 @@ class Credentials(_Model):
         if extra:
             raise ValueError(f"type {self.type!r} does not take {', '.join(extra)}")
         if self.header is not None:
-            if not HEADER_NAME_RE.match(self.header):
+            if not HEADER_NAME_RE.fullmatch(self.header):
                 raise ValueError("header is not a valid HTTP header name")
             if self.header.lower() in RESERVED_HEADERS:
                 raise ValueError("header names a header the transport owns")
@@ -208,7 +208,7 @@ class UpstreamConfig(_Model):
             if self.cwd is not None:
                 raise ValueError("transport 'http' does not take cwd")
         for name in (*self.env, *self.secret_env):
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise ValueError("env names must be [A-Za-z_][A-Za-z0-9_]*")
         if self.prefix is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{0,64}", self.prefix):
             raise ValueError("prefix may hold only [A-Za-z0-9_.-], at most 64 characters")

@@ -141,7 +141,7 @@ def screen(
 def definition_problem(definition: Mapping[str, Any], counts: Mapping[Any, int]) -> str | None:
     """Why a definition cannot be pinned nor exposed; None when it can."""
     name = definition.get("name")
-    if not isinstance(name, str) or not TOOL_NAME_RE.match(name):
+    if not isinstance(name, str) or not TOOL_NAME_RE.fullmatch(name):
         return "name_rule"
     if counts.get(name, 0) > 1:
         return "duplicate_name"

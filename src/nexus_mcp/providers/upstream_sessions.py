@@ -179,6 +179,10 @@ class ResponseTooLarge(httpx2.StreamError):
     """An HTTP response longer than the upstream's response cap (read no further)."""
 
 
+class ResponseEncoded(httpx2.StreamError):
+    """An HTTP response with a ``Content-Encoding`` (its size on the wire bounds nothing)."""
+
+
 class _BoundedStream(httpx2.AsyncByteStream):
     def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
         self._inner = inner
@@ -200,14 +204,25 @@ class _BoundedStream(httpx2.AsyncByteStream):
 class BoundedTransport(httpx2.AsyncBaseTransport):
     """Every response body is read up to ``limit`` bytes, then refused: one page of a
     listing, or one result, cannot fill the gateway's memory (the SDK reads a JSON
-    response whole). Server-sent events are bounded per event by the SDK as well."""
+    response whole). Server-sent events are bounded per event by the SDK as well.
+
+    The bound is on the bytes received, so the body must be what is decoded: httpx asks
+    for ``gzip, deflate`` by default and inflates whatever ``Content-Encoding`` a response
+    names, a few KB on the wire becoming gigabytes. Every request asks for ``identity``,
+    and a response with any other encoding is refused unread."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
         self._inner = inner
         self._limit = limit
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.headers["Accept-Encoding"] = "identity"
         response = await self._inner.handle_async_request(request)
+        encodings = response.headers.get_list("content-encoding", split_commas=True)
+        if any(e.strip().lower() not in ("", "identity") for e in encodings):
+            log.warning("upstream_message_encoded", transport="http")
+            await response.aclose()
+            raise ResponseEncoded("response with a content encoding")
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self._limit:
             log.warning("upstream_message_too_large", transport="http")

@@ -41,6 +41,48 @@ from nexus_mcp.logs import get_logger
 log = get_logger(__name__)
 
 
+class LineBuffer:
+    """Splits a stream of text chunks into lines, each at most ``max_chars`` long.
+
+    Linear in what is read: a chunk is searched once and kept in a list until its line
+    ends (the SDK's ``(buffer + chunk).split("\\n")`` copies and scans the whole pending
+    line again for every chunk, so an upstream dripping one long line in small writes
+    costs the gateway's event loop time quadratic in its length). Once a line passes the
+    cap, ``overflowed`` is set and nothing more is returned.
+    """
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self.pending: list[str] = []
+        self.pending_chars = 0
+        self.overflowed = False
+
+    def feed(self, chunk: str) -> list[str]:
+        """The lines ``chunk`` completes, in order (none once ``overflowed``)."""
+        lines: list[str] = []
+        start = 0
+        while not self.overflowed:
+            end = chunk.find("\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if self.pending_chars + len(piece) > self.max_chars:
+                self.overflowed = True
+                self.pending.clear()
+                break
+            if end < 0:
+                if piece:
+                    self.pending.append(piece)
+                    self.pending_chars += len(piece)
+                break
+            if self.pending:
+                self.pending.append(piece)
+                piece = "".join(self.pending)
+                self.pending.clear()
+                self.pending_chars = 0
+            lines.append(piece)
+            start = end + 1
+        return lines
+
+
 @contextlib.asynccontextmanager
 async def bounded_stdio_client(
     server: StdioServerParameters, errlog: TextIO, max_line_chars: int
@@ -69,19 +111,14 @@ async def bounded_stdio_client(
         try:
             async with read_stream_writer:
                 try:
-                    buffer = ""
+                    lines = LineBuffer(max_line_chars)
                     async for chunk in stdout:
-                        lines = (buffer + chunk).split("\n")
-                        buffer = lines.pop()
-                        for line in lines:
-                            if len(line) > max_line_chars:
-                                log.warning("upstream_message_too_large", transport="stdio")
-                                return
+                        for line in lines.feed(chunk):
                             try:
                                 await read_stream_writer.send(_parse_line(line))
                             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                                 return
-                        if len(buffer) > max_line_chars:
+                        if lines.overflowed:
                             # One message over the cap: not read further; the
                             # connection ends (the session sees it closed).
                             log.warning("upstream_message_too_large", transport="stdio")
@@ -166,4 +203,4 @@ class BoundedStdioTransport(ClientTransport):
         return "<BoundedStdioTransport>"
 
 
-__all__ = ["BoundedStdioTransport", "bounded_stdio_client"]
+__all__ = ["BoundedStdioTransport", "LineBuffer", "bounded_stdio_client"]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nexus_mcp.policy.contract_check import compile_contract
+from nexus_mcp.policy.contract_check import ContractValidator, compile_contract, ecma_regex
 from nexus_mcp.policy.registry import TOOL_CALL_SCHEMA, contract_check, contract_validator
 
 VALID = {
@@ -96,3 +96,44 @@ def test_the_valid_record_passes_and_a_non_object_does_not() -> None:
 )
 def test_a_schema_outside_the_subset_is_not_compiled(schema: dict[str, Any]) -> None:
     assert compile_contract(schema) is None
+
+
+# -- patterns are ECMA regexes: Python's ``$`` also matches before a final newline, and its
+# ``\d``/``\w`` match any Unicode digit or letter; a contract's ``^...$`` means neither.
+
+TRAILING_NEWLINE = [
+    ("tool_name", "nexus_write_file\n"),
+    ("server_id", "nexus\n"),
+    ("tool_name", "x" * 127 + "\n"),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), TRAILING_NEWLINE)
+def test_an_anchored_pattern_refuses_a_trailing_newline(field: str, value: str) -> None:
+    record = {**VALID, field: value}
+    assert contract_check(TOOL_CALL_SCHEMA)(record) is False
+    assert contract_validator(TOOL_CALL_SCHEMA).is_valid(record) is False
+
+
+@pytest.mark.parametrize(
+    ("pattern", "value", "expected"),
+    [
+        (r"^[a-z]+$", "abc\n", False),
+        (r"^[a-z]+$", "abc", True),
+        (r"^\d+$", "\u0661\u0662", False),  # ARABIC-INDIC digits: not ECMA's \d
+        (r"^\d+$", "12", True),
+        (r"^\w+$", "\u00e9t\u00e9", False),  # accented letters: not ECMA's \w
+        (r"^[\w.]+$", "a.b\n", False),
+        (r"^[$]+$", "$$", True),  # a dollar inside a class stays a dollar
+        (r"^a\$$", "a$", True),  # an escaped dollar too
+    ],
+)
+def test_the_compiled_check_reads_patterns_as_ecma_does(
+    pattern: str, value: str, expected: bool
+) -> None:
+    schema = {"type": "string", "pattern": pattern}
+    compiled = compile_contract(schema)
+    assert compiled is not None
+    assert compiled(value) is expected
+    assert ContractValidator(schema).is_valid(value) is expected
+    assert (ecma_regex(pattern).search(value) is not None) is expected

@@ -208,8 +208,8 @@ def test_a_name_with_a_trailing_newline_is_refused_despite_pythons_dollar() -> N
     document = registry_document(server_id="srv\n")
     document["tools"][0]["tool_name"] = "look\n"
     assert find_registry_errors(document) == [
-        "$.server_id: contains a newline",
-        "$.tools[0].tool_name: contains a newline",
+        "$.server_id: does not match the pattern",
+        "$.tools[0].tool_name: does not match the pattern",
     ]
 
 
