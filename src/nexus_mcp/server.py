@@ -879,6 +879,14 @@ def _check_recording(
     def pin(server_id: str, tool: str) -> str | None:
         return load_pins(pins_dir, server_id).digests.get(tool) if server_id in configured else None
 
+    registry = load_registry(settings)
+
+    def risk(server_id: str, tool: str) -> str:
+        # As live classifies an upstream tool (``ToolView.tool_class``): its registry
+        # entry's class, a write without one.
+        entry = registry.lookup(server_id, tool)
+        return entry.tool_class if entry is not None else "write"
+
     return check_replay(
         directory,
         native_server_id=settings.registry.server_id,
@@ -886,6 +894,7 @@ def _check_recording(
         native_definitions=definitions,
         upstream_exposed=exposed,
         upstream_pin=pin,
+        upstream_risk=risk,
         key=key,
     )
 

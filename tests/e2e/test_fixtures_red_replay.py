@@ -14,15 +14,22 @@ Every recording is a real one (``serve --record``), edited the way an attacker w
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import io
 import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fastmcp import Client
 
+from nexus_mcp.cli import main as cli_main
+from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.secrets import REDACTED
 
+from .conftest import wire
 from .test_fixtures_integrity import (
     CANARY,
     KEY,
@@ -37,6 +44,7 @@ from .test_fixtures_integrity import (
     recordings,  # noqa: F401 - the module's recordings fixture
     write_lines,
 )
+from .upstream_harness import Gateway, all_up_tools, make_gateway, stdio_upstream
 
 # A JWT-shaped token in the workspace: the recorder redacts it from every result.
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJyZWQtcmVwbGF5In0.c2lnbmF0dXJl"
@@ -250,3 +258,106 @@ def test_a_line_that_is_not_strict_json_is_refused_by_both(
     assert_both_refuse(
         folder, tmp_path, monkeypatch, "not a fixture line (not_json)", KEY if keyed else None
     )
+
+
+# -- an upstream tool's contract: the configuration's, never the recording's ---------------
+
+
+@pytest.fixture(scope="module")
+def upstream_recording(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Gateway, Path]:
+    """A real recording through a gateway with the stdio test upstream (``up``), whose
+    registry classifies ``remember`` as a write."""
+    import asyncio
+
+    root = tmp_path_factory.mktemp("up-gw")
+    gw = make_gateway(root / "gw", [stdio_upstream()], mode="dev", grant={"full": all_up_tools()})
+    assert gw.pin("up") == 0
+    folder = root / "fixtures"
+
+    async def session() -> None:
+        server = gw.build(record=folder)
+        try:
+            async with Client(server.mcp) as client:
+                answer = wire(await client.call_tool_mcp("up_echo", {"text": "hi"}))
+                assert answer["isError"] is False, answer
+        finally:
+            server.close()
+
+    asyncio.run(session())
+    lines = read_lines(folder, "up.jsonl")
+    assert first(lines, "tool", "up_remember")["risk"] == "write"
+    return gw, folder
+
+
+def verify_with(config: Path, folder: Path) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(["fixtures", "verify", str(folder), "--config", str(config)])
+    return code, out.getvalue() + err.getvalue()
+
+
+def refused_by_both(gw: Gateway, folder: Path, tmp_path: Path) -> tuple[str, str]:
+    with pytest.raises(ConfigError) as caught:
+        gw.build(replay=folder, data_dir=tmp_path / "replay-data")
+    code, output = verify_with(gw.config_file, folder)
+    assert code == 1, output
+    return str(caught.value), output
+
+
+def forge_risk(lines: list[Line]) -> None:
+    first(lines, "tool", "up_remember")["risk"] = "read"
+
+
+def forge_toolset(lines: list[Line]) -> None:
+    first(lines, "tool", "up_remember")["toolset"] = "files"
+
+
+UPSTREAM_FORGERIES: dict[str, tuple[Callable[[list[Line]], None], str]] = {
+    "write-recorded-as-read": (forge_risk, "with another risk than its registry gives it"),
+    "another-toolset": (forge_toolset, "in another toolset than its upstream's"),
+}
+
+
+@pytest.mark.parametrize("name", list(UPSTREAM_FORGERIES))
+def test_an_upstream_tools_contract_edited_in_the_recording_is_refused_by_both(
+    upstream_recording: tuple[Gateway, Path], tmp_path: Path, name: str
+) -> None:
+    """Believed, a write recorded as a read would be listed to read-only callers, audited
+    without side effects, and a toolset edit would put it where a profile grants it."""
+    gw, recorded = upstream_recording
+    folder = tmp_path / "fx"
+    shutil.copytree(recorded, folder)
+    replayed = gw.build(replay=folder, data_dir=tmp_path / "accepted")
+    replayed.close()
+    assert verify_with(gw.config_file, folder)[0] == 0
+    edit, expected = UPSTREAM_FORGERIES[name]
+    lines = read_lines(folder, "up.jsonl")
+    edit(lines)
+    write_lines(folder, lines, "up.jsonl")
+    message, output = refused_by_both(gw, folder, tmp_path)
+    assert f"up_remember: recorded {expected}" in message, message
+    assert f"up_remember: recorded {expected}" in output, output
+
+
+def test_an_upstream_tool_the_registry_now_classifies_otherwise_is_refused_by_both(
+    upstream_recording: tuple[Gateway, Path], tmp_path: Path
+) -> None:
+    """The registry is the configuration's word on a tool's class: changed since the
+    recording, the recorded contract is stale (as a version bump is for a native tool)."""
+    gw, recorded = upstream_recording
+    folder = tmp_path / "fx"
+    shutil.copytree(recorded, folder)
+    registry = json.loads((gw.registry_dir / "up.json").read_text())
+    original = copy.deepcopy(registry)
+    for entry in registry["tools"]:
+        if entry["tool_name"] == "echo":
+            entry["tool_class"] = "write"
+    (gw.registry_dir / "up.json").write_text(json.dumps(registry))
+    try:
+        message, output = refused_by_both(gw, folder, tmp_path)
+    finally:
+        (gw.registry_dir / "up.json").write_text(json.dumps(original))
+    assert "up_echo: recorded with another risk" in message, message
+    assert "up_echo: recorded with another risk" in output, output

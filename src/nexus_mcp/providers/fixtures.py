@@ -60,6 +60,7 @@ from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read
 from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.audit import safe_facts
 from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope, to_wire_error
+from nexus_mcp.providers.upstream_tools import UPSTREAM_TOOLSET_PREFIX
 from nexus_mcp.workspace import ReachedTheWorld
 
 log = get_logger(__name__)
@@ -441,6 +442,7 @@ def check_replay(
     native_definitions: Mapping[str, Mapping[str, Any]],
     upstream_exposed: Callable[[str, str], str | None],
     upstream_pin: Callable[[str, str], str | None],
+    upstream_risk: Callable[[str, str], str] | None = None,
     key: bytes | None = None,
 ) -> tuple[ReplaySet, list[str]]:
     """Read ``directory`` and check it against this build: what a replay would serve, and
@@ -457,7 +459,12 @@ def check_replay(
     exposes under that name, or whose pinned definition differs from the recorded one; an
     unknown error code; a result that is no MCP content.
     ``upstream_exposed(server_id, upstream_tool)`` is the name the configuration exposes
-    (None: not configured or not allowed); ``upstream_pin`` the pinned digest, if any.
+    (None: not configured or not allowed); ``upstream_pin`` the pinned digest, if any;
+    ``upstream_risk`` the class its registry gives it (``write`` without an entry), as live.
+
+    An upstream tool's contract is the one live makes it (``UpstreamServer.contract_for``):
+    its risk from the registry, its toolset the upstream's; a recording that says otherwise
+    is refused, never believed (its risk decides who sees the tool and what the audit says).
     """
     servers, line_problems = read_fixtures(directory, key=key)
     problems = [p.describe() for p in line_problems]
@@ -476,7 +483,7 @@ def check_replay(
             if record.upstream_tool is None and server_id == native_server_id:
                 problem = _native_problem(record, native_contracts, native_definitions)
             elif record.upstream_tool is not None and server_id != native_server_id:
-                problem = _upstream_problem(record, upstream_exposed, upstream_pin)
+                problem = _upstream_problem(record, upstream_exposed, upstream_pin, upstream_risk)
             else:
                 problem = "recorded for a server this build does not serve it from"
             if problem is None:
@@ -589,10 +596,15 @@ def _upstream_problem(
     record: ToolRecord,
     exposed: Callable[[str, str], str | None],
     pin: Callable[[str, str], str | None],
+    risk: Callable[[str, str], str] | None = None,
 ) -> str | None:
     upstream_tool = str(record.upstream_tool)
     if exposed(record.server_id, upstream_tool) != record.tool:
         return "the configuration does not expose this upstream tool under this name"
+    if record.toolset != UPSTREAM_TOOLSET_PREFIX + record.server_id:
+        return "recorded in another toolset than its upstream's"
+    if risk is not None and risk(record.server_id, upstream_tool) != record.risk:
+        return "recorded with another risk than its registry gives it (the contract changed)"
     pinned = pin(record.server_id, upstream_tool)
     if pinned is not None and pinned[: len(record.version)] != record.version:
         return "its pinned definition differs from the recorded one (the contract changed)"
