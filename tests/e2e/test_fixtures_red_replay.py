@@ -361,3 +361,45 @@ def test_an_upstream_tool_the_registry_now_classifies_otherwise_is_refused_by_bo
         (gw.registry_dir / "up.json").write_text(json.dumps(original))
     assert "up_echo: recorded with another risk" in message, message
     assert "up_echo: recorded with another risk" in output, output
+
+
+# -- a read's document hashes are checked whatever the line says its class is --------------
+
+
+def read_as_write(lines: list[Line]) -> None:
+    """The read's content forged, its effect relabelled a write (whose documents are in
+    its arguments, never recorded): the hash check would have nothing to compare."""
+    read_content_edited(lines)
+    first(lines, "call", "nexus_read_file", refused=False)["effect"]["tool_class"] = "write"
+
+
+def read_tool_as_write(lines: list[Line]) -> None:
+    """As above, and the tool line's risk made to agree."""
+    read_as_write(lines)
+    first(lines, "tool", "nexus_read_file")["risk"] = "write"
+
+
+def tool_in_another_toolset(lines: list[Line]) -> None:
+    first(lines, "tool", "nexus_read_file")["toolset"] = "repos"
+
+
+CLASS_FORGERIES: dict[str, tuple[Callable[[list[Line]], None], str]] = {
+    "effect-says-write": (read_as_write, "an effect of another class than its tool's"),
+    "tool-says-write": (read_tool_as_write, "recorded with another risk than this build's"),
+    "another-toolset": (tool_in_another_toolset, "recorded in another toolset than this build's"),
+}
+
+
+@pytest.mark.parametrize("name", list(CLASS_FORGERIES))
+def test_a_read_relabelled_a_write_is_refused_by_both(
+    recordings: Recordings,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+) -> None:
+    folder = copy_of(recordings, "plain", tmp_path)
+    edit, expected = CLASS_FORGERIES[name]
+    lines = read_lines(folder)
+    edit(lines)
+    write_lines(folder, lines)
+    assert_both_refuse(folder, tmp_path, monkeypatch, expected)

@@ -585,6 +585,12 @@ def _native_problem(
         return "no such tool in this build"
     if contract.version != record.version:
         return f"recorded with version {record.version}, this build has {contract.version}"
+    # The recording's word on these decides what its lines are checked for (a read's
+    # documents): held to this build's contract, which a replay serves.
+    if record.risk != contract.risk:
+        return "recorded with another risk than this build's"
+    if record.toolset != contract.toolset:
+        return "recorded in another toolset than this build's"
     current = definitions.get(record.tool, {})
     for part in ("inputSchema", "outputSchema"):
         if current.get(part) != record.definition.get(part):
