@@ -78,6 +78,7 @@ from nexus_mcp.policy.launch import describe_setting
 from nexus_mcp.policy.pins import PinState, load_pins
 from nexus_mcp.policy.profiles import default_profiles_path, load_profiles
 from nexus_mcp.policy.registry import (
+    DocumentSpec,
     RegistrySet,
     check_risk_parity,
     default_registry_dir,
@@ -887,6 +888,13 @@ def _check_recording(
         entry = registry.lookup(server_id, tool)
         return entry.tool_class if entry is not None else "write"
 
+    def read_spec(server_id: str, tool: str) -> DocumentSpec | None:
+        # The spec the enforcer measures a read's result with (``read_spec``).
+        entry = registry.lookup(server_id, tool)
+        if entry is None or not entry.is_document_op or entry.tool_class != "read":
+            return None
+        return entry.document_spec
+
     return check_replay(
         directory,
         native_server_id=settings.registry.server_id,
@@ -895,6 +903,7 @@ def _check_recording(
         upstream_exposed=exposed,
         upstream_pin=pin,
         upstream_risk=risk,
+        read_spec=read_spec,
         key=key,
     )
 

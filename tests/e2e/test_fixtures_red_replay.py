@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
 import json
 import shutil
@@ -403,3 +404,57 @@ def test_a_read_relabelled_a_write_is_refused_by_both(
     edit(lines)
     write_lines(folder, lines)
     assert_both_refuse(folder, tmp_path, monkeypatch, expected)
+
+
+# -- a read's document hashes are the ones its registry entry measures -----------------------
+
+
+def hashes_emptied(lines: list[Line]) -> None:
+    """Forged content, and the effect says the read measured no document at all."""
+    read_content_edited(lines)
+    effect = first(lines, "call", "nexus_read_file", refused=False)["effect"]
+    effect["document_hashes"] = []
+    effect["batch_total_bytes"] = 0
+
+
+def hashes_removed(lines: list[Line]) -> None:
+    read_content_edited(lines)
+    effect = first(lines, "call", "nexus_read_file", refused=False)["effect"]
+    del effect["document_hashes"]
+    del effect["batch_total_bytes"]
+
+
+def hashes_of_another_pointer(lines: list[Line]) -> None:
+    """Forged content; the hash moved to a pointer the forgery left alone (its path)."""
+    read_content_edited(lines)
+    line = first(lines, "call", "nexus_read_file", refused=False)
+    path = line["result"]["structuredContent"]["path"].encode()
+    line["effect"]["document_hashes"] = [
+        {"pointer": "/path", "hash": hashlib.sha256(path).hexdigest(), "size_bytes": len(path)}
+    ]
+    line["effect"]["batch_total_bytes"] = len(path)
+
+
+HASH_FORGERIES: dict[str, Callable[[list[Line]], None]] = {
+    "hashes-emptied": hashes_emptied,
+    "hashes-removed": hashes_removed,
+    "hashes-of-another-pointer": hashes_of_another_pointer,
+}
+
+
+@pytest.mark.parametrize("name", list(HASH_FORGERIES))
+def test_a_read_whose_hashes_are_not_its_registry_entrys_is_refused_by_both(
+    recordings: Recordings,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+) -> None:
+    """Which documents a read returns is the registry's word (its read pointers), not the
+    line's: hashes emptied, removed or moved off the forged document are refused."""
+    folder = copy_of(recordings, "plain", tmp_path)
+    lines = read_lines(folder)
+    HASH_FORGERIES[name](lines)
+    write_lines(folder, lines)
+    assert_both_refuse(
+        folder, tmp_path, monkeypatch, "nexus_read_file: a read whose documents are not"
+    )

@@ -60,6 +60,8 @@ from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read
 from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.audit import safe_facts
 from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope, to_wire_error
+from nexus_mcp.policy.documents import check_read_documents
+from nexus_mcp.policy.registry import DocumentSpec
 from nexus_mcp.providers.upstream_tools import UPSTREAM_TOOLSET_PREFIX
 from nexus_mcp.workspace import ReachedTheWorld
 
@@ -443,6 +445,7 @@ def check_replay(
     upstream_exposed: Callable[[str, str], str | None],
     upstream_pin: Callable[[str, str], str | None],
     upstream_risk: Callable[[str, str], str] | None = None,
+    read_spec: Callable[[str, str], DocumentSpec | None] | None = None,
     key: bytes | None = None,
 ) -> tuple[ReplaySet, list[str]]:
     """Read ``directory`` and check it against this build: what a replay would serve, and
@@ -461,6 +464,9 @@ def check_replay(
     ``upstream_exposed(server_id, upstream_tool)`` is the name the configuration exposes
     (None: not configured or not allowed); ``upstream_pin`` the pinned digest, if any;
     ``upstream_risk`` the class its registry gives it (``write`` without an entry), as live.
+    ``read_spec(server_id, tool)`` is the registry's document spec of a read document op
+    (None: not one): a recorded read's document hashes must be the ones it measures on the
+    recorded result, as live measured them (the line's own effect never decides which).
 
     An upstream tool's contract is the one live makes it (``UpstreamServer.contract_for``):
     its risk from the registry, its toolset the upstream's; a recording that says otherwise
@@ -525,6 +531,14 @@ def check_replay(
                     break
             if call_key[0] in records and call_key[1] == records[call_key[0]].version:
                 calls.setdefault(call_key, []).extend(answers)
+                record = records[call_key[0]]
+                if read_spec is not None and _unmeasured(
+                    record, answers, native_server_id, read_spec
+                ):
+                    problems.append(
+                        f"{server_id}: {call_key[0]}: a read whose documents are not the ones "
+                        "its registry entry measures in its result"
+                    )
     return ReplaySet(records, calls, contracts, upstream_records), problems
 
 
@@ -562,6 +576,52 @@ def _definition_problem(record: ToolRecord) -> str | None:
     except PydanticValidationError:
         return "its definition is not an MCP tool definition"
     return None
+
+
+def _unmeasured(
+    record: ToolRecord,
+    answers: Sequence[CallRecord],
+    native_server_id: str,
+    read_spec: Callable[[str, str], DocumentSpec | None],
+) -> bool:
+    """Whether a recorded success of a read document op carries document hashes other
+    than those its registry spec measures in the recorded result (``check_read_documents``,
+    the enforcer's own measure). A redacted answer keeps its pointers, not its hashes."""
+    upstream = record.upstream_tool
+    spec = (
+        read_spec(native_server_id, record.tool)
+        if upstream is None
+        else read_spec(record.server_id, upstream)
+    )
+    if spec is None:
+        return False
+    for answer in answers:
+        result = answer.result
+        if answer.error is not None or result.get("isError") is not False:
+            continue
+        effect = answer.effect if isinstance(answer.effect, dict) else {}
+        document: Any = (
+            result.get("structuredContent")
+            if upstream is None
+            else {
+                "content": result.get("content"),
+                "structuredContent": result.get("structuredContent"),
+            }
+        )
+        try:
+            measured = check_read_documents(spec, document)
+        except NexusError:
+            continue  # over today's limits: the replay's own check refuses it per call
+        recorded = effect.get("document_hashes")
+        if answer.redacted:
+            pointers = [h.get("pointer") for h in recorded] if isinstance(recorded, list) else None
+            if pointers != [h.pointer for h in measured.hashes]:
+                return True
+        elif recorded != measured.hash_dicts() or (
+            effect.get("batch_total_bytes") != measured.batch_total_bytes
+        ):
+            return True
+    return False
 
 
 def _content_is_valid(content: Any) -> bool:
