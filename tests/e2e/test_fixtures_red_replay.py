@@ -26,11 +26,14 @@ from pathlib import Path
 import pytest
 from fastmcp import Client
 
+from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.cli import main as cli_main
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.secrets import REDACTED
+from nexus_mcp.server import build_server
+from nexus_mcp.settings import Settings
 
-from .conftest import wire
+from .conftest import DEMO_WORKSPACE, wire
 from .test_fixtures_integrity import (
     CANARY,
     KEY,
@@ -458,3 +461,77 @@ def test_a_read_whose_hashes_are_not_its_registry_entrys_is_refused_by_both(
     assert_both_refuse(
         folder, tmp_path, monkeypatch, "nexus_read_file: a read whose documents are not"
     )
+
+
+# -- the key itself: never in reach of the tools, never written into a recording ------------
+
+
+async def record_reads(
+    tmp_path: Path, key_setting: dict[str, str], env: dict[str, str], paths: list[str]
+) -> tuple[Path, list[dict[str, object]]]:
+    workspace = tmp_path / "ws"
+    folder = tmp_path / "fx"
+    settings = Settings(
+        mode="dev",
+        workspace=workspace,
+        data_dir=tmp_path / "data",
+        record=folder,
+        fixture_key=key_setting,
+    )
+    server = build_server(settings, audit_sinks=[MemoryAuditSink()], env=env)
+    try:
+        async with Client(server.mcp) as client:
+            answers = [
+                wire(await client.call_tool_mcp("nexus_read_file", {"path": p})) for p in paths
+            ]
+            await client.call_tool_mcp(
+                "nexus_write_file",
+                {"path": "fixture.key", "content": KEY_VALUE, "idempotency_key": "kw"},
+            )
+    finally:
+        server.close()
+    return folder, answers
+
+
+KEY_VALUE = "red-replay-fixture-key-" + "0123456789abcdef" * 2
+
+
+def key_workspace(tmp_path: Path) -> Path:
+    workspace = tmp_path / "ws"
+    shutil.copytree(DEMO_WORKSPACE, workspace)
+    (workspace / "fixture.key").write_text(KEY_VALUE + "\n")
+    (workspace / "copy-of-key.txt").write_text(f"key={KEY_VALUE}\n")
+    return workspace
+
+
+async def test_a_key_file_inside_the_workspace_is_hidden_from_the_tools(tmp_path: Path) -> None:
+    """The key lives outside the fixture folder, but may lie in the served folder: the
+    file tools refuse it by name as any server state (never read into an answer and a
+    recording, never overwritten to re-key what is recorded next)."""
+    workspace = key_workspace(tmp_path)
+    folder, answers = await record_reads(
+        tmp_path, {"file": str(workspace / "fixture.key")}, {}, ["fixture.key", "todo.txt"]
+    )
+    assert answers[0]["isError"] is True
+    assert json.loads(answers[0]["content"][0]["text"])["code"] == "INVALID_PATH"
+    assert answers[1]["isError"] is False
+    assert (workspace / "fixture.key").read_text() == KEY_VALUE + "\n"
+    assert KEY_VALUE not in (folder / "nexus.jsonl").read_text()
+
+
+async def test_the_key_met_in_a_result_is_redacted_from_the_recording(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that holds the key's value (a copy, an env dump): the caller gets it as live,
+    the recording never holds it, and verify finds no secret."""
+    key_workspace(tmp_path)
+    folder, answers = await record_reads(
+        tmp_path, {"env": "RED_REPLAY_KEY"}, {"RED_REPLAY_KEY": KEY_VALUE}, ["copy-of-key.txt"]
+    )
+    assert KEY_VALUE in json.dumps(answers[0])
+    assert KEY_VALUE not in (folder / "nexus.jsonl").read_text()
+    config = tmp_path / "verify.yaml"
+    config.write_text(json.dumps({"mode": "dev", "fixture_key": {"env": "RED_REPLAY_KEY"}}))
+    monkeypatch.setenv("RED_REPLAY_KEY", KEY_VALUE)
+    code, output = verify_with(config, folder)
+    assert code == 0, output
