@@ -37,6 +37,7 @@ from .conftest import DEMO_WORKSPACE, wire
 from .test_fixtures_integrity import (
     CANARY,
     KEY,
+    KEY_ENV,
     Line,
     Recordings,
     assert_both_accept,
@@ -535,3 +536,58 @@ async def test_the_key_met_in_a_result_is_redacted_from_the_recording(
     monkeypatch.setenv("RED_REPLAY_KEY", KEY_VALUE)
     code, output = verify_with(config, folder)
     assert code == 0, output
+
+
+# -- prune never seals what was not sealed ---------------------------------------------------
+
+
+def insert_unsealed_forgery(lines: list[Line]) -> None:
+    """A consistent forgery of the read, inserted without a MAC right after the real one
+    (the chain skips it: the next line still follows the real read's MAC)."""
+    at = lines.index(first(lines, "call", "nexus_read_file", refused=False))
+    forged = copy.deepcopy(lines[at])
+    del forged["mac"]
+    text = f"forged {CANARY}\n"
+    data = text.encode()
+    structured = {**forged["result"]["structuredContent"], "content": text, "size_bytes": len(data)}
+    forged["result"]["structuredContent"] = structured
+    forged["result"]["content"] = [{"type": "text", "text": json.dumps(structured)}]
+    forged["effect"]["document_hashes"][0].update(
+        hash=hashlib.sha256(data).hexdigest(), size_bytes=len(data)
+    )
+    forged["effect"]["batch_total_bytes"] = len(data)
+    lines.insert(at + 1, forged)
+
+
+def strip_a_mac(lines: list[Line]) -> None:
+    del first(lines, "call", "nexus_read_file", refused=True)["mac"]
+
+
+@pytest.mark.parametrize("edit", [insert_unsealed_forgery, strip_a_mac])
+def test_prune_refuses_a_sealed_file_with_an_unsealed_line_rather_than_seal_it(
+    recordings: Recordings,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    edit: Callable[[list[Line]], None],
+) -> None:
+    """Re-sealing the lines it keeps, prune would give a line nobody sealed a valid MAC:
+    an edit laundered by the operator's own key."""
+    folder = copy_of(recordings, "sealed", tmp_path)
+    lines = read_lines(folder)
+    edit(lines)
+    write_lines(folder, lines)
+    before = (folder / "nexus.jsonl").read_bytes()
+    config = tmp_path / "prune.yaml"
+    config.write_text(json.dumps({"mode": "dev", "fixture_key": {"env": KEY_ENV}}))
+    monkeypatch.setenv(KEY_ENV, KEY)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli_main(
+            ["fixtures", "prune", str(folder), "--tool", "nexus_grep", "--config", str(config)]
+        )
+    monkeypatch.delenv(KEY_ENV)
+    assert code == 2, err.getvalue()
+    assert "never re-seals" in err.getvalue()
+    assert CANARY not in err.getvalue()
+    assert (folder / "nexus.jsonl").read_bytes() == before
+    assert_both_refuse(folder, tmp_path, monkeypatch, "a line without a MAC", KEY)
