@@ -47,6 +47,7 @@ from nexus_mcp.errors import (
     NexusError,
     rebuild_error,
 )
+from nexus_mcp.fixtures.integrity import holds_redaction
 from nexus_mcp.fixtures.lines import (
     arguments_hash,
     call_line,
@@ -61,6 +62,7 @@ from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.audit import safe_facts
 from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope, to_wire_error
 from nexus_mcp.policy.documents import check_read_documents
+from nexus_mcp.policy.pins import definition_digest as pinned_digest
 from nexus_mcp.policy.registry import DocumentSpec
 from nexus_mcp.providers.upstream_tools import UPSTREAM_TOOLSET_PREFIX
 from nexus_mcp.workspace import ReachedTheWorld
@@ -112,6 +114,14 @@ class Recorder:
         """Record ``tool`` as listed (once per definition) and remember how its calls hash."""
         # Redacted before it is digested, so the digest a replay checks is the line's own.
         definition, redacted = self.scanner.redact(listed_definition(tool))
+        # An upstream's own annotations (the listing carries the gateway's): with the
+        # listed fields they are the definition its pin names, which a replay checks.
+        view = getattr(tool, "view", None) if upstream_tool is not None else None
+        raw_annotations = view.definition.get("annotations") if view is not None else None
+        upstream_annotations, redacted_too = self.scanner.redact(
+            raw_annotations if isinstance(raw_annotations, Mapping) else None
+        )
+        redacted = redacted or redacted_too
         secret = secret_fields(contract.data_handling.secret_args, definition.get("inputSchema"))
         with self._lock:
             self._tools[contract.name] = _Recorded(server_id, contract.version, secret)
@@ -128,6 +138,7 @@ class Recorder:
                 toolset=contract.toolset,
                 secret_args=secret,
                 upstream_tool=upstream_tool,
+                upstream_annotations=upstream_annotations,
             )
             if redacted:
                 log.warning("fixture_redacted", tool=contract.name, part="definition")
@@ -624,6 +635,24 @@ def _unmeasured(
     return False
 
 
+def _as_published(record: ToolRecord) -> str | None:
+    """The pin digest of a recorded upstream tool's definition as the upstream published
+    it: the listed title, description and schemas (given as published), its own name and
+    annotations (the listing carries the gateway's). None when not recorded."""
+    if not record.has_upstream_annotations:
+        return None
+    definition = record.definition
+    published = {
+        "name": record.upstream_tool,
+        "title": definition.get("title"),
+        "description": definition.get("description"),
+        "inputSchema": definition.get("inputSchema"),
+        "outputSchema": definition.get("outputSchema"),
+        "annotations": record.upstream_annotations,
+    }
+    return pinned_digest(published)
+
+
 def _content_is_valid(content: Any) -> bool:
     if not isinstance(content, list):
         return False
@@ -674,6 +703,15 @@ def _upstream_problem(
     pinned = pin(record.server_id, upstream_tool)
     if pinned is not None and pinned[: len(record.version)] != record.version:
         return "its pinned definition differs from the recorded one (the contract changed)"
+    if (
+        pinned is not None
+        and _as_published(record) != pinned
+        # A secret redacted from the definition leaves nothing to hash: only the key
+        # (which seals the line) vouches for it, as for any redacted answer.
+        and not holds_redaction([record.definition, record.upstream_annotations])
+    ):
+        # The version is the line's claim; what a replay serves is the definition.
+        return "its definition is not the pinned one (edited, or recorded before a re-pin)"
     return None
 
 
