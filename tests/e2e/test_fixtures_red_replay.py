@@ -8,6 +8,12 @@
 - A fixture line is strict JSON, as the recorder writes it: ``NaN``, ``Infinity``, a
   number too large for a float and a key given twice are refused as "not a fixture line"
   by ``serve --replay`` and ``fixtures verify`` alike, keyed or not, never a crash.
+- Nothing a line says about itself decides whether it is checked: a read relabelled a
+  write, document hashes emptied or moved (the registry's read pointers decide), an
+  upstream tool's risk or toolset (the registry and the upstream decide), a pinned
+  upstream definition (it must hash to the pin, not merely claim its prefix).
+- The key: a key file in the served folder is hidden from the tools, its value redacted
+  from recordings; ``fixtures prune`` never seals a line nobody sealed.
 
 Every recording is a real one (``serve --record``), edited the way an attacker would.
 """
