@@ -78,6 +78,7 @@ from nexus_mcp.policy.launch import describe_setting
 from nexus_mcp.policy.pins import PinState, load_pins
 from nexus_mcp.policy.profiles import default_profiles_path, load_profiles
 from nexus_mcp.policy.registry import (
+    DocumentSpec,
     RegistrySet,
     check_risk_parity,
     default_registry_dir,
@@ -882,6 +883,21 @@ def _check_recording(
     def pin(server_id: str, tool: str) -> str | None:
         return load_pins(pins_dir, server_id).digests.get(tool) if server_id in configured else None
 
+    registry = load_registry(settings)
+
+    def risk(server_id: str, tool: str) -> str:
+        # As live classifies an upstream tool (``ToolView.tool_class``): its registry
+        # entry's class, a write without one.
+        entry = registry.lookup(server_id, tool)
+        return entry.tool_class if entry is not None else "write"
+
+    def read_spec(server_id: str, tool: str) -> DocumentSpec | None:
+        # The spec the enforcer measures a read's result with (``read_spec``).
+        entry = registry.lookup(server_id, tool)
+        if entry is None or not entry.is_document_op or entry.tool_class != "read":
+            return None
+        return entry.document_spec
+
     return check_replay(
         directory,
         native_server_id=settings.registry.server_id,
@@ -889,6 +905,8 @@ def _check_recording(
         native_definitions=definitions,
         upstream_exposed=exposed,
         upstream_pin=pin,
+        upstream_risk=risk,
+        read_spec=read_spec,
         key=key,
     )
 

@@ -78,6 +78,11 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
         # A recording holds results, and a replay believes it: never readable or
         # writable by the tools whose calls it records.
         paths.append(settings.record)
+    key_file = getattr(settings.fixture_key, "file", None)
+    if key_file is not None:
+        # The key that seals a recording: read, anyone could re-seal an edited one;
+        # overwritten, what is recorded next would be sealed with the caller's key.
+        paths.append(Path(key_file))
     return paths
 
 

@@ -47,6 +47,7 @@ from nexus_mcp.errors import (
     NexusError,
     rebuild_error,
 )
+from nexus_mcp.fixtures.integrity import holds_redaction
 from nexus_mcp.fixtures.lines import (
     arguments_hash,
     call_line,
@@ -60,6 +61,10 @@ from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read
 from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.audit import safe_facts
 from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope, to_wire_error
+from nexus_mcp.policy.documents import check_read_documents
+from nexus_mcp.policy.pins import definition_digest as pinned_digest
+from nexus_mcp.policy.registry import DocumentSpec
+from nexus_mcp.providers.upstream_tools import UPSTREAM_TOOLSET_PREFIX
 from nexus_mcp.workspace import ReachedTheWorld
 
 log = get_logger(__name__)
@@ -109,6 +114,14 @@ class Recorder:
         """Record ``tool`` as listed (once per definition) and remember how its calls hash."""
         # Redacted before it is digested, so the digest a replay checks is the line's own.
         definition, redacted = self.scanner.redact(listed_definition(tool))
+        # An upstream's own annotations (the listing carries the gateway's): with the
+        # listed fields they are the definition its pin names, which a replay checks.
+        view = getattr(tool, "view", None) if upstream_tool is not None else None
+        raw_annotations = view.definition.get("annotations") if view is not None else None
+        upstream_annotations, redacted_too = self.scanner.redact(
+            raw_annotations if isinstance(raw_annotations, Mapping) else None
+        )
+        redacted = redacted or redacted_too
         secret = secret_fields(contract.data_handling.secret_args, definition.get("inputSchema"))
         with self._lock:
             self._tools[contract.name] = _Recorded(server_id, contract.version, secret)
@@ -125,6 +138,7 @@ class Recorder:
                 toolset=contract.toolset,
                 secret_args=secret,
                 upstream_tool=upstream_tool,
+                upstream_annotations=upstream_annotations,
             )
             if redacted:
                 log.warning("fixture_redacted", tool=contract.name, part="definition")
@@ -441,6 +455,8 @@ def check_replay(
     native_definitions: Mapping[str, Mapping[str, Any]],
     upstream_exposed: Callable[[str, str], str | None],
     upstream_pin: Callable[[str, str], str | None],
+    upstream_risk: Callable[[str, str], str] | None = None,
+    read_spec: Callable[[str, str], DocumentSpec | None] | None = None,
     key: bytes | None = None,
 ) -> tuple[ReplaySet, list[str]]:
     """Read ``directory`` and check it against this build: what a replay would serve, and
@@ -457,7 +473,15 @@ def check_replay(
     exposes under that name, or whose pinned definition differs from the recorded one; an
     unknown error code; a result that is no MCP content.
     ``upstream_exposed(server_id, upstream_tool)`` is the name the configuration exposes
-    (None: not configured or not allowed); ``upstream_pin`` the pinned digest, if any.
+    (None: not configured or not allowed); ``upstream_pin`` the pinned digest, if any;
+    ``upstream_risk`` the class its registry gives it (``write`` without an entry), as live.
+    ``read_spec(server_id, tool)`` is the registry's document spec of a read document op
+    (None: not one): a recorded read's document hashes must be the ones it measures on the
+    recorded result, as live measured them (the line's own effect never decides which).
+
+    An upstream tool's contract is the one live makes it (``UpstreamServer.contract_for``):
+    its risk from the registry, its toolset the upstream's; a recording that says otherwise
+    is refused, never believed (its risk decides who sees the tool and what the audit says).
     """
     servers, line_problems = read_fixtures(directory, key=key)
     problems = [p.describe() for p in line_problems]
@@ -476,7 +500,7 @@ def check_replay(
             if record.upstream_tool is None and server_id == native_server_id:
                 problem = _native_problem(record, native_contracts, native_definitions)
             elif record.upstream_tool is not None and server_id != native_server_id:
-                problem = _upstream_problem(record, upstream_exposed, upstream_pin)
+                problem = _upstream_problem(record, upstream_exposed, upstream_pin, upstream_risk)
             else:
                 problem = "recorded for a server this build does not serve it from"
             if problem is None:
@@ -518,6 +542,14 @@ def check_replay(
                     break
             if call_key[0] in records and call_key[1] == records[call_key[0]].version:
                 calls.setdefault(call_key, []).extend(answers)
+                record = records[call_key[0]]
+                if read_spec is not None and _unmeasured(
+                    record, answers, native_server_id, read_spec
+                ):
+                    problems.append(
+                        f"{server_id}: {call_key[0]}: a read whose documents are not the ones "
+                        "its registry entry measures in its result"
+                    )
     return ReplaySet(records, calls, contracts, upstream_records), problems
 
 
@@ -557,6 +589,70 @@ def _definition_problem(record: ToolRecord) -> str | None:
     return None
 
 
+def _unmeasured(
+    record: ToolRecord,
+    answers: Sequence[CallRecord],
+    native_server_id: str,
+    read_spec: Callable[[str, str], DocumentSpec | None],
+) -> bool:
+    """Whether a recorded success of a read document op carries document hashes other
+    than those its registry spec measures in the recorded result (``check_read_documents``,
+    the enforcer's own measure). A redacted answer keeps its pointers, not its hashes."""
+    upstream = record.upstream_tool
+    spec = (
+        read_spec(native_server_id, record.tool)
+        if upstream is None
+        else read_spec(record.server_id, upstream)
+    )
+    if spec is None:
+        return False
+    for answer in answers:
+        result = answer.result
+        if answer.error is not None or result.get("isError") is not False:
+            continue
+        effect = answer.effect if isinstance(answer.effect, dict) else {}
+        document: Any = (
+            result.get("structuredContent")
+            if upstream is None
+            else {
+                "content": result.get("content"),
+                "structuredContent": result.get("structuredContent"),
+            }
+        )
+        try:
+            measured = check_read_documents(spec, document)
+        except NexusError:
+            continue  # over today's limits: the replay's own check refuses it per call
+        recorded = effect.get("document_hashes")
+        if answer.redacted:
+            pointers = [h.get("pointer") for h in recorded] if isinstance(recorded, list) else None
+            if pointers != [h.pointer for h in measured.hashes]:
+                return True
+        elif recorded != measured.hash_dicts() or (
+            effect.get("batch_total_bytes") != measured.batch_total_bytes
+        ):
+            return True
+    return False
+
+
+def _as_published(record: ToolRecord) -> str | None:
+    """The pin digest of a recorded upstream tool's definition as the upstream published
+    it: the listed title, description and schemas (given as published), its own name and
+    annotations (the listing carries the gateway's). None when not recorded."""
+    if not record.has_upstream_annotations:
+        return None
+    definition = record.definition
+    published = {
+        "name": record.upstream_tool,
+        "title": definition.get("title"),
+        "description": definition.get("description"),
+        "inputSchema": definition.get("inputSchema"),
+        "outputSchema": definition.get("outputSchema"),
+        "annotations": record.upstream_annotations,
+    }
+    return pinned_digest(published)
+
+
 def _content_is_valid(content: Any) -> bool:
     if not isinstance(content, list):
         return False
@@ -578,6 +674,12 @@ def _native_problem(
         return "no such tool in this build"
     if contract.version != record.version:
         return f"recorded with version {record.version}, this build has {contract.version}"
+    # The recording's word on these decides what its lines are checked for (a read's
+    # documents): held to this build's contract, which a replay serves.
+    if record.risk != contract.risk:
+        return "recorded with another risk than this build's"
+    if record.toolset != contract.toolset:
+        return "recorded in another toolset than this build's"
     current = definitions.get(record.tool, {})
     for part in ("inputSchema", "outputSchema"):
         if current.get(part) != record.definition.get(part):
@@ -589,13 +691,27 @@ def _upstream_problem(
     record: ToolRecord,
     exposed: Callable[[str, str], str | None],
     pin: Callable[[str, str], str | None],
+    risk: Callable[[str, str], str] | None = None,
 ) -> str | None:
     upstream_tool = str(record.upstream_tool)
     if exposed(record.server_id, upstream_tool) != record.tool:
         return "the configuration does not expose this upstream tool under this name"
+    if record.toolset != UPSTREAM_TOOLSET_PREFIX + record.server_id:
+        return "recorded in another toolset than its upstream's"
+    if risk is not None and risk(record.server_id, upstream_tool) != record.risk:
+        return "recorded with another risk than its registry gives it (the contract changed)"
     pinned = pin(record.server_id, upstream_tool)
     if pinned is not None and pinned[: len(record.version)] != record.version:
         return "its pinned definition differs from the recorded one (the contract changed)"
+    if (
+        pinned is not None
+        and _as_published(record) != pinned
+        # A secret redacted from the definition leaves nothing to hash: only the key
+        # (which seals the line) vouches for it, as for any redacted answer.
+        and not holds_redaction([record.definition, record.upstream_annotations])
+    ):
+        # The version is the line's claim; what a replay serves is the definition.
+        return "its definition is not the pinned one (edited, or recorded before a re-pin)"
     return None
 
 
