@@ -675,3 +675,86 @@ async def test_an_elicited_approval_is_asked_about_what_the_branch_publishes(
     assert ok(result)["commit_sha"] == start
     lines = len(git(project, "show", f"main:{path}").splitlines())
     assert f"at {start[:12]}: publishes 1 commits, 1 files, +1/-{lines}" in asked[0]
+
+
+# --- parents rewritten without replace refs: info/grafts, shallow --------------------------------
+
+
+def rewrite_parents(project: Path, how: str) -> str:
+    """A workflow added then removed on top of main, its adding commit hidden from a
+    history walk of the served repository by ``how``; the push (from a scratch repository
+    that reads neither file) would still send it."""
+    main = rev(project, "main")
+    added = plumb_commit(project, [main], {WORKFLOW: (FILE, EVIL)}, message="add")
+    removed = plumb_commit(project, [added], {WORKFLOW: None}, message="remove")
+    if how == "grafts":
+        (project / ".git" / "info").mkdir(exist_ok=True)
+        (project / ".git" / "info" / "grafts").write_text(f"{removed} {main}\n")
+        return removed
+    tip = plumb_commit(project, [removed, main], {}, base=removed, message="merge back")
+    (project / ".git" / "shallow").write_text(f"{removed}\n")
+    return tip
+
+
+@pytest.mark.parametrize("how", ["grafts", "shallow"])
+async def test_rewritten_parents_hide_no_pushed_commit(
+    build: Builder,
+    project: Path,
+    remote: Path,
+    forge: HostileForge,
+    forge_url: str,
+    audit: MemoryAuditSink,
+    how: str,
+) -> None:
+    server = serve(build, forge_url, remote)
+    async with Client(server.mcp) as client:
+        ok(await approved(client, server, "create_branch", branch_args("feature/x", "b")))
+        move_branch(project, "feature/x", rewrite_parents(project, how))
+        before, remote_before = state(project), refs(remote)
+        result = await approved(
+            client, server, "open_pull_request", pr_args("feature/x", "p"), approver="lead"
+        )
+    assert code_of(result) == "WRITE_POLICY_DENIED"
+    assert audit_rule(audit, "open_pull_request") == "path_disallowed"
+    assert state(project) == before and refs(remote) == remote_before
+    assert "evil" not in str(result)
+
+
+async def test_grafts_hide_no_commit_of_a_start_point(
+    build: Builder, project: Path, audit: MemoryAuditSink
+) -> None:
+    start = start_point(project, "branch", rewrite_parents(project, "grafts"))
+    server = build()
+    before = state(project)
+    async with Client(server.mcp) as client:
+        result = await approved(
+            client, server, "create_branch", branch_args("feature/x", "b", start), approver="lead"
+        )
+    assert code_of(result) == "WRITE_POLICY_DENIED"
+    assert audit_rule(audit, "create_branch") == "path_disallowed"
+    assert state(project) == before
+
+
+# --- a commondir file in a plain git directory: refs of another repository -----------------------
+
+
+async def test_a_commondir_planted_in_a_plain_git_dir_never_writes_elsewhere(
+    build: Builder, project: Path, tmp_path: Path
+) -> None:
+    # A clone shares the history: its refs name commits the served store holds too, so
+    # git's ref store (which reads ``commondir`` whatever GIT_COMMON_DIR says) would
+    # resolve and create branches there.
+    other = tmp_path / "outside" / "clone"
+    other.parent.mkdir(parents=True)
+    git(tmp_path, "clone", "-q", str(project), str(other))
+    server = build()
+    (project / ".git" / "commondir").write_text(f"{other / '.git'}\n")
+    before, other_before = state(project), refs(other)
+    async with Client(server.mcp) as client:
+        result = await approved(client, server, "create_branch", branch_args("feature/x", "b"))
+        assert code_of(result) == "CONFLICT"
+        assert str(other) not in str(result)
+        assert state(project) == before and refs(other) == other_before
+        (project / ".git" / "commondir").unlink()
+        ok(await approved(client, server, "create_branch", branch_args("feature/x", "b2")))
+    assert "refs/heads/feature/x" not in refs(other)

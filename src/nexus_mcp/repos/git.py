@@ -7,8 +7,11 @@ start-up (an absolute path from then on), with an argument list, never a shell, 
 - a fixed environment, not the server's: ``PATH``, ``LC_ALL=C``, an empty ``HOME`` and
   ``XDG_CONFIG_HOME``, ``GIT_CONFIG_NOSYSTEM`` and ``GIT_CONFIG_GLOBAL=/dev/null`` (no
   system or user config), no terminal prompt, no askpass, no replace objects, no
-  optional locks, ``GIT_DIR`` set explicitly and ``GIT_CEILING_DIRECTORIES=/`` (no
-  discovery), ``GIT_ATTR_NOSYSTEM``;
+  grafts and no ``shallow`` file (``GIT_GRAFT_FILE=/dev/null``, ``--shallow-file ""``:
+  parents are the commits' own, so a history walk sees every commit a push sends; in a
+  really shallow clone, a walk past its boundary fails instead), no optional locks,
+  ``GIT_DIR`` set explicitly and ``GIT_CEILING_DIRECTORIES=/`` (no discovery),
+  ``GIT_ATTR_NOSYSTEM``;
 - command-line configuration, which outranks the repository's own ``.git/config`` (and
   anything it includes), for every key through which a repository can name a program:
   ``core.hooksPath=/dev/null`` (no hook runs, ``reference-transaction`` and
@@ -238,6 +241,8 @@ class GitRunner:
             "SSH_ASKPASS": "",
             "GIT_OPTIONAL_LOCKS": "0",
             "GIT_NO_REPLACE_OBJECTS": "1",
+            # ``info/grafts`` rewrites parents whatever GIT_NO_REPLACE_OBJECTS says: none.
+            "GIT_GRAFT_FILE": os.devnull,
             "GIT_NO_LAZY_FETCH": "1",
             "GIT_PROTOCOL_FROM_USER": "0",
             "GIT_PAGER": "cat",
@@ -250,7 +255,9 @@ class GitRunner:
         return env
 
     def argv(self, args: Sequence[str], config: Sequence[tuple[str, str]] = ()) -> list[str]:
-        command = [self.git, "--no-pager"]
+        # ``--shallow-file ""``: no ``shallow`` file is read, so a commit listed there
+        # keeps its parents (git's own way to turn it off, as receive-pack does).
+        command = [self.git, "--no-pager", "--shallow-file", ""]
         for key, value in (*SAFE_CONFIG, *config):
             command += ["-c", f"{key}={value}"]
         return [*command, *args]

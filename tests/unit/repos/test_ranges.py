@@ -112,3 +112,45 @@ def test_an_unrelated_history_is_judged_whole(repo: Path, repository: Repository
     assert measured.base is None
     assert measured.facts.changed_paths == ("src/a.py",)
     assert git(repo, "cat-file", "-t", orphan).strip() == "commit"
+
+
+def hidden_workflow(repo: Path) -> tuple[str, str, str]:
+    """main -> added (a workflow) -> removed (it goes, src/a.py changes): what a push of
+    ``removed`` sends holds the workflow, the tree-to-tree change does not."""
+    main = rev(repo, "main")
+    added = plumb_commit(repo, [main], {".github/workflows/x.yml": (FILE, "on: push\n")})
+    removed = plumb_commit(
+        repo, [added], {".github/workflows/x.yml": None, "src/a.py": (FILE, "a = 2\n")}
+    )
+    return main, added, removed
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["grafts", "grafts-skip-to-main", "shallow", "shallow-and-merge-back"],
+)
+def test_grafts_and_shallow_files_hide_no_commit_of_a_range(
+    repo: Path, repository: Repository, how: str
+) -> None:
+    # Whoever writes .git can rewrite parents without replace refs: ``info/grafts`` (which
+    # GIT_NO_REPLACE_OBJECTS does not turn off) or a ``shallow`` file. The push runs from
+    # a scratch repository that reads neither, so it sends the true parents: the judge
+    # must walk those too.
+    main, added, removed = hidden_workflow(repo)
+    head = removed
+    git_dir = repo / ".git"
+    if how == "grafts":
+        (git_dir / "info").mkdir(exist_ok=True)
+        (git_dir / "info" / "grafts").write_text(f"{removed} {main}\n")
+    elif how == "grafts-skip-to-main":
+        (git_dir / "info").mkdir(exist_ok=True)
+        (git_dir / "info" / "grafts").write_text(f"{added} {main}\n{removed} {main}\n")
+    elif how == "shallow":
+        (git_dir / "shallow").write_text(f"{removed}\n{main}\n")
+    else:
+        head = plumb_commit(repo, [removed, main], {}, base=removed, message="merge back")
+        (git_dir / "shallow").write_text(f"{removed}\n")
+    measured = analyze_range(repository, head, main, max_diff_bytes=10_000)
+    assert ".github/workflows/x.yml" in measured.history.changed_paths
+    assert RULE_PATH_DISALLOWED in risks(repository, head, main)
+    assert measured.base == main
