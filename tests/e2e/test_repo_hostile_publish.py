@@ -50,6 +50,7 @@ from .test_repo_hostile_writes import (
     forge,
     green,
     merge,
+    now,
     serve,
 )
 
@@ -758,3 +759,47 @@ async def test_a_commondir_planted_in_a_plain_git_dir_never_writes_elsewhere(
         (project / ".git" / "commondir").unlink()
         ok(await approved(client, server, "create_branch", branch_args("feature/x", "b2")))
     assert "refs/heads/feature/x" not in refs(other)
+
+
+# --- the pull request changes between the judgement and the merge --------------------------------
+
+
+@pytest.mark.parametrize("change", ["retargeted", "base-rewound"])
+async def test_a_merge_judges_the_pull_request_as_it_is_at_merge_time(
+    build: Builder,
+    project: Path,
+    remote: Path,
+    forge: HostileForge,
+    forge_url: str,
+    audit: MemoryAuditSink,
+    change: str,
+) -> None:
+    # A person put a workflow change on main (the agent's policy does not bind people);
+    # the pull request adds one clean file on top of it. Judged against main it is clean.
+    # Between the judgement and the merge the pull request is retargeted to another
+    # allowed base, or main is force-pushed back: merging now would carry the workflow
+    # change into a branch that never had it.
+    old = rev(project, "main")
+    git(project, "branch", "release", old)
+    human = commit(project, {".github/workflows/ci.yml": EVIL}, "a person's workflow")
+    git(project, "push", "-q", str(remote), "main", "release")
+    head = plumb_commit(project, [human], {"src/app.py": (FILE, "x = 9\n")})
+    push_objects(project, remote, head)
+    number = plant(forge, remote, "feature/planted", head, ["src/app.py"])
+
+    def later_change() -> None:
+        if change == "retargeted":
+            forge.pulls[number].base_ref = "release"
+        else:
+            git(remote, "update-ref", "refs/heads/main", old)
+
+    # The second read of the pull request is the merge-time one (the first is the
+    # decision's, before the approval is checked).
+    forge.on("GET", f"/pulls/{number}", now(later_change), nth=2)
+    server = serve(build, forge_url, remote, merge={"allowed_bases": ["main", "release"]})
+    async with Client(server.mcp) as client:
+        result = await merge(client, server, number, "m", approver="lead")
+    blocked(result, "write_policy")
+    assert finished(audit, "merge_guarded")[-1]["facts"]["rule"] == "path_disallowed"
+    assert forge.puts() == []
+    assert rev(remote, "refs/heads/release") == old

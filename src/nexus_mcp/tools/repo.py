@@ -711,9 +711,12 @@ def build_repo_tools(
             )
             if reason is not None:
                 raise MergeBlockedError(reason=reason)
-            # The whole diff of the head to be merged passes the write policy, asked now.
+            # The whole diff of the head to be merged passes the write policy, asked now,
+            # of the pull request as the forge reports it now: its head is the judged one
+            # (``head_changed`` otherwise), but its base may have been retargeted or
+            # rewound since, and what merging carries in is measured from that base.
             prepared.pull_files = tuple(await client.list_pull_files(pull_number))
-            await _git(lambda: writes.judge_pull_content(prepared, judged))
+            await _git(lambda: writes.judge_pull_content(prepared, pull))
             # CODEOWNERS counts the approvals standing now, not the ones the gate saw.
             prepared.reviewers = approving_reviewers(rules, pull, reviews)
             await writes.check_owners(prepared, _approver())
