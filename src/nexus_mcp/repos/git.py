@@ -35,6 +35,7 @@ repository owned by another user is refused at start-up rather than trusted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import select
@@ -49,6 +50,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from nexus_mcp.errors import ConfigError, ToolTimeoutError
 
@@ -172,6 +174,38 @@ def bound_work(work: GitWork) -> Iterator[GitWork]:
         yield work
     finally:
         _work.reset(token)
+
+
+T = TypeVar("T")
+
+# How long a cancelled call waits for its worker to notice (it kills its git within
+# ``CANCEL_POLL_SECONDS`` and its loops check between files and every few hundred lines).
+CANCEL_WAIT_SECONDS = 10.0
+
+
+async def in_git_worker(work: Callable[[], T]) -> T:
+    """Run a call's git work in a worker thread, bound to a ``GitWork``.
+
+    When the awaiting call is cancelled (its ``TOOL_TIMEOUT`` is being answered, or the
+    client cancelled it), the work is cancelled too and awaited, shielded, before the
+    cancellation goes on: by then no git child of the call is left and its thread has
+    stopped. Every repo tool runs its git this way, and so does the write gate's decision
+    (``repos/writes.py``), which runs before the tool.
+    """
+    scope = GitWork()
+
+    def run() -> T:
+        with bound_work(scope):
+            return work()
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        scope.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(task), CANCEL_WAIT_SECONDS)
+        raise
 
 
 @dataclass(frozen=True)
@@ -448,6 +482,7 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 __all__ = [
     "CANCEL_POLL_SECONDS",
+    "CANCEL_WAIT_SECONDS",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_TIMEOUT_SECONDS",
     "SAFE_CONFIG",
@@ -463,5 +498,6 @@ __all__ = [
     "current_work",
     "find_git",
     "git_timeouts_as_refusals",
+    "in_git_worker",
     "run_bounded",
 ]
