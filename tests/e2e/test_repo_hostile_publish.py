@@ -39,6 +39,7 @@ from tests.support.git_repos import (
     rev,
     state,
 )
+from tests.unit.repos.test_ranges import forge_commit_graph
 
 from .repo_harness import APPROVER, Builder, approved, build, call, code_of, finished, ok, project
 from .test_repo_forge import FORGE_TOKEN, forge_url, remote
@@ -697,7 +698,20 @@ def rewrite_parents(project: Path, how: str) -> str:
     return tip
 
 
-@pytest.mark.parametrize("how", ["grafts", "shallow"])
+def forged_graph(project: Path, remote: Path) -> str:
+    """main -> add a workflow -> remove it -> tip, all already on the forge (objects only,
+    as a fork would hold them), and a commit-graph saying tip's parent is main."""
+    main = rev(project, "main")
+    added = plumb_commit(project, [main], {WORKFLOW: (FILE, EVIL)}, message="add")
+    removed = plumb_commit(project, [added], {WORKFLOW: None}, message="remove")
+    tip = plumb_commit(project, [removed], {"src/app.py": (FILE, "x = 4\n")})
+    push_objects(project, remote, tip)
+    git(project, "update-ref", "refs/heads/feature/x", tip)
+    forge_commit_graph(project, tip, parent=main)
+    return tip
+
+
+@pytest.mark.parametrize("how", ["grafts", "shallow", "commit-graph"])
 async def test_rewritten_parents_hide_no_pushed_commit(
     build: Builder,
     project: Path,
@@ -710,11 +724,13 @@ async def test_rewritten_parents_hide_no_pushed_commit(
     server = serve(build, forge_url, remote)
     async with Client(server.mcp) as client:
         ok(await approved(client, server, "create_branch", branch_args("feature/x", "b")))
-        move_branch(project, "feature/x", rewrite_parents(project, how))
+        if how == "commit-graph":
+            forged_graph(project, remote)
+        else:
+            move_branch(project, "feature/x", rewrite_parents(project, how))
         before, remote_before = state(project), refs(remote)
-        result = await approved(
-            client, server, "open_pull_request", pr_args("feature/x", "p"), approver="lead"
-        )
+        # The approver owns src/, all the forged view shows: only the policy can refuse.
+        result = await approved(client, server, "open_pull_request", pr_args("feature/x", "p"))
     assert code_of(result) == "WRITE_POLICY_DENIED"
     assert audit_rule(audit, "open_pull_request") == "path_disallowed"
     assert state(project) == before and refs(remote) == remote_before

@@ -17,7 +17,8 @@ start-up (an absolute path from then on), with an argument list, never a shell, 
   ``core.hooksPath=/dev/null`` (no hook runs, ``reference-transaction`` and
   ``post-index-change`` included), ``core.fsmonitor=false``, ``core.pager=cat``,
   ``core.askPass=``, ``credential.helper=`` (resets the list), ``diff.external=``,
-  ``commit.gpgSign=false``, ``core.alternateRefsCommand=``, ``gc.auto=0``,
+  ``commit.gpgSign=false``, ``core.alternateRefsCommand=``, ``core.commitGraph=false``
+  (its parents and trees are never trusted over the commits'), ``gc.auto=0``,
   ``maintenance.auto=false``, ``submodule.recurse=false``, and ``protocol.allow=never``
   (no transport at all, ``ext::`` included; the one push in ``repos/remote.py`` allows
   exactly the scheme the operator configured, from a scratch repository whose config is
@@ -70,6 +71,10 @@ SAFE_CONFIG: tuple[tuple[str, str], ...] = (
     ("core.sshCommand", "false"),
     ("core.gitProxy", ""),
     ("core.alternateRefsCommand", ""),
+    # The commit-graph is a cache in the store's own files that git trusts over the
+    # commits themselves (parents, root tree) without checking its checksum: a forged one
+    # would hide commits or changes from a range judged here yet pushed as they are.
+    ("core.commitGraph", "false"),
     ("credential.helper", ""),
     ("diff.external", ""),
     ("commit.gpgSign", "false"),
