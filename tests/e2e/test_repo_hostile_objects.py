@@ -294,3 +294,23 @@ async def test_a_clean_repository_still_reads_after_git_itself_repacks(
         assert "fresh" in read["content"]
         found = ok(await call(client, "locate_component", {"repo": REPO, "name": "fresh"}))
         assert [m["path"] for m in found["matches"]] == ["src/new.py"]
+
+
+async def test_a_commondir_planted_in_a_plain_git_dir_is_refused(
+    build: Builder, project: Path, outside: Path
+) -> None:
+    # git's ref store reads ``commondir`` in any git directory, not only a worktree's,
+    # and takes the refs from the folder it names (GIT_COMMON_DIR notwithstanding).
+    server = build()
+    pointer = project / ".git" / "commondir"
+    pointer.write_text(f"{outside / '.git'}\n")
+    async with Client(server.mcp) as client:
+        assert_refused(await read_everything(client, "main"), outside, "CONFLICT")
+        pointer.unlink()
+        listed = ok(await call(client, "list_repo_files", {"repo": REPO, "ref": "main"}))
+        assert "README.md" in {e["path"] for e in listed["entries"]}
+    os.mkdir(pointer)  # whatever its kind
+    start_up_refused(build, outside)
+    os.rmdir(pointer)
+    pointer.write_text(f"{outside / '.git'}\n")
+    start_up_refused(build, outside)

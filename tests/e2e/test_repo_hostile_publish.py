@@ -39,6 +39,7 @@ from tests.support.git_repos import (
     rev,
     state,
 )
+from tests.unit.repos.test_ranges import forge_commit_graph
 
 from .repo_harness import APPROVER, Builder, approved, build, call, code_of, finished, ok, project
 from .test_repo_forge import FORGE_TOKEN, forge_url, remote
@@ -50,6 +51,7 @@ from .test_repo_hostile_writes import (
     forge,
     green,
     merge,
+    now,
     serve,
 )
 
@@ -675,3 +677,145 @@ async def test_an_elicited_approval_is_asked_about_what_the_branch_publishes(
     assert ok(result)["commit_sha"] == start
     lines = len(git(project, "show", f"main:{path}").splitlines())
     assert f"at {start[:12]}: publishes 1 commits, 1 files, +1/-{lines}" in asked[0]
+
+
+# --- parents rewritten without replace refs: info/grafts, shallow --------------------------------
+
+
+def rewrite_parents(project: Path, how: str) -> str:
+    """A workflow added then removed on top of main, its adding commit hidden from a
+    history walk of the served repository by ``how``; the push (from a scratch repository
+    that reads neither file) would still send it."""
+    main = rev(project, "main")
+    added = plumb_commit(project, [main], {WORKFLOW: (FILE, EVIL)}, message="add")
+    removed = plumb_commit(project, [added], {WORKFLOW: None}, message="remove")
+    if how == "grafts":
+        (project / ".git" / "info").mkdir(exist_ok=True)
+        (project / ".git" / "info" / "grafts").write_text(f"{removed} {main}\n")
+        return removed
+    tip = plumb_commit(project, [removed, main], {}, base=removed, message="merge back")
+    (project / ".git" / "shallow").write_text(f"{removed}\n")
+    return tip
+
+
+def forged_graph(project: Path, remote: Path) -> str:
+    """main -> add a workflow -> remove it -> tip, all already on the forge (objects only,
+    as a fork would hold them), and a commit-graph saying tip's parent is main."""
+    main = rev(project, "main")
+    added = plumb_commit(project, [main], {WORKFLOW: (FILE, EVIL)}, message="add")
+    removed = plumb_commit(project, [added], {WORKFLOW: None}, message="remove")
+    tip = plumb_commit(project, [removed], {"src/app.py": (FILE, "x = 4\n")})
+    push_objects(project, remote, tip)
+    git(project, "update-ref", "refs/heads/feature/x", tip)
+    forge_commit_graph(project, tip, parent=main)
+    return tip
+
+
+@pytest.mark.parametrize("how", ["grafts", "shallow", "commit-graph"])
+async def test_rewritten_parents_hide_no_pushed_commit(
+    build: Builder,
+    project: Path,
+    remote: Path,
+    forge: HostileForge,
+    forge_url: str,
+    audit: MemoryAuditSink,
+    how: str,
+) -> None:
+    server = serve(build, forge_url, remote)
+    async with Client(server.mcp) as client:
+        ok(await approved(client, server, "create_branch", branch_args("feature/x", "b")))
+        if how == "commit-graph":
+            forged_graph(project, remote)
+        else:
+            move_branch(project, "feature/x", rewrite_parents(project, how))
+        before, remote_before = state(project), refs(remote)
+        # The approver owns src/, all the forged view shows: only the policy can refuse.
+        result = await approved(client, server, "open_pull_request", pr_args("feature/x", "p"))
+    assert code_of(result) == "WRITE_POLICY_DENIED"
+    assert audit_rule(audit, "open_pull_request") == "path_disallowed"
+    assert state(project) == before and refs(remote) == remote_before
+    assert "evil" not in str(result)
+
+
+async def test_grafts_hide_no_commit_of_a_start_point(
+    build: Builder, project: Path, audit: MemoryAuditSink
+) -> None:
+    start = start_point(project, "branch", rewrite_parents(project, "grafts"))
+    server = build()
+    before = state(project)
+    async with Client(server.mcp) as client:
+        result = await approved(
+            client, server, "create_branch", branch_args("feature/x", "b", start), approver="lead"
+        )
+    assert code_of(result) == "WRITE_POLICY_DENIED"
+    assert audit_rule(audit, "create_branch") == "path_disallowed"
+    assert state(project) == before
+
+
+# --- a commondir file in a plain git directory: refs of another repository -----------------------
+
+
+async def test_a_commondir_planted_in_a_plain_git_dir_never_writes_elsewhere(
+    build: Builder, project: Path, tmp_path: Path
+) -> None:
+    # A clone shares the history: its refs name commits the served store holds too, so
+    # git's ref store (which reads ``commondir`` whatever GIT_COMMON_DIR says) would
+    # resolve and create branches there.
+    other = tmp_path / "outside" / "clone"
+    other.parent.mkdir(parents=True)
+    git(tmp_path, "clone", "-q", str(project), str(other))
+    server = build()
+    (project / ".git" / "commondir").write_text(f"{other / '.git'}\n")
+    before, other_before = state(project), refs(other)
+    async with Client(server.mcp) as client:
+        result = await approved(client, server, "create_branch", branch_args("feature/x", "b"))
+        assert code_of(result) == "CONFLICT"
+        assert str(other) not in str(result)
+        assert state(project) == before and refs(other) == other_before
+        (project / ".git" / "commondir").unlink()
+        ok(await approved(client, server, "create_branch", branch_args("feature/x", "b2")))
+    assert "refs/heads/feature/x" not in refs(other)
+
+
+# --- the pull request changes between the judgement and the merge --------------------------------
+
+
+@pytest.mark.parametrize("change", ["retargeted", "base-rewound"])
+async def test_a_merge_judges_the_pull_request_as_it_is_at_merge_time(
+    build: Builder,
+    project: Path,
+    remote: Path,
+    forge: HostileForge,
+    forge_url: str,
+    audit: MemoryAuditSink,
+    change: str,
+) -> None:
+    # A person put a workflow change on main (the agent's policy does not bind people);
+    # the pull request adds one clean file on top of it. Judged against main it is clean.
+    # Between the judgement and the merge the pull request is retargeted to another
+    # allowed base, or main is force-pushed back: merging now would carry the workflow
+    # change into a branch that never had it.
+    old = rev(project, "main")
+    git(project, "branch", "release", old)
+    human = commit(project, {".github/workflows/ci.yml": EVIL}, "a person's workflow")
+    git(project, "push", "-q", str(remote), "main", "release")
+    head = plumb_commit(project, [human], {"src/app.py": (FILE, "x = 9\n")})
+    push_objects(project, remote, head)
+    number = plant(forge, remote, "feature/planted", head, ["src/app.py"])
+
+    def later_change() -> None:
+        if change == "retargeted":
+            forge.pulls[number].base_ref = "release"
+        else:
+            git(remote, "update-ref", "refs/heads/main", old)
+
+    # The second read of the pull request is the merge-time one (the first is the
+    # decision's, before the approval is checked).
+    forge.on("GET", f"/pulls/{number}", now(later_change), nth=2)
+    server = serve(build, forge_url, remote, merge={"allowed_bases": ["main", "release"]})
+    async with Client(server.mcp) as client:
+        result = await merge(client, server, number, "m", approver="lead")
+    blocked(result, "write_policy")
+    assert finished(audit, "merge_guarded")[-1]["facts"]["rule"] == "path_disallowed"
+    assert forge.puts() == []
+    assert rev(remote, "refs/heads/release") == old

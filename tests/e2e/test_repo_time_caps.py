@@ -10,6 +10,7 @@ on tight wall-clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
-from tests.support.git_repos import GIT, commit
+from tests.support.git_repos import GIT, commit, git
 
 from .repo_harness import Builder, build, call, code_of, ok, project
 
@@ -236,3 +237,60 @@ async def test_a_timed_out_regex_search_stops_its_sandbox_at_once(
         assert working_threads() == []
         assert await settled(regex_children) == []
     assert took < 8.0
+
+
+# --- the write tools' reads: the decision's git work stops with its call too -------------------
+
+
+def side_branch(project: Path) -> None:
+    """A branch one text commit ahead of main: judging it reads a blob (``cat-file``)."""
+    start = git(project, "rev-parse", "HEAD").strip()
+    commit(project, {"src/side.py": "side = 1\n"}, "side")
+    git(project, "branch", "-f", "side", "HEAD")
+    git(project, "reset", "-q", "--hard", start)
+
+
+PATCH = (
+    "diff --git a/src/new.py b/src/new.py\nnew file mode 100644\n--- /dev/null\n"
+    "+++ b/src/new.py\n@@ -0,0 +1 @@\n+x = 1\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [
+        ("create_branch", {"branch": "feature/x", "from_ref": "side", "idempotency_key": "k"}),
+        (
+            "apply_patch",
+            {"branch": "side", "patch": PATCH, "message": "m", "idempotency_key": "k"},
+        ),
+    ],
+)
+async def test_a_write_cancelled_in_its_decision_leaves_no_git_and_no_working_thread(
+    build: Builder, project: Path, slow_git: Path, tool: str, args: dict[str, Any]
+) -> None:
+    # The approval layer judges what the write would publish or commit (its range, its
+    # patch) before the tool runs. The client goes away while that git hangs: the call is
+    # cancelled, and its git and thread must stop with it, not run on to git's own bound.
+    side_branch(project)
+    policy = {
+        "allowed_branches": ["feature/.*", "side"],
+        "require_approval": False,
+        "require_codeowners": False,
+        "allowed_operations": ["create_branch", "apply_patch"],
+    }
+    server = build(policy)
+    (slow_git / "slow-cat-file").touch()
+    async with Client(server.mcp) as client:
+        running = asyncio.ensure_future(call(client, tool, {"repo": REPO, **args}))
+        assert await settled(lambda: not git_children(), 10.0) is False  # git is hanging
+        running.cancel()
+        with contextlib.suppress(BaseException):
+            await running
+    # The session is closed: its calls are cancelled.
+    assert await settled(git_children) == []
+    assert await settled(working_threads) == []
+    (slow_git / "slow-cat-file").unlink()
+    async with Client(server.mcp) as client:
+        again = await call(client, tool, {"repo": REPO, **args, "idempotency_key": "k2"})
+        assert again.get("isError") is not True, again

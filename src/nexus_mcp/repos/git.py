@@ -7,14 +7,18 @@ start-up (an absolute path from then on), with an argument list, never a shell, 
 - a fixed environment, not the server's: ``PATH``, ``LC_ALL=C``, an empty ``HOME`` and
   ``XDG_CONFIG_HOME``, ``GIT_CONFIG_NOSYSTEM`` and ``GIT_CONFIG_GLOBAL=/dev/null`` (no
   system or user config), no terminal prompt, no askpass, no replace objects, no
-  optional locks, ``GIT_DIR`` set explicitly and ``GIT_CEILING_DIRECTORIES=/`` (no
-  discovery), ``GIT_ATTR_NOSYSTEM``;
+  grafts and no ``shallow`` file (``GIT_GRAFT_FILE=/dev/null``, ``--shallow-file ""``:
+  parents are the commits' own, so a history walk sees every commit a push sends; in a
+  really shallow clone, a walk past its boundary fails instead), no optional locks,
+  ``GIT_DIR`` set explicitly and ``GIT_CEILING_DIRECTORIES=/`` (no discovery),
+  ``GIT_ATTR_NOSYSTEM``;
 - command-line configuration, which outranks the repository's own ``.git/config`` (and
   anything it includes), for every key through which a repository can name a program:
   ``core.hooksPath=/dev/null`` (no hook runs, ``reference-transaction`` and
   ``post-index-change`` included), ``core.fsmonitor=false``, ``core.pager=cat``,
   ``core.askPass=``, ``credential.helper=`` (resets the list), ``diff.external=``,
-  ``commit.gpgSign=false``, ``core.alternateRefsCommand=``, ``gc.auto=0``,
+  ``commit.gpgSign=false``, ``core.alternateRefsCommand=``, ``core.commitGraph=false``
+  (its parents and trees are never trusted over the commits'), ``gc.auto=0``,
   ``maintenance.auto=false``, ``submodule.recurse=false``, and ``protocol.allow=never``
   (no transport at all, ``ext::`` included; the one push in ``repos/remote.py`` allows
   exactly the scheme the operator configured, from a scratch repository whose config is
@@ -32,6 +36,7 @@ repository owned by another user is refused at start-up rather than trusted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import select
@@ -46,6 +51,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from nexus_mcp.errors import ConfigError, ToolTimeoutError
 
@@ -65,6 +71,10 @@ SAFE_CONFIG: tuple[tuple[str, str], ...] = (
     ("core.sshCommand", "false"),
     ("core.gitProxy", ""),
     ("core.alternateRefsCommand", ""),
+    # The commit-graph is a cache in the store's own files that git trusts over the
+    # commits themselves (parents, root tree) without checking its checksum: a forged one
+    # would hide commits or changes from a range judged here yet pushed as they are.
+    ("core.commitGraph", "false"),
     ("credential.helper", ""),
     ("diff.external", ""),
     ("commit.gpgSign", "false"),
@@ -171,6 +181,38 @@ def bound_work(work: GitWork) -> Iterator[GitWork]:
         _work.reset(token)
 
 
+T = TypeVar("T")
+
+# How long a cancelled call waits for its worker to notice (it kills its git within
+# ``CANCEL_POLL_SECONDS`` and its loops check between files and every few hundred lines).
+CANCEL_WAIT_SECONDS = 10.0
+
+
+async def in_git_worker(work: Callable[[], T]) -> T:
+    """Run a call's git work in a worker thread, bound to a ``GitWork``.
+
+    When the awaiting call is cancelled (its ``TOOL_TIMEOUT`` is being answered, or the
+    client cancelled it), the work is cancelled too and awaited, shielded, before the
+    cancellation goes on: by then no git child of the call is left and its thread has
+    stopped. Every repo tool runs its git this way, and so does the write gate's decision
+    (``repos/writes.py``), which runs before the tool.
+    """
+    scope = GitWork()
+
+    def run() -> T:
+        with bound_work(scope):
+            return work()
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        scope.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(task), CANCEL_WAIT_SECONDS)
+        raise
+
+
 @dataclass(frozen=True)
 class GitResult:
     returncode: int
@@ -238,6 +280,8 @@ class GitRunner:
             "SSH_ASKPASS": "",
             "GIT_OPTIONAL_LOCKS": "0",
             "GIT_NO_REPLACE_OBJECTS": "1",
+            # ``info/grafts`` rewrites parents whatever GIT_NO_REPLACE_OBJECTS says: none.
+            "GIT_GRAFT_FILE": os.devnull,
             "GIT_NO_LAZY_FETCH": "1",
             "GIT_PROTOCOL_FROM_USER": "0",
             "GIT_PAGER": "cat",
@@ -250,7 +294,9 @@ class GitRunner:
         return env
 
     def argv(self, args: Sequence[str], config: Sequence[tuple[str, str]] = ()) -> list[str]:
-        command = [self.git, "--no-pager"]
+        # ``--shallow-file ""``: no ``shallow`` file is read, so a commit listed there
+        # keeps its parents (git's own way to turn it off, as receive-pack does).
+        command = [self.git, "--no-pager", "--shallow-file", ""]
         for key, value in (*SAFE_CONFIG, *config):
             command += ["-c", f"{key}={value}"]
         return [*command, *args]
@@ -441,6 +487,7 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 __all__ = [
     "CANCEL_POLL_SECONDS",
+    "CANCEL_WAIT_SECONDS",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_TIMEOUT_SECONDS",
     "SAFE_CONFIG",
@@ -456,5 +503,6 @@ __all__ = [
     "current_work",
     "find_git",
     "git_timeouts_as_refusals",
+    "in_git_worker",
     "run_bounded",
 ]

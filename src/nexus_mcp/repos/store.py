@@ -19,6 +19,8 @@ themselves:
   store of the chain (each may name more) on every read, and a repository made with
   ``clone --shared`` or ``--reference`` is made self-contained with ``git repack -a -d``
   and removing the file;
+- a plain git directory (not a worktree's) has no ``commondir`` file: git's ref store
+  would take its refs from the folder it names;
 - nothing below ``objects/`` (folders, packs, indexes, loose objects, commit-graphs) and
   nothing below ``refs/`` (and ``reftable/``) is a link, nor ``packed-refs`` or any
   ``*HEAD`` file of the git directory, the common directory and its worktrees.
@@ -73,6 +75,12 @@ class StoreGuard:
                 raise UnsafeStoreError("git directory moved or became a link")
         if self.git_dir != self.common_dir:
             self._check_commondir()
+        elif os.path.lexists(self.git_dir / "commondir"):
+            # git's ref store reads a ``commondir`` file in any git directory, a plain
+            # one too, and takes every ref but HEAD from the folder it names, whatever
+            # ``GIT_COMMON_DIR`` says: reads would resolve another repository's refs and
+            # writes would create branches in it.
+            raise UnsafeStoreError("the git directory names another one's refs (commondir)")
         objects = self.objects_dir
         if not _is_dir(objects):
             raise UnsafeStoreError("objects is not a folder")

@@ -29,7 +29,6 @@ approval layer out never switches the policy off.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import threading
@@ -86,7 +85,7 @@ from nexus_mcp.policy.upstreams import resolve_secret
 from nexus_mcp.policy.write_policy import WriteDecision
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.forge import ForgeClient, ForgeSettings
-from nexus_mcp.repos.git import git_timeouts_as_refusals
+from nexus_mcp.repos.git import git_timeouts_as_refusals, in_git_worker
 from nexus_mcp.repos.ranges import RangeAnalysis, analyze_range, commit_of
 from nexus_mcp.repos.repository import (
     PatchAnalysis,
@@ -222,11 +221,11 @@ class RepoWrites:
     async def _prepare(self, prepared: Prepared) -> None:
         operation = prepared.operation
         if operation == "create_branch":
-            await asyncio.to_thread(self._prepare_branch, prepared)
+            await in_git_worker(lambda: self._prepare_branch(prepared))
         elif operation == "apply_patch":
-            await asyncio.to_thread(self._prepare_patch, prepared)
+            await in_git_worker(lambda: self._prepare_patch(prepared))
         elif operation == "open_pull_request":
-            await asyncio.to_thread(self._prepare_pull_request, prepared)
+            await in_git_worker(lambda: self._prepare_pull_request(prepared))
         else:
             await self._prepare_merge(prepared)
 
@@ -332,7 +331,7 @@ class RepoWrites:
         prepared.pull = pull
         prepared.reviewers = approving_reviewers(rules, pull, reviews)
         prepared.pull_files = tuple(await client.list_pull_files(number))
-        await asyncio.to_thread(self.judge_pull_content, prepared, pull)
+        await in_git_worker(lambda: self.judge_pull_content(prepared, pull))
 
     # --- what a write publishes -----------------------------------------------------------
 
@@ -425,7 +424,7 @@ class RepoWrites:
         if policy is None or not policy.require_codeowners:
             return
         if prepared.operation == "apply_patch" and prepared.analysis is not None:
-            owners = await asyncio.to_thread(self.codeowners, repository)
+            owners = await in_git_worker(lambda: self.codeowners(repository))
             paths = prepared.analysis.facts.changed_paths
             if not approver or unowned_paths(approver, paths, owners, teams=_teams(repository)):
                 raise WritePolicyDeniedError(rule=RULE_CODEOWNERS)
@@ -434,11 +433,11 @@ class RepoWrites:
             published = prepared.published.paths if prepared.published is not None else ()
             if not published:
                 return
-            owners = await asyncio.to_thread(self.codeowners, repository)
+            owners = await in_git_worker(lambda: self.codeowners(repository))
             if not approver or unowned_paths(approver, published, owners, teams=_teams(repository)):
                 raise WritePolicyDeniedError(rule=RULE_CODEOWNERS)
         elif prepared.operation == "merge_guarded":
-            owners = await asyncio.to_thread(self.codeowners, repository)
+            owners = await in_git_worker(lambda: self.codeowners(repository))
             approvers = set(prepared.reviewers) | ({approver} if approver else set())
             teams = _teams(repository)
             published = prepared.published.paths if prepared.published is not None else ()

@@ -15,7 +15,6 @@ worker threads, so the event loop and the chain's timeouts stay live.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -53,10 +52,9 @@ from nexus_mcp.regex_sandbox import RegexSandbox
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.git import (
     GitDeadlineError,
-    GitWork,
-    bound_work,
     current_work,
     git_timeouts_as_refusals,
+    in_git_worker,
 )
 from nexus_mcp.repos.remote import push_branch, remote_branch
 from nexus_mcp.repos.repository import (
@@ -239,33 +237,11 @@ class MergeResult(BaseModel):
     head_sha: str
 
 
-# How long a cancelled call waits for its worker to notice (it kills its git within
-# ``CANCEL_POLL_SECONDS`` and its loops check between files and every few hundred lines).
-CANCEL_WAIT_SECONDS = 10.0
-
-
 async def _git(work: Callable[[], T]) -> T:
-    """Run a read's git work in a worker thread, bound to a ``GitWork``.
-
-    When the call is cancelled (its ``TOOL_TIMEOUT`` is being answered), the work is
-    cancelled too and awaited, shielded, before the cancellation goes on: by the time the
-    caller is answered, no git child of the call is left and its thread has stopped.
-    """
-    scope = GitWork()
-
-    def run() -> T:
-        with bound_work(scope):
-            return work()
-
-    task = asyncio.ensure_future(asyncio.to_thread(run))
-    try:
-        with git_timeouts_as_refusals():
-            return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        scope.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(task), CANCEL_WAIT_SECONDS)
-        raise
+    """Run a read's git work in a worker thread (``repos.git.in_git_worker``): a cancelled
+    call's git is killed and its thread stopped before the caller is answered."""
+    with git_timeouts_as_refusals():
+        return await in_git_worker(work)
 
 
 async def _committing(work: Callable[[CommitGuard], T]) -> T:
@@ -711,9 +687,12 @@ def build_repo_tools(
             )
             if reason is not None:
                 raise MergeBlockedError(reason=reason)
-            # The whole diff of the head to be merged passes the write policy, asked now.
+            # The whole diff of the head to be merged passes the write policy, asked now,
+            # of the pull request as the forge reports it now: its head is the judged one
+            # (``head_changed`` otherwise), but its base may have been retargeted or
+            # rewound since, and what merging carries in is measured from that base.
             prepared.pull_files = tuple(await client.list_pull_files(pull_number))
-            await _git(lambda: writes.judge_pull_content(prepared, judged))
+            await _git(lambda: writes.judge_pull_content(prepared, pull))
             # CODEOWNERS counts the approvals standing now, not the ones the gate saw.
             prepared.reviewers = approving_reviewers(rules, pull, reviews)
             await writes.check_owners(prepared, _approver())

@@ -112,3 +112,94 @@ def test_an_unrelated_history_is_judged_whole(repo: Path, repository: Repository
     assert measured.base is None
     assert measured.facts.changed_paths == ("src/a.py",)
     assert git(repo, "cat-file", "-t", orphan).strip() == "commit"
+
+
+def hidden_workflow(repo: Path) -> tuple[str, str, str]:
+    """main -> added (a workflow) -> removed (it goes, src/a.py changes): what a push of
+    ``removed`` sends holds the workflow, the tree-to-tree change does not."""
+    main = rev(repo, "main")
+    added = plumb_commit(repo, [main], {".github/workflows/x.yml": (FILE, "on: push\n")})
+    removed = plumb_commit(
+        repo, [added], {".github/workflows/x.yml": None, "src/a.py": (FILE, "a = 2\n")}
+    )
+    return main, added, removed
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["grafts", "grafts-skip-to-main", "shallow", "shallow-and-merge-back"],
+)
+def test_grafts_and_shallow_files_hide_no_commit_of_a_range(
+    repo: Path, repository: Repository, how: str
+) -> None:
+    # Whoever writes .git can rewrite parents without replace refs: ``info/grafts`` (which
+    # GIT_NO_REPLACE_OBJECTS does not turn off) or a ``shallow`` file. The push runs from
+    # a scratch repository that reads neither, so it sends the true parents: the judge
+    # must walk those too.
+    main, added, removed = hidden_workflow(repo)
+    head = removed
+    git_dir = repo / ".git"
+    if how == "grafts":
+        (git_dir / "info").mkdir(exist_ok=True)
+        (git_dir / "info" / "grafts").write_text(f"{removed} {main}\n")
+    elif how == "grafts-skip-to-main":
+        (git_dir / "info").mkdir(exist_ok=True)
+        (git_dir / "info" / "grafts").write_text(f"{added} {main}\n{removed} {main}\n")
+    elif how == "shallow":
+        (git_dir / "shallow").write_text(f"{removed}\n{main}\n")
+    else:
+        head = plumb_commit(repo, [removed, main], {}, base=removed, message="merge back")
+        (git_dir / "shallow").write_text(f"{removed}\n")
+    measured = analyze_range(repository, head, main, max_diff_bytes=10_000)
+    assert ".github/workflows/x.yml" in measured.history.changed_paths
+    assert RULE_PATH_DISALLOWED in risks(repository, head, main)
+    assert measured.base == main
+
+
+def forge_commit_graph(
+    repo: Path, commit: str, *, parent: str | None = None, tree: str | None = None
+) -> None:
+    """Write the repository's commit-graph, then rewrite ``commit``'s entry in it: its
+    first parent and/or its root tree (git trusts the file's CDAT chunk over the commit
+    object, and does not check the file's checksum when it reads it)."""
+    git(repo, "commit-graph", "write", "--reachable")
+    path = repo / ".git" / "objects" / "info" / "commit-graph"
+    data = bytearray(path.read_bytes())
+    assert data[:4] == b"CGPH"
+    chunks = {}
+    for number in range(data[6] + 1):
+        at = 8 + 12 * number
+        chunks[bytes(data[at : at + 4])] = int.from_bytes(data[at + 4 : at + 12], "big")
+    oids_at, cdat_at = chunks[b"OIDL"], chunks[b"CDAT"]
+    count = (cdat_at - oids_at) // 20
+    oids = [bytes(data[oids_at + 20 * i : oids_at + 20 * i + 20]).hex() for i in range(count)]
+    entry = cdat_at + 36 * oids.index(commit)
+    if tree is not None:
+        data[entry : entry + 20] = bytes.fromhex(tree)
+    if parent is not None:
+        data[entry + 20 : entry + 24] = oids.index(parent).to_bytes(4, "big")
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("lie", ["parent", "tree", "both"])
+def test_a_forged_commit_graph_hides_nothing_of_a_range(
+    repo: Path, repository: Repository, lie: str
+) -> None:
+    # The commit-graph is a cache in the object store's own files, so whoever writes .git
+    # can make it say another parent (a commit skipped by the walk) or another tree (the
+    # tree-to-tree change made empty) for a commit the push sends as it really is.
+    main, added, removed = hidden_workflow(repo)
+    tip = plumb_commit(repo, [removed], {"src/c.py": (FILE, "c = 1\n")})
+    git(repo, "branch", "tip", tip)  # the commit-graph is written for commits of refs
+    if lie in ("parent", "both"):
+        forge_commit_graph(
+            repo,
+            tip,
+            parent=main,
+            tree=git(repo, "rev-parse", f"{main}^{{tree}}").strip() if lie == "both" else None,
+        )
+    else:
+        forge_commit_graph(repo, added, tree=git(repo, "rev-parse", f"{main}^{{tree}}").strip())
+    measured = analyze_range(repository, tip, main, max_diff_bytes=10_000)
+    assert ".github/workflows/x.yml" in measured.paths
+    assert RULE_PATH_DISALLOWED in risks(repository, tip, main)
