@@ -30,8 +30,11 @@ tips and blobs, not the commits and trees the walk has already parsed. So the co
 the range, their parents, the head and the merge-base are read with ``cat-file --batch``
 and hashed here, as are their root trees, every tree either diff descends into (listed
 by ``diff-tree -t``) and the blobs of the tree-to-tree change (whose content is
-measured). Induction does the rest: a checked tree names only true ids. A mismatch, or a
-missing object, refuses the write as an unsafe repository (``CONFLICT``,
+measured). Induction does the rest: a checked tree names only true ids. What git left
+out of the range (its edge) it took for the target's history, read unchecked: each edge
+commit is proven the target's own by a walk from the target whose commits are hashed
+(``_prove_on_target``, at most ``MAX_TARGET_COMMITS``, past that ``too_large``). A
+mismatch, a missing object or an unproven edge refuses the write as an unsafe repository (``CONFLICT``,
 ``unsafe_repository``), naming nothing.
 
 Nothing here writes to the repository: only ``merge-base``, ``rev-list``, ``diff-tree``
@@ -60,6 +63,8 @@ log = get_logger(__name__)
 
 # Commits of one range judged one by one; a longer range is refused (``too_large``).
 MAX_PUBLISHED_COMMITS = 1000
+# Commits hashed to prove that the range's edge is the target's own (``_prove_on_target``).
+MAX_TARGET_COMMITS = 10 * MAX_PUBLISHED_COMMITS
 _DIFF_BYTES = ("diff-tree", "-p", "--text", "-M", "--no-ext-diff", "--no-textconv", "--no-color")
 _HISTORY = (
     *("diff-tree", "--stdin", "-r", "-z", "--root", "--no-commit-id", "--raw", "-c"),
@@ -115,13 +120,17 @@ def analyze_range(
     """Measure what publishing ``head`` adds to ``target`` (a commit, or None for none)."""
     base = merge_base(repository, head, target)
     try:
-        return _analyze(repository, head, base, max_diff_bytes)
-    except GitOutputTooLargeError:
+        return _analyze(repository, head, base, target, max_diff_bytes)
+    except (GitOutputTooLargeError, _TooLargeError):
         return RangeAnalysis(head, base, _NO_HISTORY, too_large=True)
 
 
+class _TooLargeError(Exception):
+    """The target's side holds more commits than ``MAX_TARGET_COMMITS`` to prove the edge."""
+
+
 def _analyze(
-    repository: Repository, head: str, base: str | None, max_diff_bytes: int
+    repository: Repository, head: str, base: str | None, target: str | None, max_diff_bytes: int
 ) -> RangeAnalysis:
     runner = repository.runner
     listed = runner.run(
@@ -140,8 +149,15 @@ def _analyze(
     # they name are true, and everything the diffs below read is named by them.
     ends = [head, *([base] if base is not None else [])]
     in_range = [commit.decode("ascii") for commit in commits]
-    parents, trees = _verify_commits(repository, [*ends, *in_range])
+    parents_of, trees = _verify_commits(repository, [*ends, *in_range])
+    parents = {parent: None for oid in in_range for parent in parents_of[oid]}
     _, parent_trees = _verify_commits(repository, [p for p in parents if p not in trees])
+    if target is not None and base is not None:
+        # What git left out of the range (its edge: the range's parents outside it, the
+        # merge-base, or the head itself for an empty range) it took for the target's
+        # history; that walk read commits checked nowhere above. Prove each one is.
+        edge = {p for p in parents if p not in parents_of} | {base}
+        _prove_on_target(repository, target, edge if in_range else edge | {head})
     old_tree = trees[base] if base is not None else _empty_tree(repository)
     new_tree = trees[head]
     _verify_objects(repository, {old_tree, new_tree, *trees.values(), *parent_trees.values()})
@@ -231,21 +247,57 @@ def _verify_objects(repository: Repository, ids: Iterable[str]) -> None:
 
 def _verify_commits(
     repository: Repository, commits: Iterable[str]
-) -> tuple[dict[str, None], dict[str, str]]:
-    """Check ``commits`` against their ids: the parents they name, and each one's tree."""
-    parents: dict[str, None] = {}
+) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Check ``commits`` against their ids: the parents each names, and each one's tree."""
+    parents: dict[str, list[str]] = {}
     trees: dict[str, str] = {}
     for oid, (kind, content) in _read_objects(repository, commits).items():
         if kind != b"commit":
             raise _unsafe()
+        parents[oid] = []
         for line in content.split(b"\n\n", 1)[0].split(b"\n"):
             if line.startswith(b"tree "):
                 trees[oid] = line[5:].decode("ascii", "replace")
             elif line.startswith(b"parent "):
-                parents[line[7:].decode("ascii", "replace")] = None
+                parents[oid].append(line[7:].decode("ascii", "replace"))
         if oid not in trees:
             raise _unsafe()
     return parents, trees
+
+
+def _prove_on_target(repository: Repository, target: str, claims: set[str]) -> None:
+    """``_unsafe`` unless every commit of ``claims`` is truly ``target`` or one of its
+    ancestors. ``rev-list`` walks from what is proven (first the target) down to what is
+    not; every commit it lists is hashed, so its parents are true, and a claim that is a
+    parent of one is proven. Each round proves at least one claim or the walk lied; at
+    most ``MAX_TARGET_COMMITS`` commits in all (past that ``_TooLargeError``)."""
+    proven = {target}
+    sources = [target]
+    pending = claims - proven
+    walked = 0
+    while pending:
+        listed = repository.runner.run(
+            [
+                "rev-list",
+                f"--max-count={MAX_TARGET_COMMITS + 1 - walked}",
+                "--end-of-options",
+                *sources,
+                *(f"^{claim}" for claim in sorted(pending)),
+            ]
+        ).stdout.split()
+        walked += len(listed)
+        if walked > MAX_TARGET_COMMITS:
+            raise _TooLargeError
+        parents_of, _ = _verify_commits(repository, [oid.decode("ascii") for oid in listed])
+        for oid, parents in parents_of.items():
+            proven.add(oid)
+            proven.update(parents)
+        found = pending & proven
+        if not found:
+            log.warning("repo_range_edge_unproven", repo=repository.name)
+            raise _unsafe()
+        sources = sorted(found)
+        pending -= found
 
 
 def _changed_ids(

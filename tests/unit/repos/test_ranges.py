@@ -260,6 +260,17 @@ def forged(repo: Path, lie: str) -> tuple[str, str]:
         git(repo, "branch", "head", tip)
         forge_pack_index(repo, (rev(repo, f"{tip}:.github"), rev(repo, f"{decoy}:.github")))
         return tip, main
+    if lie == "target-history":
+        # A commit of the target's history read as a child of ``removed``: the merge-base
+        # becomes ``removed`` (a true commit, hashed fine), and the range is the tip alone.
+        tip = plumb_commit(repo, [removed], {"src/c.py": (FILE, "c = 1\n")})
+        first = plumb_commit(repo, [main], {"src/m.py": (FILE, "m = 1\n")})
+        target = plumb_commit(repo, [first], {"src/m.py": (FILE, "m = 2\n")})
+        decoy = plumb_commit(repo, [removed], {"src/d.py": (FILE, "d = 1\n")})
+        for name, sha in (("head", tip), ("target", target), ("decoy", decoy)):
+            git(repo, "branch", name, sha)
+        forge_pack_index(repo, (first, decoy))
+        return tip, target
     # lie == "base-tree": the merge-base's root tree read as one that already holds the
     # workflow (and one more file), so the change and the commit add nothing disallowed.
     tip = plumb_commit(repo, [main], workflow)
@@ -270,7 +281,7 @@ def forged(repo: Path, lie: str) -> tuple[str, str]:
     return tip, main
 
 
-@pytest.mark.parametrize("lie", ["commit", "head", "subtree", "base-tree"])
+@pytest.mark.parametrize("lie", ["commit", "head", "subtree", "base-tree", "target-history"])
 def test_a_forged_pack_index_is_refused_not_read(
     repo: Path, repository: Repository, lie: str
 ) -> None:
@@ -289,3 +300,22 @@ def test_an_honest_packed_range_is_measured_as_before(repo: Path, repository: Re
     git(repo, "branch", "head", removed)
     git(repo, "repack", "-a", "-d", "-q")
     assert RULE_PATH_DISALLOWED in risks(repository, removed, main)
+
+
+def test_an_honest_edge_deep_in_the_target_is_proven(repo: Path, repository: Repository) -> None:
+    # The range's edge: the merge-base, and an older commit of the target merged in long
+    # ago (an ancestor of the merge-base): both are proven by walking the target's side.
+    main = rev(repo, "main")
+    older = plumb_commit(repo, [main], {"src/m.py": (FILE, "m = 1\n")})
+    newer = plumb_commit(repo, [older], {"src/m.py": (FILE, "m = 2\n")})
+    side = plumb_commit(repo, [main], {"src/s.py": (FILE, "s = 1\n")})
+    merged_old = plumb_commit(repo, [side, older], {}, base=side)
+    tip = plumb_commit(repo, [merged_old, newer], {"src/t.py": (FILE, "t = 1\n")}, base=newer)
+    target = plumb_commit(repo, [newer], {"src/m.py": (FILE, "m = 3\n")})
+    git(repo, "branch", "head", tip)
+    git(repo, "branch", "target", target)
+    git(repo, "repack", "-a", "-d", "-q")
+    measured = analyze_range(repository, tip, target, max_diff_bytes=10_000)
+    assert (measured.base, measured.commits, measured.too_large) == (newer, 3, False)
+    behind = analyze_range(repository, older, target, max_diff_bytes=10_000)  # an ancestor
+    assert (behind.base, behind.commits, behind.paths) == (older, 0, ())
