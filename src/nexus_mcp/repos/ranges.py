@@ -34,8 +34,8 @@ measured). Induction does the rest: a checked tree names only true ids. What git
 out of the range (its edge) it took for the target's history, read unchecked: each edge
 commit is proven the target's own by a walk from the target whose commits are hashed
 (``_prove_on_target``, at most ``MAX_TARGET_COMMITS``, past that ``too_large``). A
-mismatch, a missing object or an unproven edge refuses the write as an unsafe repository (``CONFLICT``,
-``unsafe_repository``), naming nothing.
+mismatch, a missing object or an unproven edge refuses the write as an unsafe
+repository (``CONFLICT``, ``unsafe_repository``), naming nothing.
 
 Nothing here writes to the repository: only ``merge-base``, ``rev-list``, ``diff-tree``
 and ``cat-file`` run, in the repository's own object store.

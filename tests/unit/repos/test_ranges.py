@@ -244,6 +244,15 @@ def forged(repo: Path, lie: str) -> tuple[str, str]:
         git(repo, "branch", "head", removed)
         forge_pack_index(repo, (added, decoy))
         return removed, main
+    if lie == "loose":
+        # No pack at all: a loose object's file holding another object's (compressed)
+        # content; git does not hash a loose object it reads either.
+        decoy = plumb_commit(repo, [main], {"src/a.py": (FILE, "a = 3\n")})
+        objects = repo / ".git" / "objects"
+        hidden = objects / added[:2] / added[2:]
+        hidden.chmod(0o644)
+        hidden.write_bytes((objects / decoy[:2] / decoy[2:]).read_bytes())
+        return removed, main
     if lie == "head":
         # The head commit itself read as another commit (the tip of the range).
         tip = plumb_commit(repo, [main], workflow)
@@ -281,8 +290,10 @@ def forged(repo: Path, lie: str) -> tuple[str, str]:
     return tip, main
 
 
-@pytest.mark.parametrize("lie", ["commit", "head", "subtree", "base-tree", "target-history"])
-def test_a_forged_pack_index_is_refused_not_read(
+@pytest.mark.parametrize(
+    "lie", ["commit", "loose", "head", "subtree", "base-tree", "target-history"]
+)
+def test_a_forged_object_lookup_is_refused_not_read(
     repo: Path, repository: Repository, lie: str
 ) -> None:
     head, target = forged(repo, lie)
