@@ -112,7 +112,7 @@ from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import ARG_REPO, RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
-from nexus_mcp.settings import Settings, config_sections
+from nexus_mcp.settings import Settings, config_sections, trust_files
 from nexus_mcp.state import (
     prepare_state,
     server_state_paths,
@@ -309,6 +309,9 @@ def build_server(
     ensure_logging()
     environ = dict(os.environ if env is None else env)
     sections = config_sections(config_file)
+    # Settings made without load_settings (tests, embedders) learn here which files the
+    # configuration names, so the file tools never reach them (state.server_state_paths).
+    trust_files(settings, config_file, sections)
     repos_config = load_repos_config(sections.get("repos"), mode=settings.mode)
     # The repositories are opened (and checked) first; nothing else holds them if start-up
     # stops later, so they are closed here then. A replay opens none.

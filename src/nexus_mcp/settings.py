@@ -7,7 +7,7 @@ Nested sections use ``__`` in environment names (``NEXUS_MCP_AUTH__AUDIENCE``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -344,6 +345,17 @@ class Settings(BaseSettings):
             raise ValueError("'record' and 'replay' cannot both be set")
         return self
 
+    # The files this configuration came from or names by reference (``load_settings``):
+    # the server trusts them, so the file tools must never reach them (``state.py``).
+    _trusted_files: tuple[Path, ...] = PrivateAttr(default=())
+
+    @property
+    def trusted_files(self) -> tuple[Path, ...]:
+        """The configuration file and every ``{file: path}`` it or the environment names
+        (secrets of every section, ``write_policies``, ``approvals``, ``upstreams`` and
+        ``repos`` included); empty for settings not made by ``load_settings``."""
+        return self._trusted_files
+
     @property
     def audit_path(self) -> Path:
         return self.audit_file if self.audit_file is not None else self.data_dir / "audit.jsonl"
@@ -418,12 +430,44 @@ def load_settings(
     clean_overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     token = _yaml_data.set(own)
     try:
-        return Settings(**clean_overrides)
+        settings = Settings(**clean_overrides)
     except ValidationError as exc:
         given = {k: v for k, v in (flags or {}).items() if k in clean_overrides}
         raise ConfigError(describe_validation_error(exc, source=config_file, flags=given)) from None
     finally:
         _yaml_data.reset(token)
+    return trust_files(settings, config_file, data)
+
+
+def trust_files(settings: Settings, config_file: Path | None, data: Any) -> Settings:
+    """Add ``config_file`` and the files ``data`` (its YAML) and ``settings`` name by
+    reference to ``settings.trusted_files``; ``settings``, for chaining."""
+    named = [*settings.trusted_files, *referenced_files(data), *referenced_files(settings)]
+    if config_file is not None:
+        named.append(config_file)
+    settings._trusted_files = tuple(dict.fromkeys(path.absolute() for path in named))
+    return settings
+
+
+def referenced_files(value: Any) -> Iterator[Path]:
+    """Every file a settings value, or raw YAML data, names by ``{file: path}``: secrets by
+    reference (``SecretRef``) anywhere, and sections given as a file (``profiles.file``)."""
+    if isinstance(value, SecretRef):
+        if value.file is not None:
+            yield value.file
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from referenced_files(getattr(value, name))
+    elif isinstance(value, Mapping):
+        file = value.get("file")
+        if isinstance(file, str | Path) and str(file):
+            yield Path(file)
+        for key, item in value.items():
+            if key != "file":
+                yield from referenced_files(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from referenced_files(item)
 
 
 EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals", "upstreams", "repos"})
@@ -483,4 +527,6 @@ __all__ = [
     "describe_validation_error",
     "load_settings",
     "read_config_file",
+    "referenced_files",
+    "trust_files",
 ]

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.settings import ENV_PREFIX, Settings, load_settings
+from nexus_mcp.settings import ENV_PREFIX, Settings, load_settings, referenced_files
 from nexus_mcp.workspace import is_within
 
 IDEMPOTENCY_DB = "idempotency.sqlite3"
@@ -78,11 +78,23 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
         # A recording holds results, and a replay believes it: never readable or
         # writable by the tools whose calls it records.
         paths.append(settings.record)
-    key_file = getattr(settings.fixture_key, "file", None)
-    if key_file is not None:
-        # The key that seals a recording: read, anyone could re-seal an edited one;
-        # overwritten, what is recorded next would be sealed with the caller's key.
-        paths.append(Path(key_file))
+    # What the server trusts as configuration: the configuration file, every secret it or
+    # the environment gives by file (the fixture key that seals a recording, JWT, approval,
+    # forge and upstream credentials, state keys: read, a caller could mint, re-seal or
+    # impersonate; overwritten, the server would trust the caller's at its next start),
+    # the profiles file (its grants) and the registries with their lock files (the
+    # classification and pins of every tool).
+    paths += settings.trusted_files
+    paths += [path.absolute() for path in referenced_files(settings)]  # Settings made directly
+    paths += [
+        path
+        for path in (
+            settings.profiles.file,
+            settings.registry.directory,
+            settings.registry.upstream_directory,
+        )
+        if path is not None
+    ]
     return paths
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nexus_mcp.errors import ConflictError
 from nexus_mcp.policy.repos import (
     RULE_PATH_DISALLOWED,
     RULE_RANGE_TOO_LARGE,
@@ -22,7 +23,12 @@ from nexus_mcp.policy.repos import (
 )
 from nexus_mcp.repos.git import find_git
 from nexus_mcp.repos.ranges import MAX_PUBLISHED_COMMITS, analyze_range
-from nexus_mcp.repos.repository import Repository, RunnerFactory, open_repository
+from nexus_mcp.repos.repository import (
+    REASON_UNSAFE_REPOSITORY,
+    Repository,
+    RunnerFactory,
+    open_repository,
+)
 from tests.support.git_repos import git, make_repo, plumb_commit, rev, state
 
 FILE = "100644"
@@ -203,3 +209,124 @@ def test_a_forged_commit_graph_hides_nothing_of_a_range(
     measured = analyze_range(repository, tip, main, max_diff_bytes=10_000)
     assert ".github/workflows/x.yml" in measured.paths
     assert RULE_PATH_DISALLOWED in risks(repository, tip, main)
+
+
+def forge_pack_index(repo: Path, *swaps: tuple[str, str]) -> None:
+    """Pack every object of the repository's refs into one pack, then swap, in its ``.idx``
+    (version 2: header, fanout, sorted ids, CRCs, 4-byte offsets), the offsets of each pair
+    of objects: git then reads one object's content under the other's id. Nothing is
+    recomputed: git checks neither the index's checksum nor an object's hash on a read."""
+    git(repo, "repack", "-a", "-d", "-q")
+    (index,) = (repo / ".git" / "objects" / "pack").glob("*.idx")
+    data = bytearray(index.read_bytes())
+    assert data[:8] == b"\xfftOc\x00\x00\x00\x02"
+    count = int.from_bytes(data[8 + 255 * 4 : 8 + 256 * 4], "big")
+    ids = [bytes(data[1032 + 20 * i : 1052 + 20 * i]).hex() for i in range(count)]
+    offsets = 1032 + 24 * count
+    for one, other in swaps:
+        a, b = offsets + 4 * ids.index(one), offsets + 4 * ids.index(other)
+        data[a : a + 4], data[b : b + 4] = data[b : b + 4], data[a : a + 4]
+    index.chmod(0o644)
+    index.write_bytes(bytes(data))
+
+
+def forged(repo: Path, lie: str) -> tuple[str, str]:
+    """A range (head, target) that holds a workflow, and a forged pack index that hides it
+    from a reader that trusts git's object lookup (the push, from a scratch repository
+    fed real objects, would send it). Each decoy sits on a ref so that it is packed."""
+    main, added, removed = hidden_workflow(repo)
+    workflow = {".github/workflows/x.yml": (FILE, "on: push\n")}
+    if lie == "commit":
+        # A commit inside the range read as a harmless sibling: the walk and the
+        # per-commit diff see the sibling's parent and tree, never the workflow.
+        decoy = plumb_commit(repo, [main], {"src/a.py": (FILE, "a = 3\n")})
+        git(repo, "branch", "decoy", decoy)
+        git(repo, "branch", "head", removed)
+        forge_pack_index(repo, (added, decoy))
+        return removed, main
+    if lie == "loose":
+        # No pack at all: a loose object's file holding another object's (compressed)
+        # content; git does not hash a loose object it reads either.
+        decoy = plumb_commit(repo, [main], {"src/a.py": (FILE, "a = 3\n")})
+        objects = repo / ".git" / "objects"
+        hidden = objects / added[:2] / added[2:]
+        hidden.chmod(0o644)
+        hidden.write_bytes((objects / decoy[:2] / decoy[2:]).read_bytes())
+        return removed, main
+    if lie == "head":
+        # The head commit itself read as another commit (the tip of the range).
+        tip = plumb_commit(repo, [main], workflow)
+        decoy = plumb_commit(repo, [main], {"src/a.py": (FILE, "a = 3\n")})
+        git(repo, "branch", "decoy", decoy)
+        git(repo, "branch", "head", tip)
+        forge_pack_index(repo, (tip, decoy))
+        return tip, main
+    if lie == "subtree":
+        # A tree below the head's root read as a harmless one: .github holds no workflow.
+        tip = plumb_commit(repo, [main], workflow)
+        decoy = plumb_commit(repo, [main], {".github/dependabot.yml": (FILE, "v: 2\n")})
+        git(repo, "branch", "decoy", decoy)
+        git(repo, "branch", "head", tip)
+        forge_pack_index(repo, (rev(repo, f"{tip}:.github"), rev(repo, f"{decoy}:.github")))
+        return tip, main
+    if lie == "target-history":
+        # A commit of the target's history read as a child of ``removed``: the merge-base
+        # becomes ``removed`` (a true commit, hashed fine), and the range is the tip alone.
+        tip = plumb_commit(repo, [removed], {"src/c.py": (FILE, "c = 1\n")})
+        first = plumb_commit(repo, [main], {"src/m.py": (FILE, "m = 1\n")})
+        target = plumb_commit(repo, [first], {"src/m.py": (FILE, "m = 2\n")})
+        decoy = plumb_commit(repo, [removed], {"src/d.py": (FILE, "d = 1\n")})
+        for name, sha in (("head", tip), ("target", target), ("decoy", decoy)):
+            git(repo, "branch", name, sha)
+        forge_pack_index(repo, (first, decoy))
+        return tip, target
+    # lie == "base-tree": the merge-base's root tree read as one that already holds the
+    # workflow (and one more file), so the change and the commit add nothing disallowed.
+    tip = plumb_commit(repo, [main], workflow)
+    decoy = plumb_commit(repo, [main], {**workflow, "src/z.py": (FILE, "z = 1\n")})
+    git(repo, "branch", "decoy", decoy)
+    git(repo, "branch", "head", tip)
+    forge_pack_index(repo, (rev(repo, f"{main}^{{tree}}"), rev(repo, f"{decoy}^{{tree}}")))
+    return tip, main
+
+
+@pytest.mark.parametrize(
+    "lie", ["commit", "loose", "head", "subtree", "base-tree", "target-history"]
+)
+def test_a_forged_object_lookup_is_refused_not_read(
+    repo: Path, repository: Repository, lie: str
+) -> None:
+    head, target = forged(repo, lie)
+    before = state(repo)
+    with pytest.raises(ConflictError) as refused:
+        analyze_range(repository, head, target, max_diff_bytes=10_000)
+    assert refused.value.facts["reason"] == REASON_UNSAFE_REPOSITORY
+    message = str(refused.value)
+    assert head not in message and target not in message and ".github" not in message
+    assert state(repo) == before
+
+
+def test_an_honest_packed_range_is_measured_as_before(repo: Path, repository: Repository) -> None:
+    main, _added, removed = hidden_workflow(repo)
+    git(repo, "branch", "head", removed)
+    git(repo, "repack", "-a", "-d", "-q")
+    assert RULE_PATH_DISALLOWED in risks(repository, removed, main)
+
+
+def test_an_honest_edge_deep_in_the_target_is_proven(repo: Path, repository: Repository) -> None:
+    # The range's edge: the merge-base, and an older commit of the target merged in long
+    # ago (an ancestor of the merge-base): both are proven by walking the target's side.
+    main = rev(repo, "main")
+    older = plumb_commit(repo, [main], {"src/m.py": (FILE, "m = 1\n")})
+    newer = plumb_commit(repo, [older], {"src/m.py": (FILE, "m = 2\n")})
+    side = plumb_commit(repo, [main], {"src/s.py": (FILE, "s = 1\n")})
+    merged_old = plumb_commit(repo, [side, older], {}, base=side)
+    tip = plumb_commit(repo, [merged_old, newer], {"src/t.py": (FILE, "t = 1\n")}, base=newer)
+    target = plumb_commit(repo, [newer], {"src/m.py": (FILE, "m = 3\n")})
+    git(repo, "branch", "head", tip)
+    git(repo, "branch", "target", target)
+    git(repo, "repack", "-a", "-d", "-q")
+    measured = analyze_range(repository, tip, target, max_diff_bytes=10_000)
+    assert (measured.base, measured.commits, measured.too_large) == (newer, 3, False)
+    behind = analyze_range(repository, older, target, max_diff_bytes=10_000)  # an ancestor
+    assert (behind.base, behind.commits, behind.paths) == (older, 0, ())
