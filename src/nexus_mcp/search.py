@@ -282,11 +282,17 @@ def compile_matcher(
 
 @contextlib.contextmanager
 def line_finder(
-    matcher: re.Pattern[str], *, regex: bool, caps: SearchSettings, deadline: float
+    matcher: re.Pattern[str],
+    *,
+    regex: bool,
+    caps: SearchSettings,
+    deadline: float,
+    guard_child: Callable[[int], contextlib.AbstractContextManager[object]] | None = None,
 ) -> Iterator[LineFinder]:
     """How to find lines for ``matcher``: in process for a literal (an escaped pattern
     matches in linear time), in a ``RegexSandbox`` child killed at ``deadline`` for a
-    caller's regex (which may backtrack for ever)."""
+    caller's regex (which may backtrack for ever). ``guard_child(pid)``, when given, is
+    held while the child serves (the repo tools kill it there on cancellation)."""
     if not regex:
         yield functools.partial(
             matching_lines,
@@ -302,7 +308,12 @@ def line_finder(
         max_line_chars=MAX_SEARCHED_LINE_CHARS,
         deadline=deadline,
     ) as sandbox:
-        yield sandbox.search
+        pid = sandbox.pid
+        if guard_child is None or pid is None:
+            yield sandbox.search
+            return
+        with guard_child(pid):
+            yield sandbox.search
 
 
 def has_allowed_extension(relative: str, caps: SearchSettings) -> bool:

@@ -48,7 +48,6 @@ from nexus_mcp.policy.repos import (
     patch_risks,
     precheck_patch,
 )
-from nexus_mcp.regex_sandbox import RegexSandbox
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.git import (
     GitDeadlineError,
@@ -845,29 +844,24 @@ def _scan_texts(
             work.deadline = None
 
 
-@contextlib.contextmanager
 def _line_finder(
     matcher: re.Pattern[str], *, regex: bool, caps: SearchSettings, deadline: float
-) -> Iterator[LineFinder]:
+) -> contextlib.AbstractContextManager[LineFinder]:
     """``search.line_finder``; a caller's regex runs in a ``RegexSandbox`` child, which a
     cancelled call kills at once rather than at the scan's deadline."""
-    if not regex:
-        with line_finder(matcher, regex=False, caps=caps, deadline=deadline) as find:
-            yield find
-        return
-    with RegexSandbox(
-        matcher.pattern,
-        matcher.flags,
-        max_matches=caps.max_matches_per_file,
-        max_line_chars=MAX_SEARCHED_LINE_CHARS,
+    work = current_work()
+
+    def kill_on_cancel(pid: int) -> contextlib.AbstractContextManager[object]:
+        assert work is not None
+        return work.stopping(functools.partial(os.kill, pid, signal.SIGKILL))
+
+    return line_finder(
+        matcher,
+        regex=regex,
+        caps=caps,
         deadline=deadline,
-    ) as sandbox:
-        work, pid = current_work(), sandbox.pid
-        if work is None or pid is None:
-            yield sandbox.search
-            return
-        with work.stopping(functools.partial(os.kill, pid, signal.SIGKILL)):
-            yield sandbox.search
+        guard_child=None if work is None else kill_on_cancel,
+    )
 
 
 def _out_of_time(budget: ScanBudget) -> bool:
