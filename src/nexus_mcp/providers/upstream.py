@@ -67,6 +67,7 @@ from nexus_mcp.errors import UnavailableError
 from nexus_mcp.ids import new_id
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.classification import DEV_MODE
+from nexus_mcp.policy.hashing import sha256_hex
 from nexus_mcp.policy.pins import (
     PinFile,
     PinState,
@@ -1169,8 +1170,13 @@ def _screened(
     """(Worker thread: one huge listing never holds the event loop for its screening
     and hashing.) The valid definitions, the skipped ones, and the digests the valid
     ones are pinned by."""
-    definitions, invalid = screen(listing.wire)
-    digests = {name: definition_digest(wire) for name, wire in definitions.items()}
+    definitions, invalid = screen(listing.wire, listing.canonical)
+    # The bytes each definition is pinned by were made once, when the page was taken
+    # (valid names are unique: a name listed twice is skipped).
+    pinned_bytes = {
+        wire.get("name"): body for wire, body in zip(listing.wire, listing.canonical, strict=True)
+    }
+    digests = {name: sha256_hex(pinned_bytes[name]) for name in definitions}
     return definitions, invalid, digests
 
 

@@ -65,6 +65,7 @@ class Listing:
 
     wire: list[dict[str, Any]] = field(default_factory=list)
     tools: list[Any] = field(default_factory=list)  # the SDK's objects of ``wire``
+    canonical: list[bytes] = field(default_factory=list)  # each one's pinned bytes, made once
     pages: int = 0
     size: int = 0  # bytes of canonical definitions
     cut: CutReason | None = None
@@ -107,20 +108,23 @@ def _take(listing: Listing, tools: list[Any]) -> bool:
             listing.cut = "tools"
             return False
         wire = tool.model_dump(mode="json", by_alias=True, exclude_none=False)
-        size = len(canonical_definition(wire))
+        canonical = canonical_definition(wire)
+        size = len(canonical)
         if listing.size + size > MAX_LISTING_BYTES:
             listing.cut = "bytes"
             return False
         listing.size += size
         listing.wire.append(wire)
         listing.tools.append(tool)
+        listing.canonical.append(canonical)
     return True
 
 
 def screen(
-    wire: list[dict[str, Any]],
+    wire: list[dict[str, Any]], canonical: list[bytes] | None = None
 ) -> tuple[dict[str, dict[str, Any]], list[InvalidDefinition]]:
-    """The valid definitions by name, and the skipped ones (module docstring)."""
+    """The valid definitions by name, and the skipped ones (module docstring);
+    ``canonical``: each definition's canonical bytes, when the fetch already made them."""
     counts: dict[Any, int] = {}
     for definition in wire:
         name = definition.get("name")
@@ -129,17 +133,21 @@ def screen(
     valid: dict[str, dict[str, Any]] = {}
     invalid: list[InvalidDefinition] = []
     for position, definition in enumerate(wire):
-        reason = definition_problem(definition, counts)
+        body = canonical[position] if canonical is not None else None
+        reason = definition_problem(definition, counts, body)
         if reason is None:
             valid[definition["name"]] = definition
         else:
-            digest = sha256_hex(canonical_definition(definition))
+            digest = sha256_hex(body if body is not None else canonical_definition(definition))
             invalid.append(InvalidDefinition(position, digest, reason))
     return valid, invalid
 
 
-def definition_problem(definition: Mapping[str, Any], counts: Mapping[Any, int]) -> str | None:
-    """Why a definition cannot be pinned nor exposed; None when it can."""
+def definition_problem(
+    definition: Mapping[str, Any], counts: Mapping[Any, int], canonical: bytes | None = None
+) -> str | None:
+    """Why a definition cannot be pinned nor exposed; None when it can (``canonical``: its
+    canonical bytes, when already made)."""
     name = definition.get("name")
     if not isinstance(name, str) or not TOOL_NAME_RE.fullmatch(name):
         return "name_rule"
@@ -156,7 +164,9 @@ def definition_problem(definition: Mapping[str, Any], counts: Mapping[Any, int])
         return "output_schema"
     if len(str(definition.get("description") or "")) > MAX_DESCRIPTION_CHARS:
         return "description_size"
-    if len(canonical_definition(definition)) > MAX_DEFINITION_BYTES:
+    if canonical is None:
+        canonical = canonical_definition(definition)
+    if len(canonical) > MAX_DEFINITION_BYTES:
         return "definition_size"
     return None
 
