@@ -95,10 +95,9 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
 
 def create_app() -> ASGIApp:
     """A worker's ASGI app: the server built from the parent's settings (uvicorn factory)."""
-    from nexus_mcp.commands.serve import SERVE_FLAGS
     from nexus_mcp.logs import configure_logging, enforce_one_handler
     from nexus_mcp.server import build_server
-    from nexus_mcp.settings import load_settings
+    from nexus_mcp.settings import SERVE_FLAGS, load_settings
     from nexus_mcp.transport import http_options
 
     spec = json.loads(os.environ[WORKER_SPEC_ENV])

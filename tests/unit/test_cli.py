@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nexus_mcp.cli import build_parser, main
-from nexus_mcp.commands.serve import SERVE_OPTIONS
+from nexus_mcp.settings import SERVE_OPTIONS
 from tests.support.logging_state import isolated_logging
 
 
