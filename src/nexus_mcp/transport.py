@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import enforce_one_handler
 from nexus_mcp.routing_headers import RoutingHeadersMiddleware
-from nexus_mcp.server import NexusServer
+from nexus_mcp.server.build import NexusServer
 from nexus_mcp.settings import Settings
 from nexus_mcp.wire_errors import ScrubbingSendStream, TransportErrorsMiddleware
 

@@ -56,7 +56,7 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from nexus_mcp.server import build_server
+    from nexus_mcp.server.build import build_server
     from nexus_mcp.transport import announce, bind_listener
 
     check_workers(settings)
@@ -96,7 +96,7 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
 def create_app() -> ASGIApp:
     """A worker's ASGI app: the server built from the parent's settings (uvicorn factory)."""
     from nexus_mcp.logs import configure_logging, enforce_one_handler
-    from nexus_mcp.server import build_server
+    from nexus_mcp.server.build import build_server
     from nexus_mcp.settings import SERVE_FLAGS, load_settings
     from nexus_mcp.transport import http_options
 

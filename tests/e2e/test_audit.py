@@ -29,7 +29,7 @@ from nexus_mcp.calls import META_TOOL_EFFECT
 from nexus_mcp.cli import main
 from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.policy.grants import grant_tool
-from nexus_mcp.server import NexusServer, build_server
+from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import wire

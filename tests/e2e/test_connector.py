@@ -16,7 +16,7 @@ from nexus_mcp.chain import PolicyChain
 from nexus_mcp.decorator import NexusTool, nexus_tool
 from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.policy.grants import grant_tool
-from nexus_mcp.server import build_server
+from nexus_mcp.server.build import build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import ServerFactory, wire

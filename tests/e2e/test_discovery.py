@@ -16,7 +16,7 @@ import pytest
 from fastmcp import Client
 
 from nexus_mcp.audit import MemoryAuditSink
-from nexus_mcp.server import NexusServer
+from nexus_mcp.server.build import NexusServer
 
 from .access_helpers import (
     MISSING_TOOL,

@@ -11,7 +11,7 @@ import pytest
 from fastmcp import Client, FastMCP
 
 from nexus_mcp.audit import MemoryAuditSink
-from nexus_mcp.server import NexusServer, build_server
+from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from nexus_mcp.tool_index import ToolIndex
 

@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from nexus_mcp.server import build_server
+    from nexus_mcp.server.build import build_server
     from nexus_mcp.transport import serve
 
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in SERVE_OPTIONS}

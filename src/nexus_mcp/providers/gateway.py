@@ -45,7 +45,7 @@ from nexus_mcp.targets import TargetOf, identify_upstream
 if TYPE_CHECKING:
     from nexus_mcp.middleware.audit import AuditTrail
     from nexus_mcp.providers.fixtures import Recorder
-    from nexus_mcp.server import Runtime
+    from nexus_mcp.server.build import Runtime
 
 log = get_logger(__name__)
 

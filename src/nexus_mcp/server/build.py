@@ -24,7 +24,6 @@ from starlette.responses import JSONResponse, Response
 
 from nexus_mcp import __version__
 from nexus_mcp.access import GrantedTools
-from nexus_mcp.approval_routes import add_approval_routes
 from nexus_mcp.audit import AuditLog, AuditSink, JsonlAuditSink
 from nexus_mcp.bearer import BearerTokenVerifier
 from nexus_mcp.calls import CallState
@@ -42,7 +41,6 @@ from nexus_mcp.errors import ConfigError, InvalidInputError, NotFoundError
 from nexus_mcp.fixtures.integrity import resolve_fixture_key
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
 from nexus_mcp.fixtures.store import FixtureWriter, has_macs
-from nexus_mcp.health import NO_STORE, is_operator, operator_token, public_readiness
 from nexus_mcp.identity import (
     HTTP_TRANSPORTS,
     IdentityResolver,
@@ -112,6 +110,8 @@ from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import ARG_REPO, RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
+from nexus_mcp.server.health import NO_STORE, is_operator, operator_token, public_readiness
+from nexus_mcp.server.routes import add_approval_routes
 from nexus_mcp.settings import Settings, config_sections, trust_files
 from nexus_mcp.state import (
     prepare_state,

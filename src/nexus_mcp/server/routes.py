@@ -22,7 +22,7 @@ from nexus_mcp.principal import Principal, principal_from_claims
 if TYPE_CHECKING:
     from fastmcp import FastMCP
 
-    from nexus_mcp.server import Runtime
+    from nexus_mcp.server.build import Runtime
 
 log = get_logger(__name__)
 MAX_MINT_BODY_BYTES = 16 * 1024 * 1024

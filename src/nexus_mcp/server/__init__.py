@@ -1,0 +1,9 @@
+"""The composition root: ``build_server`` reads the settings and assembles one server.
+
+``build.py`` builds it; ``routes.py`` and ``health.py`` are its plain HTTP routes.
+Callers keep importing ``build_server`` and ``NexusServer`` from here.
+"""
+
+from nexus_mcp.server.build import NexusServer, build_server
+
+__all__ = ["NexusServer", "build_server"]
