@@ -22,7 +22,7 @@ from nexus_mcp import cli
 from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings
-from nexus_mcp.transport import http_options
+from nexus_mcp.transport.serve import http_options
 
 from .conftest import REPO_ROOT
 

@@ -162,7 +162,7 @@ async def test_stateless_http_serves_every_call_without_a_session(
 
     from nexus_mcp.server.build import build_server
     from nexus_mcp.settings import Settings
-    from nexus_mcp.transport import http_options
+    from nexus_mcp.transport.serve import http_options
     from tests.support.loopback import serve_in_thread
 
     (tmp_path / "ws").mkdir()

@@ -31,7 +31,7 @@ from nexus_mcp.observability import SPAN_TOOL_CALL, RedactingSpanExporter
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import MetricsSettings, Settings
-from nexus_mcp.transport import http_options
+from nexus_mcp.transport.serve import http_options
 from tests.support.loopback import serve_in_thread
 
 from .upstream_harness import make_gateway, read_record, stdio_upstream

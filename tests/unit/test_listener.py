@@ -6,7 +6,7 @@ import asyncio
 import socket
 
 from nexus_mcp.settings import Settings
-from nexus_mcp.transport import bind_listener
+from nexus_mcp.transport.serve import bind_listener
 
 
 async def test_connections_accepted_on_the_listener_send_without_waiting_for_acks() -> None:

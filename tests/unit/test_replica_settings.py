@@ -14,8 +14,8 @@ from starlette.types import Message, Receive, Scope, Send
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.backends import describe_address, request_state_keys, resolve_url
-from nexus_mcp.transport import SessionAffinityMiddleware, http_options
-from nexus_mcp.workers import check_workers
+from nexus_mcp.transport.serve import SessionAffinityMiddleware, http_options
+from nexus_mcp.transport.workers import check_workers
 
 KEY_A = "a" * 40
 KEY_B = "b" * 40

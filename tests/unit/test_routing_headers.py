@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from nexus_mcp.routing_headers import mismatch
+from nexus_mcp.transport.routing_headers import mismatch
 
 READ, WRITE = "nexus_read_file", "nexus_write_file"
 

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from nexus_mcp.wire_errors import (
+from nexus_mcp.transport.wire_errors import (
     MAX_ERROR_BODY_BYTES,
     ScrubbingSendStream,
     TransportErrorsMiddleware,

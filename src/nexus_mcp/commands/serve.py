@@ -49,7 +49,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from nexus_mcp.server.build import build_server
-    from nexus_mcp.transport import serve
+    from nexus_mcp.transport.serve import serve
 
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in SERVE_OPTIONS}
     overrides["read_only"] = args.read_only
@@ -62,7 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
         settings = load_settings(config, overrides, flags=SERVE_FLAGS)
         configure_logging(settings.log_level)
         if settings.workers > 1:
-            from nexus_mcp.workers import serve_workers
+            from nexus_mcp.transport.workers import serve_workers
 
             serve_workers(settings, config, overrides)
             return 0

@@ -19,10 +19,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import enforce_one_handler
-from nexus_mcp.routing_headers import RoutingHeadersMiddleware
 from nexus_mcp.server.build import NexusServer
 from nexus_mcp.settings import Settings
-from nexus_mcp.wire_errors import ScrubbingSendStream, TransportErrorsMiddleware
+from nexus_mcp.transport.routing_headers import RoutingHeadersMiddleware
+from nexus_mcp.transport.wire_errors import ScrubbingSendStream, TransportErrorsMiddleware
 
 LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
 LISTEN_BACKLOG = 2048  # uvicorn's default, which it would have used binding the socket itself

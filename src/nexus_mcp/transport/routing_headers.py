@@ -38,7 +38,7 @@ from mcp.shared.inbound import (
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nexus_mcp.logs import get_logger
-from nexus_mcp.wire_errors import FIXED_MESSAGES, HEADER_MISMATCH
+from nexus_mcp.transport.wire_errors import FIXED_MESSAGES, HEADER_MISMATCH
 
 log = get_logger(__name__)
 

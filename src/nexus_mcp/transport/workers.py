@@ -57,7 +57,7 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
     from uvicorn.supervisors import Multiprocess
 
     from nexus_mcp.server.build import build_server
-    from nexus_mcp.transport import announce, bind_listener
+    from nexus_mcp.transport.serve import announce, bind_listener
 
     check_workers(settings)
     # Build (and close) one server first: every configuration or store problem is one line
@@ -78,7 +78,7 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
     if not os.environ.get(MULTIPROC_ENV):
         os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="nexus-mcp-metrics-")
     config = uvicorn.Config(
-        "nexus_mcp.workers:create_app",
+        "nexus_mcp.transport.workers:create_app",
         factory=True,
         workers=settings.workers,
         host=settings.host,
@@ -98,7 +98,7 @@ def create_app() -> ASGIApp:
     from nexus_mcp.logs import configure_logging, enforce_one_handler
     from nexus_mcp.server.build import build_server
     from nexus_mcp.settings import SERVE_FLAGS, load_settings
-    from nexus_mcp.transport import http_options
+    from nexus_mcp.transport.serve import http_options
 
     spec = json.loads(os.environ[WORKER_SPEC_ENV])
     config = Path(spec["config"]) if spec["config"] else None
