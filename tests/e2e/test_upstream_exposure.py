@@ -18,8 +18,8 @@ import pytest
 import yaml
 from fastmcp import Client
 
-from nexus_mcp.access import GrantedTools
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.identity.access import GrantedTools
 from nexus_mcp.policy.grants import DIRECT_RELATION
 from nexus_mcp.policy.profiles import load_profiles
 from nexus_mcp.policy.upstreams import UpstreamConfig

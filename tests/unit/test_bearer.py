@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from nexus_mcp.bearer import MAX_NUMERIC_DATE, BearerTokenVerifier, is_numeric_date
+from nexus_mcp.identity.bearer import MAX_NUMERIC_DATE, BearerTokenVerifier, is_numeric_date
 from nexus_mcp.server.build import build_verifier
 from nexus_mcp.settings import Settings
 from tests.support.loopback import serve_in_thread

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.identity import IdentityResolver, build_identity, session_key
+from nexus_mcp.identity.resolver import IdentityResolver, build_identity, session_key
 from nexus_mcp.policy.launch import LAUNCH_FIELDS
 from nexus_mcp.policy.profiles import load_profiles, select_profile
 from nexus_mcp.principal import Principal, principal_from_claims, to_log_subject

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from nexus_mcp.access import PROFILE_SUBJECT_PREFIX, profile_subject
 from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError, NexusError, NotFoundError
+from nexus_mcp.identity.access import PROFILE_SUBJECT_PREFIX, profile_subject
 from nexus_mcp.policy.grants import (
     DIRECT_RELATION,
     PROFILE_RELATION,

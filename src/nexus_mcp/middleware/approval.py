@@ -18,7 +18,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState, current_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import ApprovalRequiredError, DocEncodingInvalidError, WritePolicyDeniedError
-from nexus_mcp.identity import MODERN_PROTOCOL
+from nexus_mcp.identity.resolver import MODERN_PROTOCOL
 from nexus_mcp.policy.approvals import (
     ApprovalKeys,
     ApprovalSettings,

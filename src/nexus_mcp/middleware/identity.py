@@ -8,7 +8,7 @@ from fastmcp.server.dependencies import get_access_token
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import bind_principal, current_call
-from nexus_mcp.identity import HTTP_TRANSPORTS, IdentityResolver, session_key
+from nexus_mcp.identity.resolver import HTTP_TRANSPORTS, IdentityResolver, session_key
 
 
 class IdentityMiddleware(Middleware):

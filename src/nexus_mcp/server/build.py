@@ -23,9 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nexus_mcp import __version__
-from nexus_mcp.access import GrantedTools
 from nexus_mcp.audit import AuditLog, AuditSink, JsonlAuditSink
-from nexus_mcp.bearer import BearerTokenVerifier
 from nexus_mcp.calls import CallState
 from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.chain import ChainLayers, build_middleware
@@ -41,7 +39,9 @@ from nexus_mcp.errors import ConfigError, InvalidInputError, NotFoundError
 from nexus_mcp.fixtures.integrity import resolve_fixture_key
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
 from nexus_mcp.fixtures.store import FixtureWriter, has_macs
-from nexus_mcp.identity import (
+from nexus_mcp.identity.access import GrantedTools
+from nexus_mcp.identity.bearer import BearerTokenVerifier
+from nexus_mcp.identity.resolver import (
     HTTP_TRANSPORTS,
     IdentityResolver,
     build_identity,

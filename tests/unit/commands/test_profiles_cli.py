@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nexus_mcp.access import GrantedTools
 from nexus_mcp.commands.profiles import add_parser, default_grants_path
+from nexus_mcp.identity.access import GrantedTools
 from nexus_mcp.policy.grants import visible_tools
 from nexus_mcp.policy.profiles import load_profiles
 from nexus_mcp.stores.grants import SqliteTupleStore
