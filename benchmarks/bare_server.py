@@ -30,7 +30,7 @@ os.environ.setdefault("FASTMCP_LOG_LEVEL", "ERROR")
 from fastmcp import FastMCP
 
 from nexus_mcp.tools.files import ReadFileResult
-from nexus_mcp.workspace import Workspace
+from nexus_mcp.workspace.files import Workspace
 
 READ_LIMIT_BYTES = 10 * 1024 * 1024
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from nexus_mcp.confinement import MAX_SYMLINKS, ConfinedRoot, walk_tree
 from nexus_mcp.errors import Code, NexusError
 from nexus_mcp.policy.write_policy import DEV_WRITE_POLICY, PathGate
-from nexus_mcp.workspace import ResolvedPath, Workspace
+from nexus_mcp.workspace.confinement import MAX_SYMLINKS, ConfinedRoot, walk_tree
+from nexus_mcp.workspace.files import ResolvedPath, Workspace
 
 from ..support.swapper import Swapper
 from ..support.trees import make_chain, remove_tree

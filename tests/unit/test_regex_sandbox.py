@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nexus_mcp.regex_child import matching_lines
-from nexus_mcp.regex_sandbox import RegexSandbox, SandboxStopped
+from nexus_mcp.workspace.regex_child import matching_lines
+from nexus_mcp.workspace.regex_sandbox import RegexSandbox, SandboxStopped
 
 MAX_MATCHES = 3
 MAX_LINE_CHARS = 40

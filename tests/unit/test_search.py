@@ -11,7 +11,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from nexus_mcp.errors import Code, InvalidInputError, NexusError
-from nexus_mcp.search import (
+from nexus_mcp.settings import SearchSettings
+from nexus_mcp.workspace.files import TreeFile, Workspace
+from nexus_mcp.workspace.search import (
     MAX_GLOB_CHARS,
     ScanBudget,
     bounded,
@@ -19,8 +21,6 @@ from nexus_mcp.search import (
     compile_matcher,
     is_binary,
 )
-from nexus_mcp.settings import SearchSettings
-from nexus_mcp.workspace import TreeFile, Workspace
 
 BOUNDED_WAIT_SECONDS = 30.0
 

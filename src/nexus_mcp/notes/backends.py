@@ -15,12 +15,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from nexus_mcp.confinement import MAX_WALKS, ConfinedRoot, PathChangedError, read_bounded
 from nexus_mcp.errors import ConflictError, InvalidPathError, NotFoundError, UpstreamError
 from nexus_mcp.notes.frontmatter import parse_note_frontmatter
 from nexus_mcp.notes.paths import PATH_SEPARATOR, check_normalized_path
 from nexus_mcp.notes.source import NoteSource
 from nexus_mcp.principal import Principal
+from nexus_mcp.workspace.confinement import MAX_WALKS, ConfinedRoot, PathChangedError, read_bounded
 
 NOT_FOUND_STATUS = 404
 # A body at the 1,000,000-unit cap is at most 3 MB of UTF-8; the rest is headroom for

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
-from nexus_mcp.confinement import is_unicode_text
 from nexus_mcp.errors import UpstreamError
 from nexus_mcp.notes.javascript import js_trim
+from nexus_mcp.workspace.confinement import is_unicode_text
 
 PATH_SEPARATOR = "/"
 PARENT_SEGMENT = ".."

@@ -132,7 +132,7 @@ from nexus_mcp.tools.notes import build_notes_tools
 from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
 from nexus_mcp.tools.repo import build_repo_tools
 from nexus_mcp.vaults import VaultRouter, check_canister_deadline
-from nexus_mcp.workspace import LexicalPaths, ReachedTheWorld, ReplayWorkspace, Workspace
+from nexus_mcp.workspace.files import LexicalPaths, ReachedTheWorld, ReplayWorkspace, Workspace
 
 log = get_logger(__name__)
 

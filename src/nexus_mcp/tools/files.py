@@ -21,7 +21,9 @@ from pydantic import BaseModel, Field
 
 from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import ConflictError, InvalidInputError
-from nexus_mcp.search import (
+from nexus_mcp.settings import Settings
+from nexus_mcp.workspace.files import Workspace, run_guarded
+from nexus_mcp.workspace.search import (
     CAP_RESULTS,
     CAP_TIME,
     SandboxStopped,
@@ -34,8 +36,6 @@ from nexus_mcp.search import (
     is_binary,
     line_finder,
 )
-from nexus_mcp.settings import Settings
-from nexus_mcp.workspace import Workspace, run_guarded
 
 TOOLSET = "files"
 

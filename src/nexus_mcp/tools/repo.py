@@ -73,7 +73,10 @@ from nexus_mcp.repos.writes import (
     merge_rules,
     to_patch_bytes,
 )
-from nexus_mcp.search import (
+from nexus_mcp.settings import SearchSettings, Settings
+from nexus_mcp.tools.files import ApprovalArg, IdempotencyArg, SearchReport
+from nexus_mcp.workspace.files import CommitGuard, run_guarded
+from nexus_mcp.workspace.search import (
     CAP_FILES_SCANNED,
     CAP_RESULTS,
     CAP_TIME,
@@ -87,9 +90,6 @@ from nexus_mcp.search import (
     is_binary,
     line_finder,
 )
-from nexus_mcp.settings import SearchSettings, Settings
-from nexus_mcp.tools.files import ApprovalArg, IdempotencyArg, SearchReport
-from nexus_mcp.workspace import CommitGuard, run_guarded
 
 TOOLSET = "repo"
 MAX_LINE_CHARS = 400

@@ -49,7 +49,17 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, TypeVar
 
-from nexus_mcp.confinement import (
+from nexus_mcp.errors import (
+    ConflictError,
+    DocSizeExceededError,
+    InvalidPathError,
+    NexusError,
+    NotFoundError,
+    WritePolicyDeniedError,
+)
+from nexus_mcp.logs import get_logger
+from nexus_mcp.policy.write_policy import RULE_DISALLOWED_SUBTREE
+from nexus_mcp.workspace.confinement import (
     DIR_FLAGS,
     FILE_READ_FLAGS,
     MAX_WALKS,
@@ -62,16 +72,6 @@ from nexus_mcp.confinement import (
     read_bounded,
     walk_tree,
 )
-from nexus_mcp.errors import (
-    ConflictError,
-    DocSizeExceededError,
-    InvalidPathError,
-    NexusError,
-    NotFoundError,
-    WritePolicyDeniedError,
-)
-from nexus_mcp.logs import get_logger
-from nexus_mcp.policy.write_policy import RULE_DISALLOWED_SUBTREE
 
 log = get_logger(__name__)
 

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from nexus_mcp import regex_child
-from nexus_mcp.regex_child import FRAME_HEADER, READY, decode_answer, encode_request
+from nexus_mcp.workspace import regex_child
+from nexus_mcp.workspace.regex_child import FRAME_HEADER, READY, decode_answer, encode_request
 
 CHILD_SCRIPT = str(Path(regex_child.__file__).resolve())
 # How long a child may take to start and compile the pattern before the search gives up;

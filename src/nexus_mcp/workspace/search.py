@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nexus_mcp.errors import InvalidInputError
-from nexus_mcp.regex_child import matching_lines
-from nexus_mcp.regex_sandbox import RegexSandbox, SandboxStopped
 from nexus_mcp.settings import SearchSettings
-from nexus_mcp.workspace import TreeFile, Workspace
+from nexus_mcp.workspace.files import TreeFile, Workspace
+from nexus_mcp.workspace.regex_child import matching_lines
+from nexus_mcp.workspace.regex_sandbox import RegexSandbox, SandboxStopped
 
 CAP_FILES_SCANNED = "max_files_scanned"
 CAP_RESULTS = "max_results"
