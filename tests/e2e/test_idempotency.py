@@ -39,10 +39,10 @@ from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.policy.hashing import digest_arguments
+from nexus_mcp.policy.targets import RULE_UNKNOWN_TARGET, identify_folder
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.idempotency import ClaimStatus, IdempotencyScope, SqliteIdempotencyStore
-from nexus_mcp.targets import RULE_UNKNOWN_TARGET, identify_folder
 
 from .conftest import ServerFactory, snapshot, wire
 

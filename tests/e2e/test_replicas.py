@@ -39,8 +39,8 @@ import httpx
 import pytest
 import yaml
 
+from nexus_mcp.policy.targets import identify_folder
 from nexus_mcp.stores.idempotency import IdempotencyScope
-from nexus_mcp.targets import identify_folder
 from tests.support.shared_state import (
     REDIS_URL as MACHINE_REDIS_URL,
 )

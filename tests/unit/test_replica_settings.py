@@ -213,8 +213,8 @@ def test_export_then_import_round_trips_grants_between_data_dirs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from nexus_mcp.cli import main
-    from nexus_mcp.state import grants_path
     from nexus_mcp.stores.grants import RelationTuple, SqliteTupleStore
+    from nexus_mcp.stores.locations import grants_path
 
     monkeypatch.delenv("NEXUS_MCP_CONFIG", raising=False)
     source, target = tmp_path / "a", tmp_path / "b"

@@ -12,7 +12,7 @@ import pytest
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.settings import Settings, default_data_dir
-from nexus_mcp.state import (
+from nexus_mcp.stores.locations import (
     DATA_DIR_MODE,
     load_state_settings,
     prepare_folder,

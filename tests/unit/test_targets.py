@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from nexus_mcp.errors import Code, NexusError, WritePolicyDeniedError
-from nexus_mcp.principal import Principal
-from nexus_mcp.settings import Settings
-from nexus_mcp.targets import (
+from nexus_mcp.notes.vaults import VaultRouter
+from nexus_mcp.policy.targets import (
     RULE_UNKNOWN_TARGET,
     ToolTargets,
     identify_canister_vault,
@@ -21,7 +20,8 @@ from nexus_mcp.targets import (
     identify_missing_vault,
     to_target_id,
 )
-from nexus_mcp.vaults import VaultRouter
+from nexus_mcp.principal import Principal
+from nexus_mcp.settings import Settings
 
 CANISTER = "https://canister.example.test"
 

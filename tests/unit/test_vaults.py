@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.notes.vaults import CANISTER_DEADLINE_MARGIN_SECONDS, check_canister_deadline
 from nexus_mcp.settings import Settings
-from nexus_mcp.vaults import CANISTER_DEADLINE_MARGIN_SECONDS, check_canister_deadline
 
 NOTES_TOOLS = ("get_section_source", "get_note_outline")
 NAMED = "'notes.total_timeout_seconds' (NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS)"

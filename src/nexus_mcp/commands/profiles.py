@@ -36,14 +36,14 @@ from nexus_mcp.policy.profiles import (
 )
 from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
 from nexus_mcp.principal import ROLE_FALLBACK, to_log_subject
-from nexus_mcp.state import (
+from nexus_mcp.stores.grants import DEFAULT_ZONE, TOOLS_PREFIX, SqliteTupleStore, TupleStore
+from nexus_mcp.stores.locations import (
     DATA_DIR_SETTING,
     GRANTS_DB_SETTING,
     grants_path,
     load_state_settings,
     prepare_folder,
 )
-from nexus_mcp.stores.grants import DEFAULT_ZONE, TOOLS_PREFIX, SqliteTupleStore, TupleStore
 
 EXIT_OK = 0
 EXIT_REFUSED = 1

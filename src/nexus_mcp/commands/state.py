@@ -26,8 +26,8 @@ from typing import Any
 
 from nexus_mcp.errors import ConfigError, InvalidInputError, NexusError
 from nexus_mcp.settings import Settings, load_settings
-from nexus_mcp.state import grants_path, prepare_state
 from nexus_mcp.stores.grants import SqliteTupleStore, TupleStore, check_text, parse_export
+from nexus_mcp.stores.locations import grants_path, prepare_state
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1

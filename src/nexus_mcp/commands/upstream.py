@@ -36,7 +36,7 @@ from nexus_mcp.policy.registry import (
 )
 from nexus_mcp.policy.upstreams import UpstreamsConfig, load_upstreams, resolve_secrets
 from nexus_mcp.settings import Settings, config_sections, load_settings
-from nexus_mcp.state import upstream_quarantine_path
+from nexus_mcp.stores.locations import upstream_quarantine_path
 from nexus_mcp.stores.sqlite_quarantine import SqliteQuarantineEvidence
 
 if TYPE_CHECKING:

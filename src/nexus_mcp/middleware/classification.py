@@ -46,6 +46,7 @@ from nexus_mcp.policy.hashing import (
     digest_arguments,
     first_unrepresentable,
 )
+from nexus_mcp.policy.targets import ToolTargets
 from nexus_mcp.stores.idempotency import (
     Claim,
     ClaimStatus,
@@ -53,7 +54,6 @@ from nexus_mcp.stores.idempotency import (
     IdempotencyStore,
     to_refusal,
 )
-from nexus_mcp.targets import ToolTargets
 
 log = get_logger(__name__)
 

@@ -24,6 +24,7 @@ from nexus_mcp.errors import ConfigError
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.quarantine import PersistedEvidence, SeenDigests
 from nexus_mcp.policy.registry import RegistrySet
+from nexus_mcp.policy.targets import TargetOf, identify_upstream
 from nexus_mcp.policy.upstreams import (
     UpstreamConfig,
     UpstreamsConfig,
@@ -40,7 +41,6 @@ from nexus_mcp.providers.upstream import (
 )
 from nexus_mcp.providers.upstream_tools import check_arguments
 from nexus_mcp.settings import Settings
-from nexus_mcp.targets import TargetOf, identify_upstream
 
 if TYPE_CHECKING:
     from nexus_mcp.middleware.audit import AuditTrail

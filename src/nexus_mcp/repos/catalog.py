@@ -19,10 +19,10 @@ from typing import Any
 from nexus_mcp.errors import ConfigError, InvalidInputError, NotFoundError
 from nexus_mcp.logs import get_logger
 from nexus_mcp.policy.repos import ReposConfig, RepositoryConfig, is_safe_repo_name
+from nexus_mcp.policy.targets import identify_folder, to_target_id
 from nexus_mcp.principal import Principal
 from nexus_mcp.repos.git import GitError, find_git
 from nexus_mcp.repos.repository import Repository, RunnerFactory, open_repository
-from nexus_mcp.targets import identify_folder, to_target_id
 from nexus_mcp.workspace.files import is_within
 
 log = get_logger(__name__)

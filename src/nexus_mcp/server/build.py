@@ -56,6 +56,7 @@ from nexus_mcp.middleware.envelope import EnvelopeMiddleware
 from nexus_mcp.middleware.identity import IdentityMiddleware
 from nexus_mcp.middleware.limits import LimitsMiddleware
 from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
+from nexus_mcp.notes.vaults import VaultRouter, check_canister_deadline
 from nexus_mcp.observability import (
     Observability,
     build_observability,
@@ -84,6 +85,7 @@ from nexus_mcp.policy.registry import (
     upstream_registry_dir,
 )
 from nexus_mcp.policy.repos import ReposConfig, is_safe_repo_name, load_repos_config
+from nexus_mcp.policy.targets import ToolTargets, identify_folder
 from nexus_mcp.policy.upstreams import (
     UpstreamsConfig,
     decide_upstream_write,
@@ -113,16 +115,15 @@ from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
 from nexus_mcp.server.health import NO_STORE, is_operator, operator_token, public_readiness
 from nexus_mcp.server.routes import add_approval_routes
 from nexus_mcp.settings import Settings, config_sections, trust_files
-from nexus_mcp.state import (
-    prepare_state,
-    server_state_paths,
-)
 from nexus_mcp.stores.backends import StateStores, open_state, request_state_keys
 from nexus_mcp.stores.grants import TupleStore
 from nexus_mcp.stores.idempotency import IdempotencyStore
+from nexus_mcp.stores.locations import (
+    prepare_state,
+    server_state_paths,
+)
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.stores.sqlite_quarantine import open_quarantine_evidence
-from nexus_mcp.targets import ToolTargets, identify_folder
 from nexus_mcp.tool_index import ToolIndex
 from nexus_mcp.tools.discovery import build_discovery_tools
 from nexus_mcp.tools.files import TOOLSET as FILES_TOOLSET
@@ -131,7 +132,6 @@ from nexus_mcp.tools.notes import TOOLSET as NOTES_TOOLSET
 from nexus_mcp.tools.notes import build_notes_tools
 from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
 from nexus_mcp.tools.repo import build_repo_tools
-from nexus_mcp.vaults import VaultRouter, check_canister_deadline
 from nexus_mcp.workspace.files import LexicalPaths, ReachedTheWorld, ReplayWorkspace, Workspace
 
 log = get_logger(__name__)

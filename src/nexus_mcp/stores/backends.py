@@ -34,9 +34,9 @@ from nexus_mcp.policy.budgets import (
 )
 from nexus_mcp.policy.upstreams import SecretValue, resolve_secret
 from nexus_mcp.settings import Settings
-from nexus_mcp.state import grants_path, idempotency_path, nonces_path
 from nexus_mcp.stores.grants import SqliteTupleStore, TupleStore
 from nexus_mcp.stores.idempotency import IdempotencyStore, SqliteIdempotencyStore
+from nexus_mcp.stores.locations import grants_path, idempotency_path, nonces_path
 from nexus_mcp.stores.nonces import NonceStore, SqliteNonceStore
 
 log = get_logger(__name__)

@@ -23,7 +23,7 @@ from pathlib import Path
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.policy.quarantine import Proof
 from nexus_mcp.settings import Settings
-from nexus_mcp.state import DATA_DIR_SETTING, upstream_quarantine_path
+from nexus_mcp.stores.locations import DATA_DIR_SETTING, upstream_quarantine_path
 
 BUSY_TIMEOUT_SECONDS = 10.0
 

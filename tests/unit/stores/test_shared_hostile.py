@@ -136,7 +136,7 @@ def test_embedded_import_of_a_bad_export_leaves_earlier_zones_imported(
     partial state (here: a write grant for mallory). A revision past 2**63 even ends in
     an uncaught OverflowError (a traceback) rather than the one-line refusal."""
     from nexus_mcp.cli import main
-    from nexus_mcp.state import grants_path
+    from nexus_mcp.stores.locations import grants_path
 
     monkeypatch.delenv("NEXUS_MCP_CONFIG", raising=False)
     data = tmp_path / "d"
@@ -184,7 +184,7 @@ def test_export_over_an_existing_file_keeps_it_world_readable(
     re-run, or a file another user pre-created in a shared folder) writes every grant
     into a file anyone can read, against the code's own comment."""
     from nexus_mcp.cli import main
-    from nexus_mcp.state import grants_path
+    from nexus_mcp.stores.locations import grants_path
 
     monkeypatch.delenv("NEXUS_MCP_CONFIG", raising=False)
     data = tmp_path / "d"

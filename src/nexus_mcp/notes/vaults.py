@@ -18,10 +18,14 @@ from pathlib import Path
 
 from nexus_mcp.errors import ConfigError, UpstreamError
 from nexus_mcp.notes import CanisterBackend, LocalVaultBackend, NoteBackend
+from nexus_mcp.policy.targets import (
+    identify_canister_vault,
+    identify_folder,
+    identify_missing_vault,
+)
 from nexus_mcp.principal import Principal
 from nexus_mcp.settings import Settings
-from nexus_mcp.state import server_state_paths
-from nexus_mcp.targets import identify_canister_vault, identify_folder, identify_missing_vault
+from nexus_mcp.stores.locations import server_state_paths
 
 _VAULT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # The tool timeout starts before the canister request does (chain checks, token, connect
