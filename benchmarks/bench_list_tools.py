@@ -23,9 +23,9 @@ import yaml
 from fastmcp import FastMCP
 from pydantic import BaseModel
 
-from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.decorator import nexus_tool
-from nexus_mcp.logs import configure_logging
+from nexus_mcp.observability.audit import MemoryAuditSink
+from nexus_mcp.observability.logs import configure_logging
 from nexus_mcp.principal import Principal
 from nexus_mcp.server.build import build_server
 from nexus_mcp.settings import Settings

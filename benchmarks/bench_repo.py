@@ -53,7 +53,7 @@ from typing import Any
 import yaml
 from fastmcp import Client
 
-from nexus_mcp.logs import configure_logging
+from nexus_mcp.observability.logs import configure_logging
 from nexus_mcp.repos.git import GitRunner
 from nexus_mcp.repos.repository import PatchAnalysis, Repository
 from nexus_mcp.server.build import build_server

@@ -44,7 +44,7 @@ from tests.e2e.upstream_harness import (  # noqa: E402
     stdio_upstream,
 )
 
-from nexus_mcp.logs import configure_logging  # noqa: E402
+from nexus_mcp.observability.logs import configure_logging  # noqa: E402
 from results import Row, progress, report  # noqa: E402
 
 NAME = "bench_upstream"

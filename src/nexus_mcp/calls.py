@@ -16,9 +16,9 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from nexus_mcp.audit import AuditEvent
 from nexus_mcp.errors import Code
 from nexus_mcp.ids import new_id
+from nexus_mcp.observability.audit import AuditEvent
 from nexus_mcp.policy.documents import DocumentCheck
 from nexus_mcp.principal import Principal
 

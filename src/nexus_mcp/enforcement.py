@@ -24,7 +24,7 @@ from nexus_mcp.calls import (
 )
 from nexus_mcp.decorator import ToolContract
 from nexus_mcp.errors import InvalidInputError, ToolCallRecordInvalidError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.classification import Classification, classify_call
 from nexus_mcp.policy.documents import (
     DocumentCheck,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import structlog
 
-from nexus_mcp.audit import MemoryAuditSink
-from nexus_mcp.logs import json_processors
+from nexus_mcp.observability.audit import MemoryAuditSink
+from nexus_mcp.observability.logs import json_processors
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings
 

@@ -25,9 +25,9 @@ from fastmcp.client.elicitation import ElicitResult
 from fastmcp.utilities.tests import asgi_server
 from structlog.testing import capture_logs
 
-from nexus_mcp.audit import TOOL_CALL_BLOCKED, TOOL_CALL_FINISHED, MemoryAuditSink
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.logs import ensure_logging
+from nexus_mcp.observability.audit import TOOL_CALL_BLOCKED, TOOL_CALL_FINISHED, MemoryAuditSink
+from nexus_mcp.observability.logs import ensure_logging
 from nexus_mcp.policy.approvals import (
     APPROVAL_TOKEN_TYPE,
     ApprovalKeys,

@@ -24,10 +24,10 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from pydantic import BaseModel
 
-from nexus_mcp.audit import TOOL_CALL_FINISHED, TOOL_CALL_STARTED
 from nexus_mcp.calls import META_TOOL_EFFECT
 from nexus_mcp.cli import main
 from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.observability.audit import TOOL_CALL_FINISHED, TOOL_CALL_STARTED
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from fastmcp import Client
 
-from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
-from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server.build import NexusServer
 
 from .access_helpers import (

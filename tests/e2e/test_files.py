@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
-from nexus_mcp.audit import TOOL_CALL_BLOCKED, TOOL_CALL_FINISHED, MemoryAuditSink
+from nexus_mcp.observability.audit import TOOL_CALL_BLOCKED, TOOL_CALL_FINISHED, MemoryAuditSink
 
 from .conftest import ServerFactory, snapshot, wire
 

@@ -32,9 +32,9 @@ import yaml
 from fastmcp import Client
 from pydantic import ValidationError
 
-from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings, load_settings

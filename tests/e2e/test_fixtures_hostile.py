@@ -41,12 +41,12 @@ from fastmcp import Client
 from pydantic import BaseModel
 from structlog.testing import capture_logs
 
-from nexus_mcp.audit import TOOL_CALL_BLOCKED, MemoryAuditSink
 from nexus_mcp.cli import main as cli_main
 from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.store import parse_line
-from nexus_mcp.logs import ensure_logging
+from nexus_mcp.observability.audit import TOOL_CALL_BLOCKED, MemoryAuditSink
+from nexus_mcp.observability.logs import ensure_logging
 from nexus_mcp.policy.approvals import mint_approval_token
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.server.build import NexusServer, build_server
@@ -681,7 +681,7 @@ def test_a_fifo_in_place_of_the_fixture_file_does_not_hang_start_up(tmp_path: Pa
     program = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from nexus_mcp.audit import MemoryAuditSink\n"
+        "from nexus_mcp.observability.audit import MemoryAuditSink\n"
         "from nexus_mcp.errors import ConfigError\n"
         "from nexus_mcp.server.build import build_server\n"
         "from nexus_mcp.settings import Settings\n"

@@ -34,11 +34,11 @@ import yaml
 from fastmcp import Client
 from structlog.testing import capture_logs
 
-from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.cli import main as cli_main
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.lines import definition_digest, encode_line
-from nexus_mcp.logs import ensure_logging
+from nexus_mcp.observability.audit import MemoryAuditSink
+from nexus_mcp.observability.logs import ensure_logging
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings
 

@@ -32,11 +32,11 @@ from pathlib import Path
 import pytest
 from fastmcp import Client
 
-from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.cli import main as cli_main
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.lines import definition_digest
 from nexus_mcp.fixtures.secrets import REDACTED
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server.build import build_server
 from nexus_mcp.settings import Settings
 

@@ -28,15 +28,15 @@ import pytest
 import structlog
 from fastmcp import Client
 
-from nexus_mcp.audit import (
+from nexus_mcp.calls import PLUMBING_ARGS
+from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.observability.audit import (
     TOOL_CALL_BLOCKED,
     TOOL_CALL_FINISHED,
     TOOL_CALL_STARTED,
     MemoryAuditSink,
 )
-from nexus_mcp.calls import PLUMBING_ARGS
-from nexus_mcp.decorator import nexus_tool
-from nexus_mcp.errors import ConfigError
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.policy.hashing import digest_arguments
 from nexus_mcp.policy.targets import RULE_UNKNOWN_TARGET, identify_folder

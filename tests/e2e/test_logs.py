@@ -36,7 +36,7 @@ from mcp.types import Implementation
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from nexus_mcp.logs import LIBRARY_EVENT
+from nexus_mcp.observability.logs import LIBRARY_EVENT
 from nexus_mcp.policy.approvals import ApprovalSettings, load_approval_keys, mint_approval_token
 from tests.support.loopback import serve_in_thread
 

@@ -32,8 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server.build import NexusServer
 from tests.support.loopback import drip_fed_response, serve_in_thread
 

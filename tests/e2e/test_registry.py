@@ -23,18 +23,18 @@ from fastmcp import Client
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 
-from nexus_mcp.audit import (
+from nexus_mcp.calls import CallState
+from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.middleware.chain import PolicyChain
+from nexus_mcp.middleware.classification import ClassificationMiddleware
+from nexus_mcp.middleware.documents import DocumentsMiddleware
+from nexus_mcp.observability.audit import (
     TOOL_CALL_BLOCKED,
     TOOL_CALL_FINISHED,
     TOOL_CALL_STARTED,
     MemoryAuditSink,
 )
-from nexus_mcp.calls import CallState
-from nexus_mcp.chain import PolicyChain
-from nexus_mcp.decorator import nexus_tool
-from nexus_mcp.errors import ConfigError
-from nexus_mcp.middleware.classification import ClassificationMiddleware
-from nexus_mcp.middleware.documents import DocumentsMiddleware
 from nexus_mcp.policy.classification import (
     WARNING_DECLARATION_DIFFERS,
     WARNING_HINTS_CONFLICT,

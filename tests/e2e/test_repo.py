@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
-from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.observability.audit import MemoryAuditSink
 from tests.support.git_repos import commit, git, make_patch, refs, rev, state, tree_files
 
 from .repo_harness import (

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
-from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server.build import NexusServer
 from tests.support.forge_app import CANARY, FakeForge
 from tests.support.git_repos import commit, git, init_bare, rev

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
-from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.repos.git import GitRunner
 from nexus_mcp.repos.remote import push_branch
 from tests.support.git_repos import (

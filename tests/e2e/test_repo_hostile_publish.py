@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
-from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.observability.audit import MemoryAuditSink
 from tests.support.forge_app import FakePull
 from tests.support.git_repos import (
     ENV,

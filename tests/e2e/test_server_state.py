@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
-from nexus_mcp.audit import JsonlAuditSink
+from nexus_mcp.observability.audit import JsonlAuditSink
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings
 

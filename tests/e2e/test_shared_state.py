@@ -17,8 +17,8 @@ import yaml
 from fastmcp import Client
 from mcp.server.request_state import RequestStateSecurity
 
-from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.approvals import mint_approval_token
 from nexus_mcp.policy.grants import PROFILE_RELATION
 from nexus_mcp.server.build import NexusServer, build_server

@@ -23,7 +23,7 @@ import pytest
 import redis
 from fastmcp import Client
 
-from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.pins import load_pins
 from nexus_mcp.providers.upstream import UpstreamServer
 from nexus_mcp.server.build import NexusServer, build_server

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nexus_mcp.audit import AuditLog, MemoryAuditSink
+from nexus_mcp.observability.audit import AuditLog, MemoryAuditSink
 from nexus_mcp.policy.pins import definition_digest, load_pins, write_pins
 from nexus_mcp.policy.registry import load_registry_set
 from nexus_mcp.policy.upstreams import load_upstreams, resolve_secrets

@@ -12,7 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from nexus_mcp.audit import (
+from nexus_mcp.calls import CallState
+from nexus_mcp.decorator import ToolContract
+from nexus_mcp.middleware.audit import AuditTrail
+from nexus_mcp.observability.audit import (
     OUTCOME_OK,
     TOOL_CALL_STARTED,
     AuditEvent,
@@ -23,9 +26,6 @@ from nexus_mcp.audit import (
     read_audit_file,
     utc_timestamp,
 )
-from nexus_mcp.calls import CallState
-from nexus_mcp.decorator import ToolContract
-from nexus_mcp.middleware.audit import AuditTrail
 
 
 def event(kind: str = "tool_call_finished", **extra: object) -> AuditEvent:

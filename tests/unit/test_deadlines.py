@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from nexus_mcp.deadlines import DeadlineWatch
+from nexus_mcp.middleware.deadlines import DeadlineWatch
 
 
 async def test_a_call_past_its_deadline_ends_in_timeout_error_on_time() -> None:

@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from nexus_mcp.calls import CallState
 from nexus_mcp.errors import ConfigError, IdempotencyKeyConflictError, UnavailableError
-from nexus_mcp.observability import (
+from nexus_mcp.observability.telemetry import (
     CallTelemetry,
     Measured,
     Metrics,
@@ -305,7 +305,7 @@ def test_the_scrape_token_is_compared_as_a_bearer() -> None:
 WORKER = textwrap.dedent(
     """
     import sys
-    from nexus_mcp.observability import Metrics
+    from nexus_mcp.observability.telemetry import Metrics
     metrics = Metrics()
     metrics.bind_tools({"nexus_read_file"})
     for _ in range(int(sys.argv[1])):

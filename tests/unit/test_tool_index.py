@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fastmcp import Client, FastMCP
 
-from nexus_mcp.audit import MemoryAuditSink
+from nexus_mcp.observability.audit import MemoryAuditSink
+from nexus_mcp.providers.tool_index import ToolIndex
 from nexus_mcp.server.build import NexusServer, build_server
 from nexus_mcp.settings import Settings
-from nexus_mcp.tool_index import ToolIndex
 
 UNKNOWN = "Unknown tool: 'nexus_read_file'"
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nexus_mcp.audit import read_audit_file
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.observability.audit import read_audit_file
 from nexus_mcp.stores.locations import AUDIT_FILE_SETTING, DATA_DIR_SETTING, load_state_settings
 
 TAIL_COLUMNS = ("ts", "event", "tool", "subject", "outcome", "duration_ms", "correlation_id")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.logs import configure_logging
+from nexus_mcp.observability.logs import configure_logging
 from nexus_mcp.settings import SERVE_FLAGS, SERVE_OPTIONS, load_settings
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError, UnavailableError
-from nexus_mcp.logs import ensure_logging
+from nexus_mcp.observability.logs import ensure_logging
 from nexus_mcp.policy.pins import PinState, load_pins, lock_path, write_pins
 from nexus_mcp.policy.quarantine import PersistedEvidence
 from nexus_mcp.policy.registry import (

@@ -25,7 +25,7 @@ from typing import Any
 
 from cachetools import TTLCache
 
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.grants import (
     DIRECT_RELATION,
     PROFILE_RELATION,

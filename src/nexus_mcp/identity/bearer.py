@@ -30,7 +30,7 @@ from fastmcp.server.auth.providers.jwt import JWTVerifier
 from joserfc.errors import InvalidClaimError, JoseError
 from joserfc.jwt import JWTClaimsRegistry
 
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 
 log = get_logger(__name__)
 

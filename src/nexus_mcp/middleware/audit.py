@@ -22,7 +22,11 @@ from typing import Any
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.audit import (
+from nexus_mcp.calls import PLUMBING_ARGS, CallState, current_call
+from nexus_mcp.decorator import ToolContract
+from nexus_mcp.errors import Code, NexusError
+from nexus_mcp.middleware.envelope import to_wire_error
+from nexus_mcp.observability.audit import (
     AUDIT_SCHEMA_VERSION,
     OUTCOME_OK,
     TOOL_CALL_BLOCKED,
@@ -32,11 +36,7 @@ from nexus_mcp.audit import (
     AuditLog,
     utc_timestamp,
 )
-from nexus_mcp.calls import PLUMBING_ARGS, CallState, current_call
-from nexus_mcp.decorator import ToolContract
-from nexus_mcp.errors import Code, NexusError
-from nexus_mcp.middleware.envelope import to_wire_error
-from nexus_mcp.observability import CallRecord, CallTelemetry
+from nexus_mcp.observability.telemetry import CallRecord, CallTelemetry
 from nexus_mcp.policy.hashing import fingerprint_arguments
 
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"

@@ -39,8 +39,8 @@ from nexus_mcp.errors import (
     NexusError,
     UnavailableError,
 )
-from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.envelope import invalid_input_from
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.hashing import (
     PROBLEM_UNREPRESENTABLE,
     digest_arguments,

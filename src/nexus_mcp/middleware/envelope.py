@@ -28,7 +28,7 @@ from pydantic import ValidationError as PydanticValidationError
 from nexus_mcp.calls import META_CORRELATION_ID, CallState, nexus_meta, open_call
 from nexus_mcp.decorator import ConnectorRefusal
 from nexus_mcp.errors import InternalError, InvalidInputError, NexusError, to_nexus_error
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Any
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import current_call
-from nexus_mcp.deadlines import DeadlineWatch
 from nexus_mcp.errors import ToolTimeoutError
+from nexus_mcp.middleware.deadlines import DeadlineWatch
 from nexus_mcp.policy.budgets import CallLimits, ToolTimeouts
 
 

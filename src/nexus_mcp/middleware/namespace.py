@@ -18,7 +18,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import current_call, current_principal
 from nexus_mcp.errors import UnavailableError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.principal import Principal
 
 log = get_logger(__name__)

@@ -58,9 +58,9 @@ from nexus_mcp.fixtures.lines import (
 )
 from nexus_mcp.fixtures.secrets import MIN_ARGUMENT_SECRET_CHARS, SecretScanner
 from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read_fixtures
-from nexus_mcp.logs import get_logger
 from nexus_mcp.middleware.audit import safe_facts
 from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope, to_wire_error
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.documents import check_read_documents
 from nexus_mcp.policy.pins import definition_digest as pinned_digest
 from nexus_mcp.policy.registry import DocumentSpec

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.catalog import ToolCatalog
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.quarantine import PersistedEvidence, SeenDigests
 from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.targets import TargetOf, identify_upstream

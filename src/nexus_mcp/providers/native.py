@@ -21,7 +21,7 @@ from nexus_mcp.decorator import (
     bind_tool,
     contract_of,
 )
-from nexus_mcp.tool_index import ToolIndex
+from nexus_mcp.providers.tool_index import ToolIndex
 
 ToolFunction = Callable[..., Awaitable[Any]]
 

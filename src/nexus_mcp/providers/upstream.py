@@ -60,12 +60,12 @@ from typing import Any, Literal
 from fastmcp import Client
 from mcp_types import ListToolsResult
 
-from nexus_mcp.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
 from nexus_mcp.calls import CallState
 from nexus_mcp.decorator import ConnectorCheck, FinishedHook, ToolContract
 from nexus_mcp.errors import UnavailableError
 from nexus_mcp.ids import new_id
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.classification import DEV_MODE
 from nexus_mcp.policy.hashing import sha256_hex
 from nexus_mcp.policy.pins import (

@@ -27,7 +27,7 @@ from fastmcp.client.transports import StreamableHttpTransport
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from nexus_mcp.errors import UpstreamError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.providers.upstream_stdio import BoundedStdioTransport
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from mcp.client.stdio import (
 )
 from mcp.shared.message import SessionMessage
 
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nexus_mcp.errors import ConfigError, InvalidInputError, NotFoundError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.repos import ReposConfig, RepositoryConfig, is_safe_repo_name
 from nexus_mcp.policy.targets import identify_folder, to_target_id
 from nexus_mcp.principal import Principal

@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nexus_mcp.errors import ConflictError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.repos import PatchFacts
 from nexus_mcp.repos.git import GitOutputTooLargeError
 from nexus_mcp.repos.repository import (

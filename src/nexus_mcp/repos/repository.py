@@ -43,7 +43,7 @@ from nexus_mcp.errors import (
     InvalidInputError,
     NotFoundError,
 )
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.repos import MAX_BRANCH_CHARS, PatchFacts, RepositoryConfig, WritePolicy
 from nexus_mcp.repos.git import GitError, GitOutputTooLargeError, GitResult, GitRunner
 from nexus_mcp.repos.store import StoreGuard, UnsafeStoreError

@@ -23,10 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nexus_mcp import __version__
-from nexus_mcp.audit import AuditLog, AuditSink, JsonlAuditSink
 from nexus_mcp.calls import CallState
 from nexus_mcp.catalog import ToolCatalog
-from nexus_mcp.chain import ChainLayers, build_middleware
 from nexus_mcp.decorator import (
     ConnectorCheck,
     NexusTool,
@@ -47,9 +45,9 @@ from nexus_mcp.identity.resolver import (
     build_identity,
     check_launch_settings,
 )
-from nexus_mcp.logs import ensure_logging, get_logger
 from nexus_mcp.middleware.approval import ApprovalMiddleware, WriteGate
 from nexus_mcp.middleware.audit import AuditMiddleware, AuditTrail
+from nexus_mcp.middleware.chain import ChainLayers, build_middleware
 from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.middleware.documents import DocumentsMiddleware
 from nexus_mcp.middleware.envelope import EnvelopeMiddleware
@@ -57,7 +55,9 @@ from nexus_mcp.middleware.identity import IdentityMiddleware
 from nexus_mcp.middleware.limits import LimitsMiddleware
 from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
 from nexus_mcp.notes.vaults import VaultRouter, check_canister_deadline
-from nexus_mcp.observability import (
+from nexus_mcp.observability.audit import AuditLog, AuditSink, JsonlAuditSink
+from nexus_mcp.observability.logs import ensure_logging, get_logger
+from nexus_mcp.observability.telemetry import (
     Observability,
     build_observability,
     configure_tracing,
@@ -108,6 +108,7 @@ from nexus_mcp.providers.fixtures import (
 )
 from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
+from nexus_mcp.providers.tool_index import ToolIndex
 from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import ARG_REPO, RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
@@ -124,7 +125,6 @@ from nexus_mcp.stores.locations import (
 )
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.stores.sqlite_quarantine import open_quarantine_evidence
-from nexus_mcp.tool_index import ToolIndex
 from nexus_mcp.tools.discovery import build_discovery_tools
 from nexus_mcp.tools.files import TOOLSET as FILES_TOOLSET
 from nexus_mcp.tools.files import build_files_tools

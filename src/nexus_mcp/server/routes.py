@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from nexus_mcp.errors import InvalidInputError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.approvals import check_mintable_tool, mint_approval_token
 from nexus_mcp.principal import Principal, principal_from_claims
 

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.budgets import (
     CallLimits,
     SeparateLimits,

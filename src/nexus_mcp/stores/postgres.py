@@ -41,7 +41,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from nexus_mcp.errors import ConfigError, InternalError, InvalidInputError, UnavailableError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.stores.grants import (
     TOOLS_PREFIX,
     RelationTuple,

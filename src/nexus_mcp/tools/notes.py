@@ -17,8 +17,8 @@ from pydantic import Field
 from nexus_mcp.calls import current_principal
 from nexus_mcp.decorator import nexus_tool
 from nexus_mcp.errors import UpstreamError
-from nexus_mcp.logs import get_logger
 from nexus_mcp.notes import NoteBackend, ViewKind, read_note_view, to_log_record
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.principal import Principal
 from nexus_mcp.workspace.files import ReachedTheWorld
 

@@ -37,7 +37,7 @@ from mcp.shared.inbound import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.transport.wire_errors import FIXED_MESSAGES, HEADER_MISMATCH
 
 log = get_logger(__name__)

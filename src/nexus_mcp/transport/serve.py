@@ -18,7 +18,7 @@ from starlette.middleware import Middleware as ASGIMiddlewareSpec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.logs import enforce_one_handler
+from nexus_mcp.observability.logs import enforce_one_handler
 from nexus_mcp.server.build import NexusServer
 from nexus_mcp.settings import Settings
 from nexus_mcp.transport.routing_headers import RoutingHeadersMiddleware

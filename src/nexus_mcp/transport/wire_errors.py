@@ -31,7 +31,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import ErrorData, JSONRPCError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 
 log = get_logger(__name__)
 

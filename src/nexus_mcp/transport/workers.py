@@ -95,7 +95,7 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
 
 def create_app() -> ASGIApp:
     """A worker's ASGI app: the server built from the parent's settings (uvicorn factory)."""
-    from nexus_mcp.logs import configure_logging, enforce_one_handler
+    from nexus_mcp.observability.logs import configure_logging, enforce_one_handler
     from nexus_mcp.server.build import build_server
     from nexus_mcp.settings import SERVE_FLAGS, load_settings
     from nexus_mcp.transport.serve import http_options

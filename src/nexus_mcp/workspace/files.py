@@ -57,7 +57,7 @@ from nexus_mcp.errors import (
     NotFoundError,
     WritePolicyDeniedError,
 )
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.write_policy import RULE_DISALLOWED_SUBTREE
 from nexus_mcp.workspace.confinement import (
     DIR_FLAGS,

@@ -10,8 +10,8 @@ import jwt
 import pytest
 from fastmcp.utilities.tests import asgi_server
 
-from nexus_mcp.audit import MemoryAuditSink
 from nexus_mcp.commands.approvals import add_parser
+from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.approvals import (
     ApprovalKeys,
     ApprovalSettings,

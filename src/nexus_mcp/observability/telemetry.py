@@ -62,7 +62,7 @@ from starlette.responses import Response
 from nexus_mcp import __version__
 from nexus_mcp.calls import CallState
 from nexus_mcp.errors import Code, ConfigError, NexusError, UnavailableError
-from nexus_mcp.logs import get_logger
+from nexus_mcp.observability.logs import get_logger
 
 log = get_logger(__name__)
 
