@@ -23,7 +23,7 @@ import yaml
 from fastmcp import FastMCP
 from pydantic import BaseModel
 
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.observability.logs import configure_logging
 from nexus_mcp.principal import Principal

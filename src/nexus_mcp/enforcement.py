@@ -22,7 +22,7 @@ from nexus_mcp.calls import (
     PLUMBING_ARGS,
     CallState,
 )
-from nexus_mcp.decorator import ToolContract
+from nexus_mcp.contracts import ToolContract
 from nexus_mcp.errors import InvalidInputError, ToolCallRecordInvalidError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.classification import Classification, classify_call

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from nexus_mcp.calls import META_TOOL_EFFECT
 from nexus_mcp.cli import main
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import TOOL_CALL_FINISHED, TOOL_CALL_STARTED
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.server.build import NexusServer, build_server

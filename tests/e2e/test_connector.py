@@ -11,7 +11,7 @@ from fastmcp import Client
 from fastmcp.tools import FunctionTool
 from pydantic import BaseModel
 
-from nexus_mcp.decorator import NexusTool, nexus_tool
+from nexus_mcp.contracts import NexusTool, nexus_tool
 from nexus_mcp.middleware.chain import PolicyChain
 from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.observability.audit import MemoryAuditSink

@@ -10,7 +10,7 @@ import pytest
 from fastmcp import Client, FastMCP
 from pydantic import BaseModel
 
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import Code
 from nexus_mcp.policy.grants import grant_tool
 

@@ -32,7 +32,7 @@ import yaml
 from fastmcp import Client
 from pydantic import ValidationError
 
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.grants import grant_tool

@@ -42,7 +42,7 @@ from pydantic import BaseModel
 from structlog.testing import capture_logs
 
 from nexus_mcp.cli import main as cli_main
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.store import parse_line
 from nexus_mcp.observability.audit import TOOL_CALL_BLOCKED, MemoryAuditSink

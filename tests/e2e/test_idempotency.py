@@ -29,7 +29,7 @@ import structlog
 from fastmcp import Client
 
 from nexus_mcp.calls import PLUMBING_ARGS
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import (
     TOOL_CALL_BLOCKED,

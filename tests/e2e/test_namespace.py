@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from structlog.testing import capture_logs
 
 from nexus_mcp import __version__
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import TOOL_CALL_BLOCKED, TOOL_CALL_STARTED, MemoryAuditSink
 from nexus_mcp.policy.grants import grant_tool, revoke_tool
 from nexus_mcp.principal import ROLES

@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, SecretStr
 
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.observability.telemetry import SPAN_TOOL_CALL, RedactingSpanExporter
 from nexus_mcp.policy.grants import grant_tool

@@ -24,7 +24,7 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 
 from nexus_mcp.calls import CallState
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.middleware.chain import PolicyChain
 from nexus_mcp.middleware.classification import ClassificationMiddleware

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from nexus_mcp.calls import CallState
-from nexus_mcp.decorator import ToolContract
+from nexus_mcp.contracts import ToolContract
 from nexus_mcp.middleware.audit import AuditTrail
 from nexus_mcp.observability.audit import (
     OUTCOME_OK,

@@ -190,7 +190,7 @@ def refuse_unrepresentable(arguments: Mapping[str, Any], model: type[BaseModel] 
 
 
 def _is_refusal(exc: BaseException) -> bool:
-    from nexus_mcp.decorator import ConnectorRefusal
+    from nexus_mcp.contracts import ConnectorRefusal
 
     error = exc.error if isinstance(exc, ConnectorRefusal) else exc
     # Typed refusals from the tool body (NOT_FOUND, CONFLICT, INVALID_PATH) are raised

@@ -26,7 +26,7 @@ from mcp_types import INVALID_PARAMS, TextContent
 from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.calls import META_CORRELATION_ID, CallState, nexus_meta, open_call
-from nexus_mcp.decorator import ConnectorRefusal
+from nexus_mcp.contracts import ConnectorRefusal
 from nexus_mcp.errors import InternalError, InvalidInputError, NexusError, to_nexus_error
 from nexus_mcp.observability.logs import get_logger
 

@@ -39,7 +39,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
-from nexus_mcp.decorator import ConnectorCheck, ConnectorRefusal, ToolContract
+from nexus_mcp.contracts import ConnectorCheck, ConnectorRefusal, ToolContract
 from nexus_mcp.errors import (
     Code,
     ConfigError,

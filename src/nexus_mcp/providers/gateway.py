@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nexus_mcp.catalog import ToolCatalog
+from nexus_mcp.book import ToolCatalog
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.quarantine import PersistedEvidence, SeenDigests

@@ -13,7 +13,7 @@ from fastmcp import FastMCP
 from pydantic import BaseModel
 
 from nexus_mcp.calls import CallState
-from nexus_mcp.decorator import (
+from nexus_mcp.contracts import (
     ConnectorCheck,
     FinishedHook,
     NexusTool,

@@ -61,7 +61,7 @@ from fastmcp import Client
 from mcp_types import ListToolsResult
 
 from nexus_mcp.calls import CallState
-from nexus_mcp.decorator import ConnectorCheck, FinishedHook, ToolContract
+from nexus_mcp.contracts import ConnectorCheck, FinishedHook, ToolContract
 from nexus_mcp.errors import UnavailableError
 from nexus_mcp.ids import new_id
 from nexus_mcp.observability.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp

@@ -29,7 +29,7 @@ from jsonschema.exceptions import SchemaError
 from mcp_types import TextContent, ToolAnnotations
 
 from nexus_mcp.calls import META_TOOL_EFFECT, PLUMBING_ARGS, current_call
-from nexus_mcp.decorator import ConnectorRefusal
+from nexus_mcp.contracts import ConnectorRefusal
 from nexus_mcp.errors import InvalidInputError, NexusError
 from nexus_mcp.policy.hashing import to_canonical_json
 from nexus_mcp.policy.pins import PinState

@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nexus_mcp import __version__
+from nexus_mcp.book import ToolCatalog
 from nexus_mcp.calls import CallState
-from nexus_mcp.catalog import ToolCatalog
-from nexus_mcp.decorator import (
+from nexus_mcp.contracts import (
     ConnectorCheck,
     NexusTool,
     ToolContract,

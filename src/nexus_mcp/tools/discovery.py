@@ -15,9 +15,9 @@ from typing import Annotated, Any
 from cachetools import TTLCache
 from pydantic import BaseModel, Field
 
+from nexus_mcp.book import CatalogEntry, ToolCatalog, tokenize
 from nexus_mcp.calls import current_call, current_principal
-from nexus_mcp.catalog import CatalogEntry, ToolCatalog, tokenize
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import NotFoundError
 from nexus_mcp.principal import Principal
 

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import ConflictError, InvalidInputError
 from nexus_mcp.settings import Settings
 from nexus_mcp.workspace.files import Workspace, run_guarded

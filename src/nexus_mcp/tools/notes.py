@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from nexus_mcp.calls import current_principal
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import UpstreamError
 from nexus_mcp.notes import NoteBackend, ViewKind, read_note_view, to_log_record
 from nexus_mcp.observability.logs import get_logger

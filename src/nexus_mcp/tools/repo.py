@@ -27,7 +27,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, Field
 
 from nexus_mcp.calls import current_call
-from nexus_mcp.decorator import nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import (
     FACT_OUTCOME_UNKNOWN,
     ConflictError,
