@@ -175,6 +175,10 @@ class RegistryEnforcer:
     ) -> DocumentCheck:
         return check_read_documents(self.read_spec(classification), structured)
 
+    def call_effect(self, state: CallState) -> dict[str, Any]:
+        """The ``tool_effect`` of a call that ran, from its own document check."""
+        return self.effect(state, state.document_check)
+
     def effect(self, state: CallState, check: DocumentCheck | None) -> dict[str, Any]:
         server_id, tool_name = self.route(state.tool_name)
         return build_tool_effect(

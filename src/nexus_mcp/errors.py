@@ -422,19 +422,6 @@ def correlation_ref(correlation_id: str) -> str:
     return hashlib.sha256(correlation_id.encode("utf-8")).hexdigest()[:12]
 
 
-def to_nexus_error(exc: BaseException, *, correlation_id: str) -> NexusError:
-    """The one mapping from any exception to a safe ``NexusError``.
-
-    Typed refusals pass through; anything else becomes ``INTERNAL_ERROR`` whose message
-    holds only a hashed reference to the correlation id (the operator's log has the rest).
-    """
-    if isinstance(exc, NexusError):
-        return exc
-    internal = InternalError(ref=correlation_ref(correlation_id), exception=type(exc).__name__)
-    internal.__cause__ = exc
-    return internal
-
-
 __all__ = [
     "FACT_OUTCOME_UNKNOWN",
     "MERGE_BLOCKED_REASONS",
@@ -477,5 +464,4 @@ __all__ = [
     "WritePolicyDeniedError",
     "correlation_ref",
     "rebuild_error",
-    "to_nexus_error",
 ]

@@ -11,11 +11,12 @@ from fastmcp import Client
 from fastmcp.tools import FunctionTool
 from pydantic import BaseModel
 
-from nexus_mcp.contracts import NexusTool, nexus_tool
+from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.middleware.chain import PolicyChain
 from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.grants import grant_tool
+from nexus_mcp.providers.native import NexusTool
 from nexus_mcp.server.build import build_server
 from nexus_mcp.settings import Settings
 

@@ -1036,11 +1036,11 @@ async def test_gateway_and_connector_hold_one_registry_object(build: Builder) ->
     ]
     assert len(gateway) == 2
     assert all(m.enforcer is runtime.enforcer for m in gateway)
-    assert [type(c).__name__ for c in runtime.connector_checks] == [
+    assert [type(c).__name__ for c in runtime.connector.checks] == [
         "RegistryConnectorCheck",
         "ToolCallRecordCheck",  # the seed's tool_call record (issue 22), same enforcer
     ]
-    assert all(c.enforcer is runtime.enforcer for c in runtime.connector_checks)  # type: ignore[attr-defined]
+    assert all(c.enforcer is runtime.enforcer for c in runtime.connector.checks)  # type: ignore[attr-defined]
     assert runtime.enforcer.registry is runtime.registry
 
 
@@ -1128,7 +1128,7 @@ def keep_connector_only(server: NexusServer) -> None:
 
 def keep_gateway_only(server: NexusServer) -> None:
     """Empty the list the connector iterates (shared by reference with every bound tool)."""
-    server.runtime.connector_checks.clear()
+    server.runtime.connector.checks.clear()
 
 
 LAYERS: dict[str, Callable[[NexusServer], None]] = {
@@ -1307,7 +1307,7 @@ async def test_a_connector_that_disagrees_with_the_gateway_on_a_read_is_an_inter
     build: Builder, audit: MemoryAuditSink
 ) -> None:
     server = build()
-    server.runtime.connector_checks.append(MisclassifyingCheck())
+    server.runtime.connector.checks.append(MisclassifyingCheck())
     result = await call(server, "nexus_read_file", {"path": "todo.txt"})
     assert code_of(result) == "INTERNAL_ERROR"
     assert "todo" not in json.dumps(result)  # no content leaves on a split brain

@@ -84,7 +84,7 @@ async def test_a_valid_record_carries_the_calls_id_like_its_audit_and_effect(
 
     # The record the connector builds for a call: schema-valid, the call's own id, the
     # audit's argument digest, the caller's key and expected hashes.
-    (check,) = [c for c in server.runtime.connector_checks if isinstance(c, ToolCallRecordCheck)]
+    (check,) = [c for c in server.runtime.connector.checks if isinstance(c, ToolCallRecordCheck)]
     state = CallState(
         tool_name="nexus_write_file",
         arguments={"path": "a.txt", "content": "x", "idempotency_key": "key-1"},

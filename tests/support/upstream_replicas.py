@@ -71,8 +71,8 @@ class Replica:
             mode="prod",
             on_change=lambda _server: None,
             seen=seen,
+            audit=AuditLog([self.audit]),
         )
-        self.server.audit = AuditLog([self.audit])
 
     def sees(self, *definitions: Mapping[str, Any], authoritative: bool = True) -> None:
         self.server.evaluate({str(d["name"]): d for d in definitions}, authoritative=authoritative)

@@ -24,8 +24,8 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import PLUMBING_ARGS, CallState, current_call
 from nexus_mcp.contracts import ToolContract
+from nexus_mcp.envelope import to_wire_error
 from nexus_mcp.errors import Code, NexusError
-from nexus_mcp.middleware.envelope import to_wire_error
 from nexus_mcp.observability.audit import (
     AUDIT_SCHEMA_VERSION,
     OUTCOME_OK,

@@ -32,6 +32,7 @@ from nexus_mcp.calls import (
     current_call,
 )
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
+from nexus_mcp.envelope import invalid_input_from, refusal_of
 from nexus_mcp.errors import (
     FACT_OUTCOME_UNKNOWN,
     Code,
@@ -39,7 +40,6 @@ from nexus_mcp.errors import (
     NexusError,
     UnavailableError,
 )
-from nexus_mcp.middleware.envelope import invalid_input_from
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.hashing import (
     PROBLEM_UNREPRESENTABLE,
@@ -190,9 +190,7 @@ def refuse_unrepresentable(arguments: Mapping[str, Any], model: type[BaseModel] 
 
 
 def _is_refusal(exc: BaseException) -> bool:
-    from nexus_mcp.contracts import ConnectorRefusal
-
-    error = exc.error if isinstance(exc, ConnectorRefusal) else exc
+    error = refusal_of(exc)
     # Typed refusals from the tool body (NOT_FOUND, CONFLICT, INVALID_PATH) are raised
     # before any change is made; a timeout or a crash after the tool started is not one,
     # and neither is a failure the tool marks as after its write was sent (a forge that

@@ -11,23 +11,20 @@ on handshake-era connections FastMCP would pass a plain exception's text to the 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import mcp_types
-from fastmcp.exceptions import FastMCPError, ToolError
+from fastmcp.exceptions import FastMCPError
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
-from fastmcp.exceptions import ValidationError as FastMCPValidationError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
-from fastmcp.tools import ToolResult
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, TextContent
+from mcp_types import INVALID_PARAMS
 from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.calls import META_CORRELATION_ID, CallState, nexus_meta, open_call
-from nexus_mcp.contracts import ConnectorRefusal
-from nexus_mcp.errors import InternalError, InvalidInputError, NexusError, to_nexus_error
+from nexus_mcp.envelope import to_envelope, to_wire_error
+from nexus_mcp.errors import InternalError, InvalidInputError
 from nexus_mcp.observability.logs import get_logger
 
 log = get_logger(__name__)
@@ -38,45 +35,6 @@ INTERNAL_JSONRPC_CODE = -32603
 INVALID_PARAMS_MESSAGE = "Invalid request parameters"
 # What logs say instead of a tool name the chain has not matched to a tool (as the audit).
 UNREGISTERED_TOOL = "(unregistered)"
-
-
-def to_wire_error(exc: BaseException, *, correlation_id: str) -> NexusError:
-    """Unwrap FastMCP's wrappers, then apply the one mapping in ``errors.to_nexus_error``."""
-    if isinstance(exc, ConnectorRefusal):
-        return exc.error
-    if isinstance(exc, FastMCPValidationError):
-        return invalid_input_from(exc.__cause__)
-    if isinstance(exc, ToolError) and isinstance(exc.__cause__, NexusError):
-        return exc.__cause__
-    return to_nexus_error(exc, correlation_id=correlation_id)
-
-
-def invalid_input_from(cause: BaseException | None) -> InvalidInputError:
-    """``INVALID_INPUT`` naming the first bad declared field; never the value sent.
-
-    pydantic's messages embed the input value even with ``mask_error_details``, so only
-    the location is kept, and not even that for unexpected arguments (the name of an
-    unexpected argument is itself caller input).
-    """
-    if isinstance(cause, PydanticValidationError):
-        for err in cause.errors(include_url=False, include_input=False, include_context=False):
-            loc = err.get("loc") or ()
-            if err.get("type") in ("unexpected_keyword_argument", "extra_forbidden"):
-                return InvalidInputError("unexpected argument", problem="unexpected_argument")
-            if loc and isinstance(loc[0], str):
-                return InvalidInputError(field=loc[0], problem=str(err.get("type")))
-    return InvalidInputError(problem="validation")
-
-
-def to_envelope(error: NexusError) -> ToolResult:
-    """The envelope as text content only. Never ``structuredContent``: the TypeScript SDK
-    1.x and the MCP Inspector validate it against the tool's ``outputSchema`` even when
-    ``isError`` is set, and throw on a refusal instead of showing it (DESIGN.md)."""
-    payload = error.to_payload()
-    return ToolResult(
-        content=[TextContent(type="text", text=json.dumps(payload, separators=(",", ":")))],
-        is_error=True,
-    )
 
 
 def _correlation_id(meta: dict[str, Any]) -> str | None:
@@ -207,7 +165,4 @@ def _masked_internal(context: MiddlewareContext[Any], exc: Exception) -> MCPErro
 __all__ = [
     "EnvelopeMiddleware",
     "estimate_size",
-    "invalid_input_from",
-    "to_envelope",
-    "to_wire_error",
 ]

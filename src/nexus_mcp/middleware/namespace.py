@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import current_call, current_principal
+from nexus_mcp.envelope import unknown_tool
 from nexus_mcp.errors import UnavailableError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.principal import Principal
@@ -34,11 +34,6 @@ class Namespace(Protocol):
     def record_rejected(self) -> None: ...
 
     def record_error(self) -> None: ...
-
-
-def unknown_tool(name: str) -> FastMCPNotFoundError:
-    # Exactly the message FastMCP raises for a tool that does not exist (server.py).
-    return FastMCPNotFoundError(f"Unknown tool: {name!r}")
 
 
 class WarmUp(Protocol):
@@ -118,4 +113,4 @@ class ToolNamespaceMiddleware(Middleware):
         return await call_next(context)
 
 
-__all__ = ["Namespace", "ToolNamespaceMiddleware", "unknown_tool"]
+__all__ = ["Namespace", "ToolNamespaceMiddleware"]

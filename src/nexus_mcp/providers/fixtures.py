@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
@@ -39,7 +38,9 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
-from nexus_mcp.contracts import ConnectorCheck, ConnectorRefusal, ToolContract
+from nexus_mcp.connector import Connector, Outcome
+from nexus_mcp.contracts import ToolContract
+from nexus_mcp.envelope import invalid_input_from, to_envelope, to_wire_error, unknown_tool
 from nexus_mcp.errors import (
     Code,
     ConfigError,
@@ -59,7 +60,6 @@ from nexus_mcp.fixtures.lines import (
 from nexus_mcp.fixtures.secrets import MIN_ARGUMENT_SECRET_CHARS, SecretScanner
 from nexus_mcp.fixtures.store import CallRecord, FixtureWriter, ToolRecord, read_fixtures
 from nexus_mcp.middleware.audit import safe_facts
-from nexus_mcp.middleware.envelope import invalid_input_from, to_envelope, to_wire_error
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.documents import check_read_documents
 from nexus_mcp.policy.pins import definition_digest as pinned_digest
@@ -224,13 +224,6 @@ class Recorder:
 
 # -- replaying -----------------------------------------------------------------------------
 
-ConnectorHooks = tuple[
-    Sequence[ConnectorCheck],
-    Callable[[ToolContract, CallState], Mapping[str, Any]],
-    Callable[[ToolContract, CallState], None],
-    Callable[[ToolContract, CallState], None],
-]
-
 
 class ReplayTool(Tool):
     """A recorded tool as FastMCP holds it; ``run`` is the connector of a replayed call."""
@@ -283,15 +276,16 @@ class FixtureProvider(Provider):
         *,
         contracts: Mapping[str, ToolContract],
         argument_models: Mapping[str, type[BaseModel]],
+        connector: Connector,
         prechecks: Mapping[str, Callable[..., Awaitable[Any]]] | None = None,
     ) -> None:
         super().__init__()
         self.contracts = contracts
+        self.connector = connector
         self.argument_models = argument_models
         self.prechecks = dict(prechecks or {})
         self.calls = calls
         self.tools = {name: ReplayTool.for_record(r, self) for name, r in records.items()}
-        self.hooks: ConnectorHooks | None = None
         self._positions: OrderedDict[tuple[str, tuple[str, str, str]], int] = OrderedDict()
         self._sessions: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
@@ -308,23 +302,24 @@ class FixtureProvider(Provider):
         state = current_call()
         if state is None or state.principal is None or self.tools.get(tool.name) is not tool:
             # Reached without the chain: the answer a hidden or missing tool gets.
-            raise FastMCPNotFoundError(f"Unknown tool: {tool.name!r}")
-        hooks = self.hooks
-        assert hooks is not None, "the composition root binds the connector hooks"
-        checks, build_effect, on_started, before_run = hooks
+            raise unknown_tool(tool.name)
         record = tool.record
         contract = self.contracts[tool.name]
-        try:
-            normalized = self._normalized(record, state, arguments)
-            for check in checks:
-                check.before(contract, state, normalized)
+        # What validate and prepare found, for the steps after them.
+        found: dict[str, Any] = {}
+
+        def validate() -> dict[str, Any]:
+            found["arguments"] = normalized = self._normalized(record, state, arguments)
+            return normalized
+
+        async def prepare() -> None:
+            normalized = found["arguments"]
             refusal = await self._precheck(record, normalized)
             if refusal is not None:
-                # Live, the tool ran and refused from its arguments: so it does here.
-                before_run(contract, state)
-                state.executed = True
-                on_started(contract, state)
-                raise refusal
+                # Live, the tool ran and refused from its arguments: so it does here, after
+                # its approval is spent and its start audited.
+                found["answer"] = refusal
+                return
             key = (
                 record.tool,
                 record.version,
@@ -333,10 +328,12 @@ class FixtureProvider(Provider):
             recorded = self._next(state, key)
             if recorded is None:
                 raise FixtureNotFoundError(args_sha256=key[2])
-            # The call runs from here on, as a live one would: its approval is spent.
-            before_run(contract, state)
-            state.executed = True
-            on_started(contract, state)
+            found["answer"] = recorded  # the call runs from here on, as a live one would
+
+        async def execute() -> Outcome:
+            recorded = found["answer"]
+            if isinstance(recorded, NexusError):
+                raise recorded
             if recorded.error is not None:
                 error = recorded.error
                 raise rebuild_error(str(error["code"]), str(error["message"]), error.get("facts"))
@@ -347,23 +344,19 @@ class FixtureProvider(Provider):
             target_ref = (recorded.effect or {}).get("target_ref")
             if isinstance(target_ref, str):
                 state.target_ref = target_ref
+            document: dict[str, Any] | None = None
             if not is_error:
-                document: dict[str, Any] = (
+                document = (
                     dict(structured or {})
                     if record.upstream_tool is None
                     else {"content": result["content"], "structuredContent": structured}
                 )
-                for check in checks:
-                    check.after(contract, state, document)
-            effect = build_effect(contract, state)
-        except NexusError as exc:
-            raise ConnectorRefusal(exc) from exc
-        state.effect = effect
-        return ToolResult(
-            content=content,
-            structured_content=structured if not is_error else None,
-            meta={META_TOOL_EFFECT: dict(effect)},
-            is_error=is_error,
+            return Outcome(
+                content=content, structured=structured, document=document, is_error=is_error
+            )
+
+        return await self.connector.run(
+            contract, state, arguments, execute, validate=validate, prepare=prepare
         )
 
     async def _precheck(

@@ -1,11 +1,11 @@
 """The upstream gateway: every configured upstream server, wired into the one chain.
 
-``UpstreamGateway.build`` validates what start-up can know (secrets resolve, each upstream
-has its registry file in prod, prefixes cannot shadow native tools, policies name tools
-that exist) and creates one ``UpstreamServer`` per upstream. ``bind`` hands the servers the
-connector's hooks (the same checks, effect builder, audit start and approval spend as
-native tools) and makes each upstream's tools known to the chain's shared objects as they
-appear or go: their contract (audit, approval), their route in the registry enforcer
+``UpstreamGateway.build`` validates what start-up can know (secrets resolve, each
+upstream has its registry file in prod, prefixes cannot shadow native tools, policies
+name tools that exist) and creates one ``UpstreamServer`` per upstream. Every server
+runs its calls through the one ``Connector`` (``connector.py``), as native tools do.
+``bind`` makes each upstream's tools known to the chain's shared objects as they appear
+or go: their contract (audit, approval), their route in the registry enforcer
 (``{server_id, tool_name}``), their idempotency target, their catalog entry (discovery),
 and the set of tools that exist (namespace).
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.book import ToolCatalog
+from nexus_mcp.connector import Connector
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.quarantine import PersistedEvidence, SeenDigests
@@ -43,7 +44,7 @@ from nexus_mcp.providers.upstream_tools import check_arguments
 from nexus_mcp.settings import Settings
 
 if TYPE_CHECKING:
-    from nexus_mcp.middleware.audit import AuditTrail
+    from nexus_mcp.observability.audit import AuditLog
     from nexus_mcp.providers.fixtures import Recorder
     from nexus_mcp.server.build import Runtime
 
@@ -75,10 +76,14 @@ class UpstreamGateway:
         registry_dir: Path,
         native_tools: Collection[str],
         environ: Mapping[str, str],
+        connector: Connector,
+        audit: AuditLog,
         seen: SeenDigests | None = None,
     ) -> UpstreamGateway:
-        """``seen``: the quarantine evidence store (``policy/quarantine.py``); None: each
-        upstream keeps its own in process memory (one server process)."""
+        """``connector``: the one connector sequence every upstream call runs through;
+        ``audit``: the server's audit log. ``seen``: the quarantine evidence store
+        (``policy/quarantine.py``); None: each upstream keeps its own in process memory
+        (one server process)."""
         check_upstreams(config, registry, registry_dir, native_tools, mode=settings.mode)
         for warning in config.warnings:
             log.warning("upstream_config", message=warning)
@@ -99,6 +104,8 @@ class UpstreamGateway:
                 on_change=on_change,
                 max_result_bytes=settings.limits.max_read_bytes,
                 seen=seen,
+                connector=connector,
+                audit=audit,
             )
         gateway = cls(
             config=config,
@@ -152,21 +159,12 @@ class UpstreamGateway:
                     names.append(exposed)
         return names
 
-    def bind(self, runtime: Runtime, catalog: ToolCatalog, trail: AuditTrail) -> None:
+    def bind(self, runtime: Runtime, catalog: ToolCatalog) -> None:
         self._runtime = runtime
         self._catalog = catalog
         self._native = frozenset(runtime.contracts)
         self._native_writes = runtime.access.write_tools
         for server in self.servers.values():
-            server.audit = runtime.audit_log
-            server.hooks = (
-                list(runtime.connector_checks),
-                runtime.build_effect,
-                trail.started,
-                runtime.before_run,
-            )
-            if self.recorder is not None:
-                server.on_finished = self.recorder.record_call
             endpoint = server.config.endpoint()
             target = identify_upstream(server.server_id, endpoint)
             runtime.targets.add_toolset(

@@ -61,7 +61,8 @@ from fastmcp import Client
 from mcp_types import ListToolsResult
 
 from nexus_mcp.calls import CallState
-from nexus_mcp.contracts import ConnectorCheck, FinishedHook, ToolContract
+from nexus_mcp.connector import Connector
+from nexus_mcp.contracts import ToolContract
 from nexus_mcp.errors import UnavailableError
 from nexus_mcp.ids import new_id
 from nexus_mcp.observability.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
@@ -136,13 +137,6 @@ REASON_PINS_INVALID = "pin_entry_invalid"
 ServerState = Literal["starting", "ready", "degraded"]
 Unsent = tuple[str, str, str | None]  # (tool, digest, pin) the shared store has not got yet
 
-ConnectorHooks = tuple[
-    list[ConnectorCheck],
-    Callable[[ToolContract, CallState], Mapping[str, Any]],
-    Callable[[ToolContract, CallState], None],
-    Callable[[ToolContract, CallState], None],
-]
-
 
 class UpstreamServer:
     """One upstream server: its sessions, its tools' pins and classification, its health."""
@@ -159,14 +153,19 @@ class UpstreamServer:
         max_result_bytes: int = MAX_RESULT_BYTES_DEFAULT,
         client_factory: Callable[[UpstreamServer, SessionKey], Client[Any]] | None = None,
         seen: SeenDigests | None = None,
+        connector: Connector | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
+        """``connector``: the one connector sequence its tools' calls run through (None:
+        a server that only lists, as ``upstream inspect``; its tools refuse every call).
+        ``audit``: the server's audit log (quarantine and pin events)."""
         self.config = config
         self.server_id = config.server_id
         self.secrets = secrets
         self.registry = registry
         self.registry_dir = registry_dir
         self.mode = mode
-        self.audit: AuditLog | None = None  # the server's audit log, set when bound
+        self.audit = audit
         self.on_change = on_change
         self.max_result_bytes = max_result_bytes
         self._client_factory = client_factory or build_client
@@ -190,8 +189,7 @@ class UpstreamServer:
         self.evidence: SeenDigests = seen if seen is not None else self._local
         self._unsent: set[Unsent] = set()
         self.tools: dict[str, UpstreamTool] = {}  # exposed name -> tool
-        self.hooks: ConnectorHooks | None = None
-        self.on_finished: FinishedHook | None = None  # serve --record (providers/fixtures.py)
+        self.connector = connector
         self._sessions: dict[SessionKey, UpstreamSession] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._key_locks: dict[SessionKey, asyncio.Lock] = {}

@@ -13,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastmcp.exceptions import FastMCPError
-from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
@@ -28,8 +25,9 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError
 from mcp_types import TextContent, ToolAnnotations
 
-from nexus_mcp.calls import META_TOOL_EFFECT, PLUMBING_ARGS, current_call
-from nexus_mcp.contracts import ConnectorRefusal
+from nexus_mcp.calls import PLUMBING_ARGS, current_call
+from nexus_mcp.connector import Outcome
+from nexus_mcp.envelope import ConnectorRefusal, unknown_tool
 from nexus_mcp.errors import InvalidInputError, NexusError
 from nexus_mcp.policy.hashing import to_canonical_json
 from nexus_mcp.policy.pins import PinState
@@ -63,16 +61,6 @@ class ToolView:
     @property
     def tool_class(self) -> str:
         return self.entry.tool_class if self.entry is not None else "write"
-
-
-class UnknownTool(FastMCPNotFoundError, FastMCPError):
-    """``Unknown tool`` raised from inside a tool's ``run``: FastMCP passes its own errors
-    (``FastMCPError``) up unwrapped, where any other exception would become an internal
-    error; the chain and FastMCP's handler then answer and audit it as the missing tool a
-    quarantined one is (``NotFoundError``)."""
-
-    def __init__(self, name: str) -> None:
-        FastMCPError.__init__(self, f"Unknown tool: {name!r}", log_level=logging.DEBUG)
 
 
 class UpstreamTool(Tool):
@@ -119,10 +107,11 @@ class UpstreamTool(Tool):
         view: ToolView = self._view
         state = current_call()
         current = server.visible_tools().get(self.name)
-        if state is None or state.principal is None or current is not self:
-            # Reached without the chain, or quarantined since it was looked up: the
-            # answer a hidden or missing tool gets.
-            raise UnknownTool(self.name)
+        connector = server.connector
+        if state is None or state.principal is None or current is not self or connector is None:
+            # Reached without the chain, quarantined since it was looked up, or served by
+            # no connector: the answer a hidden or missing tool gets.
+            raise unknown_tool(self.name)
         try:
             # The pins as on disk now and, on the shared backend, what every replica saw.
             exposed = await server.check_call(self)
@@ -132,20 +121,16 @@ class UpstreamTool(Tool):
             found = server.hidden_reason(self.name)  # quarantined now (audited by the server)
             if found is not None:
                 state.mark_hidden(server.server_id, *found)
-            raise UnknownTool(self.name)
-        hooks = server.hooks
-        assert hooks is not None, "the composition root binds the connector hooks"
-        checks, build_effect, on_started, before_run = hooks
+            raise unknown_tool(self.name)
         contract = server.contract_for(view)
-        try:
+
+        def validate() -> dict[str, Any]:
             checked = state.validated_arguments
             if checked is None or checked[0] is not arguments:
                 check_arguments(view, arguments)  # the gateway's check did not run
-            for check in checks:
-                check.before(contract, state, arguments)
-            before_run(contract, state)
-            state.executed = True
-            on_started(contract, state)
+            return arguments
+
+        async def execute() -> Outcome:
             try:
                 raw = await server.forward(
                     state,
@@ -156,32 +141,14 @@ class UpstreamTool(Tool):
             except UpstreamFailure as failure:
                 raise failure.to_error() from None
             result = _to_result(raw, server.max_result_bytes)
-            if not result.is_error:
-                for check in checks:
-                    check.after(contract, state, result.document)
-            effect = build_effect(contract, state)
-        except NexusError as exc:
-            if server.on_finished is not None:
-                server.on_finished(contract, state, arguments, None, exc)
-            raise ConnectorRefusal(exc) from exc
-        except Exception as exc:
-            if server.on_finished is not None:
-                server.on_finished(contract, state, arguments, None, exc)
-            raise
-        state.effect = effect
-        if result.is_error:
-            answer = ToolResult(
-                content=result.content, meta={META_TOOL_EFFECT: dict(effect)}, is_error=True
-            )
-        else:
-            answer = ToolResult(
+            return Outcome(
                 content=result.content,
-                structured_content=result.structured,
-                meta={META_TOOL_EFFECT: dict(effect)},
+                structured=result.structured,
+                document=None if result.is_error else result.document,
+                is_error=result.is_error,
             )
-        if server.on_finished is not None:
-            server.on_finished(contract, state, arguments, answer, None)
-        return answer
+
+        return await connector.run(contract, state, arguments, execute, validate=validate)
 
 
 def _skip(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:

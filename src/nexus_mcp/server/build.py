@@ -24,14 +24,8 @@ from starlette.responses import JSONResponse, Response
 
 from nexus_mcp import __version__
 from nexus_mcp.book import ToolCatalog
-from nexus_mcp.calls import CallState
-from nexus_mcp.contracts import (
-    ConnectorCheck,
-    NexusTool,
-    ToolContract,
-    build_arguments_model,
-    contract_of,
-)
+from nexus_mcp.connector import Connector
+from nexus_mcp.contracts import ToolContract, build_arguments_model, contract_of
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer, ToolCallRecordCheck
 from nexus_mcp.errors import ConfigError, InvalidInputError, NotFoundError
 from nexus_mcp.fixtures.integrity import resolve_fixture_key
@@ -70,7 +64,6 @@ from nexus_mcp.policy.approvals import (
     has_approval_keys,
     load_approval_keys,
     load_approval_settings,
-    spend_approval,
 )
 from nexus_mcp.policy.budgets import ToolTimeouts
 from nexus_mcp.policy.launch import describe_setting
@@ -107,7 +100,7 @@ from nexus_mcp.providers.fixtures import (
     replay_refusal,
 )
 from nexus_mcp.providers.gateway import UpstreamGateway
-from nexus_mcp.providers.native import ToolFunction, register_native_tools
+from nexus_mcp.providers.native import NexusTool, ToolFunction, register_native_tools
 from nexus_mcp.providers.tool_index import ToolIndex
 from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import ARG_REPO, RepoCatalog
@@ -189,11 +182,12 @@ class Runtime:
     targets: ToolTargets
     # The backend the stores above come from (stores/backends.py), with budgets and rates.
     state: StateStores
+    # The one connector sequence every provider's calls run through (connector.py).
+    connector: Connector
     contracts: dict[str, ToolContract] = field(default_factory=dict)
     argument_models: dict[str, type[BaseModel]] = field(default_factory=dict)
     # Argument checks of tools without a model (upstream tools, by exposed name).
     argument_checks: dict[str, Callable[[Mapping[str, Any]], None]] = field(default_factory=dict)
-    connector_checks: list[ConnectorCheck] = field(default_factory=list)
     verifier: TokenVerifier | None = None
     upstreams: UpstreamGateway | None = None
     repos: RepoWrites | None = None
@@ -221,15 +215,6 @@ class Runtime:
         if self._registry_summary is None:
             self._registry_summary = self.registry.summary()
         return self._registry_summary
-
-    def build_effect(self, contract: ToolContract, state: CallState) -> Mapping[str, Any]:
-        return self.enforcer.effect(state, state.document_check)
-
-    def before_run(self, contract: ToolContract, state: CallState) -> None:
-        claims = state.pending_approval
-        if claims is not None:
-            state.pending_approval = None
-            spend_approval(claims, self.nonces)
 
     def upstream_policy(self, server_id: str, tool_name: str) -> WriteDecision:
         if self.upstreams is not None:
@@ -416,20 +401,6 @@ def _build_server(
     approval_keys, approval_settings = load_approvals(
         sections, environ, settings, write_policies, repos_config
     )
-    upstreams = (
-        UpstreamGateway.build(
-            upstream_config,
-            settings=settings,
-            registry=registry,
-            registry_dir=upstream_registry_dir(
-                settings.registry.directory, settings.registry.upstream_directory
-            ),
-            native_tools=native_catalog(settings, registry, native_contracts),
-            environ=environ,
-        )
-        if upstream_config.servers and replay is None
-        else None
-    )
     recorder = (
         Recorder(
             FixtureWriter(
@@ -454,6 +425,32 @@ def _build_server(
     audit_log = AuditLog(sinks)
     state = measure_state(open_state(settings, environ), observability)
     try:
+        registry_summary = functools.cache(registry.summary)  # loaded once, never changes
+        trail = AuditTrail(audit_log, contracts, registry_summary)
+        connector = Connector(
+            # The registry re-check, then the call's tool_call record (seed 000, 9.2.2).
+            [RegistryConnectorCheck(enforcer), ToolCallRecordCheck(enforcer)],
+            effect=enforcer.call_effect,
+            started=trail.started,
+            nonces=state.nonces,
+            finished=recorder.record_call if recorder is not None else None,
+        )
+        upstreams = (
+            UpstreamGateway.build(
+                upstream_config,
+                settings=settings,
+                registry=registry,
+                registry_dir=upstream_registry_dir(
+                    settings.registry.directory, settings.registry.upstream_directory
+                ),
+                native_tools=native_catalog(settings, registry, native_contracts),
+                environ=environ,
+                connector=connector,
+                audit=audit_log,
+            )
+            if upstream_config.servers and replay is None
+            else None
+        )
         profiles = load_profiles(
             settings.profiles.file or default_profiles_path(),
             known_tools=[
@@ -494,8 +491,7 @@ def _build_server(
             ),
             contracts=contracts,
             argument_models=argument_models,
-            # The registry re-check, then the call's tool_call record (seed 000, 9.2.2).
-            connector_checks=[RegistryConnectorCheck(enforcer), ToolCallRecordCheck(enforcer)],
+            connector=connector,
             verifier=build_verifier(settings) if settings.transport == "http" else None,
             upstreams=upstreams,
             repos=repos,
@@ -506,7 +502,8 @@ def _build_server(
             observability=observability,
         )
     except BaseException:
-        state.close()  # Runtime closes it itself once built
+        state.close()  # Runtime closes them itself once built
+        audit_log.close()
         raise
     # A grant change on any replica reaches this one's visible-tools cache at once (the
     # cache's revision refresh and TTL remain the backstop).
@@ -539,7 +536,6 @@ def _build_server(
                 input_schema=runtime.argument_models[contract.name].model_json_schema(),
                 annotations=contract.annotations(),
             )
-    trail = AuditTrail(runtime.audit_log, runtime.contracts, runtime.registry_info)
     mcp: FastMCP[Any] = FastMCP(
         settings.server_name,
         instructions=INSTRUCTIONS,
@@ -562,13 +558,8 @@ def _build_server(
             argument_models=runtime.argument_models,
             # The native tools' own bodies over stand-ins: the refusals they make from
             # their arguments alone are made in replay too, by the same code.
+            connector=connector,
             prechecks={contract_of(fn).name: fn for fn in stand_ins},
-        )
-        provider.hooks = (
-            list(runtime.connector_checks),
-            runtime.build_effect,
-            trail.started,
-            runtime.before_run,
         )
         mcp.add_provider(provider)
         log.info(
@@ -582,11 +573,7 @@ def _build_server(
             index,
             functions,
             argument_models=runtime.argument_models,
-            checks=runtime.connector_checks,
-            build_effect=runtime.build_effect,
-            on_started=trail.started,
-            before_run=runtime.before_run,
-            on_finished=recorder.record_call if recorder is not None else None,
+            connector=connector,
         )
         if recorder is not None:
             for tool in native:
@@ -602,7 +589,7 @@ def _build_server(
         else:  # kept in the data directory across restarts (issue 22, item 15)
             upstreams.persist_evidence(open_quarantine_evidence(settings))
         upstreams.recorder = recorder
-        upstreams.bind(runtime, catalog, trail)
+        upstreams.bind(runtime, catalog)
         mcp.add_provider(upstreams.provider)
     _add_health_routes(mcp, runtime, health_token)
     _add_metrics_route(mcp, runtime)

@@ -1,0 +1,172 @@
+"""The connector: the innermost step of the chain (DESIGN.md, step 9), written once.
+
+Native tools (``providers/native.py``), upstream tools (``providers/upstream``) and replayed
+fixtures (``providers/fixtures.py``) all run through ``Connector.run``, which does, in
+this order and nowhere else:
+
+1. the provider's own argument check, where the gateway's did not run or a replay
+   normalizes what it hashes (a native tool's arguments are validated by FastMCP's
+   ``NexusTool.run`` with the gateway's own model);
+2. the connector checks before the call: the registry re-check against the same loaded
+   registry the gateway middleware used (seed 000, PRIMARY enforcement) and the call's
+   ``tool_call`` record (``enforcement.py``);
+3. the provider's own preparation, which may still refuse without spending anything (a
+   replay finds its recorded answer here);
+4. spending the approval: only now that the call will really run, so a call refused by
+   a later check does not burn its approval (``policy/approvals.spend_approval``);
+5. the audit's ``tool_call_started``;
+6. the tool itself;
+7. the checks after the call, on the document the client receives;
+8. the ``tool_effect`` the result carries (``_meta``), and the finished hook
+   (``serve --record``).
+
+A typed refusal leaves as a ``ConnectorRefusal`` (``envelope.py``), so FastMCP passes it up
+without a traceback and the envelope answers with its code. Everything the sequence needs
+is given to the constructor by the composition root; the connector never calls back into
+it, and providers hold a connector, not the server that built it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fastmcp.tools import ToolResult
+from mcp_types import ContentBlock
+
+from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
+from nexus_mcp.contracts import ToolContract
+from nexus_mcp.envelope import ConnectorRefusal, unknown_tool
+from nexus_mcp.errors import NexusError
+from nexus_mcp.policy.approvals import spend_approval
+from nexus_mcp.stores.nonces import NonceStore
+
+
+class ConnectorCheck(Protocol):
+    """One connector-side check, run before (``before``) and after (``after``) the tool."""
+
+    def before(
+        self, contract: ToolContract, state: CallState, arguments: dict[str, Any]
+    ) -> None: ...
+
+    def after(
+        self, contract: ToolContract, state: CallState, structured: dict[str, Any]
+    ) -> None: ...
+
+
+# The call's tool_effect (enforcement.RegistryEnforcer.effect).
+EffectBuilder = Callable[[CallState], Mapping[str, Any]]
+# The audit's tool_call_started, when the tool is about to run (middleware/audit.AuditTrail).
+StartedHook = Callable[[ToolContract, CallState], None]
+# Called once a call that reached the connector has its outcome: (contract, state, the
+# validated arguments, the result or None, the failure or None). ``serve --record``.
+FinishedHook = Callable[
+    [ToolContract, CallState, Mapping[str, Any], ToolResult | None, BaseException | None], None
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a tool produced, before the connector adds its effect."""
+
+    content: list[ContentBlock]
+    structured: dict[str, Any] | None
+    # What the checks after the call hash; None skips them (an upstream's error result).
+    document: dict[str, Any] | None
+    is_error: bool = False
+
+
+def chained_call(name: str) -> CallState:
+    """The state the chain opened for this call. A tool reached without the chain (or
+    without an identity) behaves as if it did not exist: the namespace's answer for a
+    hidden tool, never an unchecked run."""
+    state = current_call()
+    if state is None or state.principal is None:
+        raise unknown_tool(name)
+    return state
+
+
+class Connector:
+    """The one connector sequence (module docstring), shared by every provider."""
+
+    __slots__ = ("_effect", "_finished", "_nonces", "_started", "checks")
+
+    def __init__(
+        self,
+        checks: Sequence[ConnectorCheck],
+        *,
+        effect: EffectBuilder,
+        started: StartedHook,
+        nonces: NonceStore,
+        finished: FinishedHook | None = None,
+    ) -> None:
+        # Iterated on every call (a test may add a check to see the connector refuse).
+        self.checks = list(checks)
+        self._effect = effect
+        self._started = started
+        self._nonces = nonces
+        self._finished = finished
+
+    async def run(
+        self,
+        contract: ToolContract,
+        state: CallState,
+        arguments: dict[str, Any],
+        execute: Callable[[], Awaitable[Outcome]],
+        *,
+        validate: Callable[[], dict[str, Any]] | None = None,
+        prepare: Callable[[], Awaitable[None]] | None = None,
+    ) -> ToolResult:
+        """Run one call through the sequence. ``validate`` returns the arguments the checks
+        see (default: ``arguments``); ``prepare`` may refuse before anything is spent or
+        audited as started; ``execute`` is the tool."""
+        checks = self.checks
+        try:
+            checked = arguments if validate is None else validate()
+            for check in checks:
+                check.before(contract, state, checked)
+            if prepare is not None:
+                await prepare()
+            # The last gate: what must happen only once the call will really run.
+            claims = state.pending_approval
+            if claims is not None:
+                state.pending_approval = None
+                spend_approval(claims, self._nonces)
+            state.executed = True
+            self._started(contract, state)
+            outcome = await execute()
+            document = outcome.document
+            if document is not None:
+                for check in checks:
+                    check.after(contract, state, document)
+            effect = self._effect(state)
+        except NexusError as exc:
+            if self._finished is not None:
+                self._finished(contract, state, arguments, None, exc)
+            raise ConnectorRefusal(exc) from exc
+        except Exception as exc:
+            if self._finished is not None:
+                self._finished(contract, state, arguments, None, exc)
+            raise
+        state.effect = effect
+        result = ToolResult(
+            content=outcome.content,
+            structured_content=None if outcome.is_error else outcome.structured,
+            meta={META_TOOL_EFFECT: dict(effect)},
+            is_error=outcome.is_error,
+        )
+        if self._finished is not None:
+            self._finished(contract, state, arguments, result, None)
+        return result
+
+
+__all__ = [
+    "Connector",
+    "ConnectorCheck",
+    "EffectBuilder",
+    "FinishedHook",
+    "Outcome",
+    "StartedHook",
+    "chained_call",
+]
