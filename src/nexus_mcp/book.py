@@ -1,4 +1,14 @@
-"""The tool catalog: what tools exist, and a ranked search over their names and descriptions.
+"""The book of tools: every tool the chain knows, registered by the provider that serves it.
+
+"Where does the chain learn about tool X?" has one answer: the ``ToolBook``. The native
+provider registers nexus-mcp's own tools when the server is built, a replay its recorded
+ones, and the upstream gateway each upstream's tools as they appear, change or go
+(``put``/``withdraw``). Every layer that needs to know about a tool reads the book's live,
+read-only views: its contract (audit, approval, classification), its route in the
+registry (``{server_id, tool_name}``), its arguments model or check, its toolset
+(idempotency target) and its catalog entry (discovery). No one else writes them.
+
+The tool catalog: what tools exist, and a ranked search over their names and descriptions.
 
 Pure search, no permissions (seed 004 decision 8): the discovery tools post-filter every
 answer through the caller's visible set, so the index never needs to know who asks.
@@ -10,7 +20,19 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from nexus_mcp.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from pydantic import BaseModel
+
+    from nexus_mcp.contracts import ToolContract
+
+    ArgumentCheck = Callable[[Mapping[str, Any]], None]
 
 _TOKEN_RE = re.compile(r"[a-z0-9]+")
 NAME_WEIGHT = 3.0
@@ -105,4 +127,94 @@ class ToolCatalog:
         return scored
 
 
-__all__ = ["CatalogEntry", "ToolCatalog", "tokenize"]
+@dataclass(frozen=True)
+class Listing:
+    """How a tool is shown to discovery (``nexus_search_tools``)."""
+
+    description: str
+    input_schema: dict[str, Any]
+    annotations: dict[str, Any]
+
+
+class ToolBook:
+    """Every tool the chain knows, by the name callers use (module docstring)."""
+
+    def __init__(self) -> None:
+        self._contracts: dict[str, ToolContract] = {}
+        self._models: dict[str, type[BaseModel]] = {}
+        self._checks: dict[str, ArgumentCheck] = {}
+        self._routes: dict[str, tuple[str, str]] = {}
+        self._toolsets: dict[str, str] = {}
+        self.catalog = ToolCatalog()
+        # Live read-only views, for the layers that read the book on every call.
+        self.contracts: Mapping[str, ToolContract] = MappingProxyType(self._contracts)
+        self.argument_models: Mapping[str, type[BaseModel]] = MappingProxyType(self._models)
+        self.argument_checks: Mapping[str, ArgumentCheck] = MappingProxyType(self._checks)
+        self.routes: Mapping[str, tuple[str, str]] = MappingProxyType(self._routes)
+        self.toolsets: Mapping[str, str] = MappingProxyType(self._toolsets)
+
+    def add(
+        self,
+        contract: ToolContract,
+        *,
+        server_id: str,
+        listing: Listing,
+        arguments_model: type[BaseModel] | None = None,
+        argument_check: ArgumentCheck | None = None,
+        route: tuple[str, str] | None = None,
+    ) -> None:
+        """A tool that must not have a namesake (the tools a server is built with)."""
+        if contract.name in self._contracts:
+            raise ConfigError(f"two tools are named {contract.name}")
+        self.put(
+            contract,
+            server_id=server_id,
+            listing=listing,
+            arguments_model=arguments_model,
+            argument_check=argument_check,
+            route=route,
+        )
+
+    def put(
+        self,
+        contract: ToolContract,
+        *,
+        server_id: str,
+        listing: Listing,
+        arguments_model: type[BaseModel] | None = None,
+        argument_check: ArgumentCheck | None = None,
+        route: tuple[str, str] | None = None,
+    ) -> None:
+        """Register ``contract``'s tool, replacing what the book held under its name."""
+        name = contract.name
+        self._contracts[name] = contract
+        self._toolsets[name] = contract.toolset
+        _set(self._models, name, arguments_model)
+        _set(self._checks, name, argument_check)
+        _set(self._routes, name, route)
+        self.catalog.remove(name)
+        self.catalog.add(
+            name=name,
+            server_id=server_id,
+            toolset=contract.toolset,
+            description=listing.description,
+            risk=contract.risk,
+            input_schema=listing.input_schema,
+            annotations=listing.annotations,
+        )
+
+    def withdraw(self, name: str) -> None:
+        """The tool is gone: discovery no longer finds it. Its contract, route and toolset
+        stay, so a call already past the namespace layer is still audited and refused
+        under what it was (the namespace refuses every new call to it)."""
+        self.catalog.remove(name)
+
+
+def _set(table: dict[str, Any], name: str, value: Any) -> None:
+    if value is None:
+        table.pop(name, None)
+    else:
+        table[name] = value
+
+
+__all__ = ["CatalogEntry", "Listing", "ToolBook", "ToolCatalog", "tokenize"]

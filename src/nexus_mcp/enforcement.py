@@ -70,14 +70,16 @@ class RegistryEnforcer:
         server_id: str,
         mode: str,
         contracts: Mapping[str, ToolContract],
+        routes: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
+        """``contracts`` and ``routes``: the tool book's views (``book.py``), read per call."""
         self.registry = registry
         self.server_id = server_id
         self.mode = mode
         self.contracts = contracts
         # Exposed name -> (server_id, the server's own tool name) for tools of upstream
-        # servers (providers/upstream.py); any other name is this server's own tool.
-        self.routes: dict[str, tuple[str, str]] = {}
+        # servers (providers/upstream); any other name is this server's own tool.
+        self.routes: Mapping[str, tuple[str, str]] = routes if routes is not None else {}
         # Each contract's MCP hints, derived once (contracts never change once declared).
         self._hints: dict[str, Mapping[str, Any]] = {}
 

@@ -77,7 +77,7 @@ def registry_write_tools() -> frozenset[str]:
 
 
 def registered(server: NexusServer) -> frozenset[str]:
-    return frozenset(server.runtime.contracts)
+    return frozenset(server.runtime.book.contracts)
 
 
 def grants_db(server: NexusServer) -> Path:

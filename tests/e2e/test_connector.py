@@ -45,7 +45,7 @@ async def test_every_registered_tool_is_a_nexus_tool(make_server: ServerFactory)
     server = make_server()
     tools = await server.mcp.list_tools(run_middleware=False)
     assert tools and all(isinstance(t, NexusTool) for t in tools)
-    assert {t.name for t in tools} == set(server.runtime.contracts)
+    assert {t.name for t in tools} == set(server.runtime.book.contracts)
 
 
 async def test_the_schema_is_the_one_fastmcp_derives_from_the_declared_function(

@@ -167,7 +167,7 @@ async def test_list_servers_counts_only_visible_tools_and_names_only_their_tools
     as_profile: Any, profile: str, read_only: bool, count: int, toolsets: list[str]
 ) -> None:
     server = as_profile(profile, read_only=read_only)
-    assert {"notes", "files", "discovery"} <= {c.toolset for c in server.runtime.contracts.values()}
+    assert {"notes", "files", "discovery"} <= {c.toolset for c in server.runtime.book.contracts.values()}
     result = answer(await call(server, "nexus_discovery_list_servers", {}))
     assert result == {
         "servers": [{"server_id": "nexus", "tool_count": count, "toolsets": toolsets}]

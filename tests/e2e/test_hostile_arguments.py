@@ -272,7 +272,7 @@ def refusal_code(result: Any) -> str | None:
 def tool_names() -> list[str]:
     server = build_server(Settings(mode="dev", workspace=DEMO_WORKSPACE), audit_sinks=[])
     try:
-        return sorted(server.runtime.contracts)
+        return sorted(server.runtime.book.contracts)
     finally:
         server.close()
 

@@ -102,15 +102,14 @@ class ToolTargets:
     """
 
     def __init__(self, by_toolset: Mapping[str, TargetOf], toolset_of: Mapping[str, str]) -> None:
+        """``toolset_of``: each tool's toolset, read per call (the tool book's live view,
+        ``book.py``, so a tool that joins after start-up has its toolset's target)."""
         self._by_toolset = dict(by_toolset)
-        self._toolset_of = dict(toolset_of)
+        self._toolset_of = toolset_of
 
     def add_toolset(self, toolset: str, target_of: TargetOf) -> None:
+        """A toolset that joined after start-up (an upstream server's)."""
         self._by_toolset[toolset] = target_of
-
-    def add_tool(self, tool_name: str, toolset: str) -> None:
-        """A tool that joined after start-up (an upstream server's)."""
-        self._toolset_of[tool_name] = toolset
 
     def has_target(self, tool_name: str) -> bool:
         return self._toolset_of.get(tool_name) in self._by_toolset

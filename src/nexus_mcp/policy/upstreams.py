@@ -420,6 +420,21 @@ def describe_errors(exc: ValidationError, section: str = CONFIG_LOCATION) -> str
     return f"invalid {section} configuration ({count}):\n  " + "\n  ".join(unique)
 
 
+class UpstreamWrites:
+    """Which write-class upstream tools may run: each configured upstream's own policy
+    (``decide_upstream_write``); an upstream that is not configured has none."""
+
+    def __init__(self, config: UpstreamsConfig, *, mode: str) -> None:
+        self._servers = {server.server_id: server for server in config.servers}
+        self._mode = mode
+
+    def decide(self, server_id: str, tool_name: str) -> WriteDecision:
+        server = self._servers.get(server_id)
+        if server is None:
+            return WriteDecision(False, "upstream_no_policy")
+        return decide_upstream_write(server, tool_name, mode=self._mode)
+
+
 __all__ = [
     "CONFIG_LOCATION",
     "RECHECK_SECONDS_DEFAULT",
@@ -436,6 +451,7 @@ __all__ = [
     "Timeouts",
     "UpstreamConfig",
     "UpstreamWritePolicy",
+    "UpstreamWrites",
     "UpstreamsConfig",
     "decide_upstream_write",
     "describe_errors",

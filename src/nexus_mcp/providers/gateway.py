@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nexus_mcp.book import ToolCatalog
+from nexus_mcp.book import Listing, ToolBook
 from nexus_mcp.connector import Connector
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.logs import get_logger
@@ -29,12 +29,10 @@ from nexus_mcp.policy.targets import TargetOf, identify_upstream
 from nexus_mcp.policy.upstreams import (
     UpstreamConfig,
     UpstreamsConfig,
-    decide_upstream_write,
     name_key,
     resolve_secrets,
     shadowed_names,
 )
-from nexus_mcp.policy.write_policy import WriteDecision
 from nexus_mcp.providers.upstream import (
     UPSTREAM_TOOLSET_PREFIX,
     UpstreamProvider,
@@ -44,9 +42,10 @@ from nexus_mcp.providers.upstream_tools import check_arguments
 from nexus_mcp.settings import Settings
 
 if TYPE_CHECKING:
+    from nexus_mcp.identity.access import GrantedTools
     from nexus_mcp.observability.audit import AuditLog
+    from nexus_mcp.policy.targets import ToolTargets
     from nexus_mcp.providers.fixtures import Recorder
-    from nexus_mcp.server.build import Runtime
 
 log = get_logger(__name__)
 
@@ -58,8 +57,8 @@ class UpstreamGateway:
     provider: UpstreamProvider
     mode: str
     registry: RegistrySet
-    _runtime: Runtime | None = None
-    _catalog: ToolCatalog | None = None
+    _book: ToolBook | None = None
+    _access: GrantedTools | None = None
     _native: frozenset[str] = frozenset()
     _native_writes: frozenset[str] = frozenset()
     _catalog_names: frozenset[str] = frozenset()  # every native tool name, mounted or not
@@ -159,62 +158,56 @@ class UpstreamGateway:
                     names.append(exposed)
         return names
 
-    def bind(self, runtime: Runtime, catalog: ToolCatalog) -> None:
-        self._runtime = runtime
-        self._catalog = catalog
-        self._native = frozenset(runtime.contracts)
-        self._native_writes = runtime.access.write_tools
+    def bind(self, book: ToolBook, access: GrantedTools, targets: ToolTargets) -> None:
+        """Make each upstream's tools known as they appear or go: registered in ``book``
+        (contract, route, argument check, toolset, catalog entry), the tools that exist
+        told to ``access`` (namespace), and each upstream's idempotency target."""
+        self._book = book
+        self._access = access
+        self._native = frozenset(book.contracts)
+        self._native_writes = access.write_tools
         for server in self.servers.values():
             endpoint = server.config.endpoint()
             target = identify_upstream(server.server_id, endpoint)
-            runtime.targets.add_toolset(
+            targets.add_toolset(
                 UPSTREAM_TOOLSET_PREFIX + server.server_id, _constant_target(target)
             )
         self._refresh_access()
 
     def publish(self, server: UpstreamServer) -> None:
         """An upstream's tools changed (listed, quarantined, down, back): tell the chain."""
-        runtime, catalog = self._runtime, self._catalog
-        if runtime is None or catalog is None:
+        book = self._book
+        if book is None:
             return
-        toolset = UPSTREAM_TOOLSET_PREFIX + server.server_id
         visible = server.visible_tools()
-        for name, tool in visible.items():
+        for name in self._listed.get(server.server_id, set()) - set(visible):
+            book.withdraw(name)
+        for tool in visible.values():
             view = tool.view
-            runtime.contracts[name] = server.contract_for(view)
-            runtime.enforcer.routes[name] = (server.server_id, view.upstream_name)
-            runtime.argument_checks[name] = functools.partial(check_arguments, view)
-            runtime.targets.add_tool(name, toolset)
+            contract = server.contract_for(view)
+            book.put(
+                contract,
+                server_id=server.server_id,
+                listing=Listing(
+                    str(view.definition.get("description") or ""),
+                    dict(view.definition.get("inputSchema") or {}),
+                    dict(tool.annotations.model_dump(by_alias=True, exclude_none=True))
+                    if tool.annotations is not None
+                    else {},
+                ),
+                argument_check=functools.partial(check_arguments, view),
+                route=(server.server_id, view.upstream_name),
+            )
             if self.recorder is not None:
                 self.recorder.record_tool(
-                    server.server_id,
-                    tool,
-                    runtime.contracts[name],
-                    upstream_tool=view.upstream_name,
+                    server.server_id, tool, contract, upstream_tool=view.upstream_name
                 )
-        listed = self._listed.setdefault(server.server_id, set())
-        for name in listed - set(visible):
-            catalog.remove(name)
-        for name, tool in visible.items():
-            view = tool.view
-            catalog.remove(name)
-            catalog.add(
-                name=name,
-                server_id=server.server_id,
-                toolset=toolset,
-                description=str(view.definition.get("description") or ""),
-                risk=view.tool_class,
-                input_schema=dict(view.definition.get("inputSchema") or {}),
-                annotations=dict(tool.annotations.model_dump(by_alias=True, exclude_none=True))
-                if tool.annotations is not None
-                else {},
-            )
         self._listed[server.server_id] = set(visible)
         self._refresh_access()
 
     def _refresh_access(self) -> None:
-        runtime = self._runtime
-        if runtime is None:
+        access = self._access
+        if access is None:
             return
         exposed: list[str] = []
         writes: set[str] = set()
@@ -223,18 +216,12 @@ class UpstreamGateway:
                 exposed.append(name)
                 if tool.view.tool_class == "write":
                     writes.add(name)
-        runtime.access.set_tools(
+        access.set_tools(
             self._native | frozenset(exposed),
             frozenset(self._native_writes | writes),
             upstream=exposed,
             native=self._catalog_names,
         )
-
-    def decide_write(self, server_id: str, tool_name: str) -> WriteDecision:
-        server = self.servers.get(server_id)
-        if server is None:
-            return WriteDecision(False, "upstream_no_policy")
-        return decide_upstream_write(server.config, tool_name, mode=self.mode)
 
     def summary(self) -> dict[str, Any]:
         return {sid: server.summary() for sid, server in sorted(self.servers.items())}

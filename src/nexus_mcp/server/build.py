@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hmac
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nexus_mcp import __version__
-from nexus_mcp.book import ToolCatalog
+from nexus_mcp.book import Listing, ToolBook, ToolCatalog
 from nexus_mcp.connector import Connector
 from nexus_mcp.contracts import ToolContract, build_arguments_model, contract_of
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer, ToolCallRecordCheck
@@ -81,13 +81,12 @@ from nexus_mcp.policy.repos import ReposConfig, is_safe_repo_name, load_repos_co
 from nexus_mcp.policy.targets import ToolTargets, identify_folder
 from nexus_mcp.policy.upstreams import (
     UpstreamsConfig,
-    decide_upstream_write,
+    UpstreamWrites,
     load_upstreams,
     resolve_secret,
 )
 from nexus_mcp.policy.write_policy import (
     PathGate,
-    WriteDecision,
     WritePolicyConfig,
     load_write_policy_config,
 )
@@ -184,15 +183,13 @@ class Runtime:
     state: StateStores
     # The one connector sequence every provider's calls run through (connector.py).
     connector: Connector
-    contracts: dict[str, ToolContract] = field(default_factory=dict)
-    argument_models: dict[str, type[BaseModel]] = field(default_factory=dict)
-    # Argument checks of tools without a model (upstream tools, by exposed name).
-    argument_checks: dict[str, Callable[[Mapping[str, Any]], None]] = field(default_factory=dict)
+    # Every tool the chain knows (book.py); the providers register into it.
+    book: ToolBook = field(default_factory=ToolBook)
     verifier: TokenVerifier | None = None
     upstreams: UpstreamGateway | None = None
     repos: RepoWrites | None = None
-    # serve --replay: the upstreams' configuration decides their writes (none is started).
-    upstream_config: UpstreamsConfig | None = None
+    # Which upstream writes may run, live or in a replay (which starts no upstream).
+    upstream_writes: UpstreamWrites | None = None
     repos_config: ReposConfig | None = None
     recorder: Recorder | None = None  # serve --record
     observability: Observability | None = None  # metrics and per-call telemetry
@@ -215,14 +212,6 @@ class Runtime:
         if self._registry_summary is None:
             self._registry_summary = self.registry.summary()
         return self._registry_summary
-
-    def upstream_policy(self, server_id: str, tool_name: str) -> WriteDecision:
-        if self.upstreams is not None:
-            return self.upstreams.decide_write(server_id, tool_name)
-        for server in self.upstream_config.servers if self.upstream_config is not None else ():
-            if server.server_id == server_id:
-                return decide_upstream_write(server, tool_name, mode=self.settings.mode)
-        return WriteDecision(False, "upstream_no_policy")
 
     def close(self) -> None:
         self.audit_log.close()
@@ -347,7 +336,8 @@ def _build_server(
         if replaying
         else resolve_workspace(settings, write_policies)
     )
-    catalog = ToolCatalog()
+    # Every tool the chain knows, registered by the provider that serves it (book.py).
+    book = ToolBook()
     vaults = VaultRouter(settings)
     # The discovery tools ask the namespace, which is built from the tool list below; the
     # late binding closes that loop without a global.
@@ -358,13 +348,13 @@ def _build_server(
         functions: list[ToolFunction] = [
             *build_files_tools(workspace, settings),
             *build_notes_tools(vaults.backend_for),
-            *build_discovery_tools(catalog, visible),
+            *build_discovery_tools(book.catalog, visible),
             *(build_repo_tools(repos.catalog, repos, settings) if repos is not None else ()),
             *extra_tools,
         ]
     else:
         # Every native tool's contract, to check the recording against; none of them runs.
-        stand_ins = replay_stand_ins(settings, catalog, visible, workspace, repos_config)
+        stand_ins = replay_stand_ins(settings, book.catalog, visible, workspace, repos_config)
         functions = [*stand_ins, *extra_tools]
     contracts: dict[str, ToolContract] = {}
     for fn in functions:
@@ -395,8 +385,13 @@ def _build_server(
     check_registry_parity(
         registry, settings, {n: c for n, c in contracts.items() if n in native_contracts}
     )
+    enter_tools(book, settings, functions, argument_models, replay)
     enforcer = RegistryEnforcer(
-        registry, server_id=settings.registry.server_id, mode=settings.mode, contracts=contracts
+        registry,
+        server_id=settings.registry.server_id,
+        mode=settings.mode,
+        contracts=book.contracts,
+        routes=book.routes,
     )
     approval_keys, approval_settings = load_approvals(
         sections, environ, settings, write_policies, repos_config
@@ -426,7 +421,7 @@ def _build_server(
     state = measure_state(open_state(settings, environ), observability)
     try:
         registry_summary = functools.cache(registry.summary)  # loaded once, never changes
-        trail = AuditTrail(audit_log, contracts, registry_summary)
+        trail = AuditTrail(audit_log, book.contracts, registry_summary)
         connector = Connector(
             # The registry re-check, then the call's tool_call record (seed 000, 9.2.2).
             [RegistryConnectorCheck(enforcer), ToolCallRecordCheck(enforcer)],
@@ -485,17 +480,16 @@ def _build_server(
             approval_settings=approval_settings,
             nonces=state.nonces,
             targets=(
-                build_targets(workspace, vaults, contracts, repos)
+                build_targets(workspace, vaults, book, repos)
                 if isinstance(workspace, Workspace)
-                else replay_targets(settings, contracts)
+                else replay_targets(settings, book)
             ),
-            contracts=contracts,
-            argument_models=argument_models,
+            book=book,
             connector=connector,
             verifier=build_verifier(settings) if settings.transport == "http" else None,
             upstreams=upstreams,
             repos=repos,
-            upstream_config=upstream_config if replay is not None else None,
+            upstream_writes=UpstreamWrites(upstream_config, mode=settings.mode),
             repos_config=repos_config,
             recorder=recorder,
             state=state,
@@ -512,30 +506,7 @@ def _build_server(
     late["access"] = runtime.access
     runtime.access.grant_profiles()
     if replay is not None:
-        bind_replayed_upstreams(runtime, replay)
-        for name, record in replay.records.items():
-            contract = contracts[name]
-            catalog.add(
-                name=name,
-                server_id=record.server_id,
-                toolset=contract.toolset,
-                description=str(record.definition.get("description") or ""),
-                risk=contract.risk,
-                input_schema=dict(record.definition.get("inputSchema") or {}),
-                annotations=dict(record.definition.get("annotations") or {}),
-            )
-    else:
-        for fn in functions:
-            contract = contract_of(fn)
-            catalog.add(
-                name=contract.name,
-                server_id=settings.registry.server_id,
-                toolset=contract.toolset,
-                description=contract.description,
-                risk=contract.risk,
-                input_schema=runtime.argument_models[contract.name].model_json_schema(),
-                annotations=contract.annotations(),
-            )
+        make_replayed_upstreams_known(runtime, replay)
     mcp: FastMCP[Any] = FastMCP(
         settings.server_name,
         instructions=INSTRUCTIONS,
@@ -554,8 +525,8 @@ def _build_server(
         provider = FixtureProvider(
             replay.records,
             replay.calls,
-            contracts=runtime.contracts,
-            argument_models=runtime.argument_models,
+            contracts=book.contracts,
+            argument_models=book.argument_models,
             # The native tools' own bodies over stand-ins: the refusals they make from
             # their arguments alone are made in replay too, by the same code.
             connector=connector,
@@ -572,14 +543,12 @@ def _build_server(
             mcp,
             index,
             functions,
-            argument_models=runtime.argument_models,
+            argument_models=book.argument_models,
             connector=connector,
         )
         if recorder is not None:
             for tool in native:
-                recorder.record_tool(
-                    settings.registry.server_id, tool, runtime.contracts[tool.name]
-                )
+                recorder.record_tool(settings.registry.server_id, tool, book.contracts[tool.name])
             log.info("fixtures_recording", tools=len(native))
     if upstreams is not None:
         if state.shared:  # quarantine evidence every replica shares (issue 15)
@@ -589,7 +558,7 @@ def _build_server(
         else:  # kept in the data directory across restarts (issue 22, item 15)
             upstreams.persist_evidence(open_quarantine_evidence(settings))
         upstreams.recorder = recorder
-        upstreams.bind(runtime, catalog)
+        upstreams.bind(book, runtime.access, runtime.targets)
         mcp.add_provider(upstreams.provider)
     _add_health_routes(mcp, runtime, health_token)
     _add_metrics_route(mcp, runtime)
@@ -598,7 +567,7 @@ def _build_server(
         "server_built",
         mode=settings.mode,
         transport=settings.transport,
-        tools=len(runtime.contracts),
+        tools=len(book.contracts),
         registry=registry.summary(),
     )
     log_effective_principal(runtime.identity, settings.transport)
@@ -647,8 +616,8 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             runtime.idempotency,
             targets=runtime.targets,
             wait_seconds=settings.registry.idempotency_wait_seconds,
-            argument_models=runtime.argument_models,
-            argument_checks=runtime.argument_checks,
+            argument_models=runtime.book.argument_models,
+            argument_checks=runtime.book.argument_checks,
         ),
         approval=ApprovalMiddleware(
             runtime.write_policies,
@@ -657,11 +626,11 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             approval_settings=runtime.approval_settings,
             nonce_store=runtime.nonces,
             stateless_http=settings.stateless_http,
-            connector_tools=runtime.contracts,
+            connector_tools=runtime.book.contracts,
             enforcer=runtime.enforcer,
             elicit_profiles=frozenset(settings.approvals_elicit_profiles),
             profile_of=runtime.access.select,
-            upstream_policy=runtime.upstream_policy,
+            upstream_policy=runtime.upstream_writes.decide if runtime.upstream_writes else None,
             write_gates=repo_write_gates(runtime),
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
@@ -687,7 +656,7 @@ def repo_write_gates(runtime: Runtime) -> Mapping[str, WriteGate] | None:
 def build_targets(
     workspace: Workspace,
     vaults: VaultRouter,
-    contracts: Mapping[str, ToolContract],
+    book: ToolBook,
     repos: RepoWrites | None = None,
 ) -> ToolTargets:
     """What each toolset's tools act on, for idempotency scopes (``targets.py``).
@@ -702,11 +671,11 @@ def build_targets(
             NOTES_TOOLSET: lambda principal, _arguments: vaults.target_for(principal),
             **({REPO_TOOLSET: repos.catalog.target_of} if repos is not None else {}),
         },
-        {name: contract.toolset for name, contract in contracts.items()},
+        book.toolsets,
     )
     untargeted = sorted(
         name
-        for name, contract in contracts.items()
+        for name, contract in book.contracts.items()
         if contract.tool_class == "write" and not targets.has_target(name)
     )
     if untargeted:
@@ -901,37 +870,77 @@ def _check_recording(
     )
 
 
-def replay_targets(settings: Settings, contracts: Mapping[str, ToolContract]) -> ToolTargets:
+def replay_targets(settings: Settings, book: ToolBook) -> ToolTargets:
     """A replay's writes act on the recording, whatever their toolset: idempotency records
     of a replay never match a live run's (or another recording's)."""
     assert settings.replay is not None
     target = identify_folder(settings.replay)
     return ToolTargets(
-        {c.toolset: (lambda _principal, _arguments: target) for c in contracts.values()},
-        {name: contract.toolset for name, contract in contracts.items()},
+        {toolset: (lambda _principal, _arguments: target) for toolset in book.toolsets.values()},
+        book.toolsets,
     )
 
 
-def bind_replayed_upstreams(runtime: Runtime, replay: ReplaySet) -> None:
-    """Recorded upstream tools, known to the chain as a live gateway makes them known:
-    their route in the registry enforcer, their argument check, the tools that exist."""
-    for name, record in replay.upstream_records.items():
-        assert record.upstream_tool is not None
-        runtime.enforcer.routes[name] = (record.server_id, record.upstream_tool)
-        view = ToolView(
-            upstream_name=record.upstream_tool,
-            exposed_name=name,
-            definition=record.definition,
-            digest=record.digest,
-            entry=None,
-            pin_state=PinState.PINNED,
-            status="exposed",
+def enter_tools(
+    book: ToolBook,
+    settings: Settings,
+    functions: Sequence[ToolFunction],
+    argument_models: Mapping[str, type[BaseModel]],
+    replay: ReplaySet | None,
+) -> None:
+    """Register the tools this server is built with: the native ones, or a replay's
+    recorded ones (whose upstream tools are known to the chain as a live gateway makes
+    them known: their route in the registry and their argument check)."""
+    if replay is None:
+        for fn in functions:
+            contract = contract_of(fn)
+            model = argument_models[contract.name]
+            book.add(
+                contract,
+                server_id=settings.registry.server_id,
+                listing=Listing(
+                    contract.description, model.model_json_schema(), contract.annotations()
+                ),
+                arguments_model=model,
+            )
+        return
+    for name, record in replay.records.items():
+        definition = record.definition
+        check: Callable[[Mapping[str, Any]], None] | None = None
+        route = None
+        if record.upstream_tool is not None:
+            route = (record.server_id, record.upstream_tool)
+            view = ToolView(
+                upstream_name=record.upstream_tool,
+                exposed_name=name,
+                definition=definition,
+                digest=record.digest,
+                entry=None,
+                pin_state=PinState.PINNED,
+                status="exposed",
+            )
+            check = functools.partial(check_arguments, view)
+        book.add(
+            replay.contracts[name],
+            server_id=record.server_id,
+            listing=Listing(
+                str(definition.get("description") or ""),
+                dict(definition.get("inputSchema") or {}),
+                dict(definition.get("annotations") or {}),
+            ),
+            arguments_model=argument_models.get(name),
+            argument_check=check,
+            route=route,
         )
-        runtime.argument_checks[name] = functools.partial(check_arguments, view)
-    writes = frozenset(n for n, c in runtime.contracts.items() if c.tool_class == "write")
-    # A recorded upstream name that is a native tool's reaches no grant, as live.
+
+
+def make_replayed_upstreams_known(runtime: Runtime, replay: ReplaySet) -> None:
+    """The tools that exist, for the namespace: a recorded upstream name that is a native
+    tool's reaches no grant, as live."""
+    contracts = runtime.book.contracts
+    writes = frozenset(n for n, c in contracts.items() if c.tool_class == "write")
     runtime.access.set_tools(
-        frozenset(runtime.contracts),
+        frozenset(contracts),
         writes,
         upstream=list(replay.upstream_records),
         native=native_catalog(runtime.settings, runtime.registry, {}),
@@ -1097,7 +1106,7 @@ def bind_observability(runtime: Runtime) -> None:
         return
     upstreams = runtime.upstreams
     observability.bind(
-        tools=runtime.contracts,
+        tools=runtime.book.contracts,
         cache=runtime.access.metrics,
         upstreams=(
             (lambda: {sid: s.state == "ready" for sid, s in upstreams.servers.items()})
@@ -1147,7 +1156,7 @@ def _add_health_routes(mcp: FastMCP[Any], runtime: Runtime, token: SecretStr | N
             "components": public["components"],
             "version": __version__,
             "mode": runtime.settings.mode,
-            "tools": len(runtime.contracts),
+            "tools": len(runtime.book.contracts),
             "registry": runtime.registry_info(),
         }
         if summaries is not None:

@@ -86,7 +86,7 @@ def add_approval_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
                 else ""
             )
             return _refuse(400, f"invalid input{named}", "INVALID_INPUT")
-        contract = runtime.contracts.get(mint_request.tool)
+        contract = runtime.book.contracts.get(mint_request.tool)
         try:
             check_mintable_tool(contract.tool_class if contract is not None else None)
         except InvalidInputError as exc:
