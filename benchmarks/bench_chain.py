@@ -35,7 +35,7 @@ from fastmcp import Client
 
 from bare_server import build_bare
 from nexus_mcp.observability.logs import configure_logging
-from nexus_mcp.server.build import build_server
+from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
 from results import Row, progress, report
 from servers import (

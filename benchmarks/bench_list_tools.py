@@ -27,7 +27,7 @@ from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.observability.logs import configure_logging
 from nexus_mcp.principal import Principal
-from nexus_mcp.server.build import build_server
+from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
 from results import Row, progress, report
 

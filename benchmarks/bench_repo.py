@@ -56,7 +56,7 @@ from fastmcp import Client
 from nexus_mcp.observability.logs import configure_logging
 from nexus_mcp.repos.git import GitRunner
 from nexus_mcp.repos.repository import PatchAnalysis, Repository
-from nexus_mcp.server.build import build_server
+from nexus_mcp.server import build_server
 from nexus_mcp.settings import BudgetSettings, Settings
 from results import Row, progress, report
 

@@ -100,7 +100,7 @@ async def _measure(
 
     def build() -> Any:
         # The real audit file, as a deployment has it (the harness's memory sink aside).
-        from nexus_mcp.server.build import build_server
+        from nexus_mcp.server import build_server
         from nexus_mcp.settings import load_settings
 
         settings = load_settings(

@@ -20,7 +20,7 @@ from fastmcp import Client
 
 from nexus_mcp import cli
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from nexus_mcp.transport.serve import http_options
 

@@ -14,7 +14,7 @@ import structlog
 
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.observability.logs import json_processors
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .node_clients import NodeClients, find_node_clients, is_ci

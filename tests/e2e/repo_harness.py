@@ -14,7 +14,7 @@ from fastmcp import Client
 
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.approvals import mint_approval_token
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from tests.support.git_repos import make_repo
 

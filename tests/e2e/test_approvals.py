@@ -34,7 +34,8 @@ from nexus_mcp.policy.approvals import (
     mint_approval_token,
 )
 from nexus_mcp.policy.write_policy import DEV_POLICY_WARNING, PROD_NO_POLICY_WARNING
-from nexus_mcp.server.build import APPROVAL_REPLICAS_WARNING, NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
+from nexus_mcp.server.startup import APPROVAL_REPLICAS_WARNING
 from nexus_mcp.settings import Settings
 
 from .conftest import ServerFactory, snapshot, wire

@@ -29,7 +29,7 @@ from nexus_mcp.cli import main
 from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import TOOL_CALL_FINISHED, TOOL_CALL_STARTED
 from nexus_mcp.policy.grants import grant_tool
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import wire

@@ -17,7 +17,7 @@ from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.providers.native import NexusTool
-from nexus_mcp.server.build import build_server
+from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import ServerFactory, wire

@@ -21,7 +21,7 @@ import yaml
 from fastmcp import Client
 
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from ..support.swapper import Swapper

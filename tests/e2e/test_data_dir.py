@@ -24,7 +24,7 @@ import pytest
 from fastmcp import Client
 
 from nexus_mcp.observability.audit import JsonlAuditSink
-from nexus_mcp.server.build import build_server
+from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
 from tests.support.unprivileged import Unprivileged, read_only_prefix, unprivileged_user
 

@@ -16,7 +16,7 @@ import pytest
 from fastmcp import Client
 
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import NexusServer
+from nexus_mcp.server import NexusServer
 
 from .access_helpers import (
     MISSING_TOOL,
@@ -167,7 +167,9 @@ async def test_list_servers_counts_only_visible_tools_and_names_only_their_tools
     as_profile: Any, profile: str, read_only: bool, count: int, toolsets: list[str]
 ) -> None:
     server = as_profile(profile, read_only=read_only)
-    assert {"notes", "files", "discovery"} <= {c.toolset for c in server.runtime.book.contracts.values()}
+    assert {"notes", "files", "discovery"} <= {
+        c.toolset for c in server.runtime.book.contracts.values()
+    }
     result = answer(await call(server, "nexus_discovery_list_servers", {}))
     assert result == {
         "servers": [{"server_id": "nexus", "tool_count": count, "toolsets": toolsets}]

@@ -178,7 +178,7 @@ async def test_unexpected_exceptions_become_masked_internal_errors(
     workspace: Path, tmp_path: Path, mode: str
 ) -> None:
     from nexus_mcp.observability.audit import MemoryAuditSink
-    from nexus_mcp.server.build import build_server
+    from nexus_mcp.server import build_server
     from nexus_mcp.settings import Settings
 
     sink = MemoryAuditSink()

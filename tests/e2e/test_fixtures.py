@@ -36,7 +36,7 @@ from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.grants import grant_tool
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings, load_settings
 
 from .conftest import DEMO_WORKSPACE, wire

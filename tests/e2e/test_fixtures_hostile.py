@@ -49,7 +49,7 @@ from nexus_mcp.observability.audit import TOOL_CALL_BLOCKED, MemoryAuditSink
 from nexus_mcp.observability.logs import ensure_logging
 from nexus_mcp.policy.approvals import mint_approval_token
 from nexus_mcp.policy.grants import grant_tool
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from ..support.tokens import claims_json, hs256
@@ -683,7 +683,7 @@ def test_a_fifo_in_place_of_the_fixture_file_does_not_hang_start_up(tmp_path: Pa
         "from pathlib import Path\n"
         "from nexus_mcp.observability.audit import MemoryAuditSink\n"
         "from nexus_mcp.errors import ConfigError\n"
-        "from nexus_mcp.server.build import build_server\n"
+        "from nexus_mcp.server import build_server\n"
         "from nexus_mcp.settings import Settings\n"
         "ws, data, fx = map(Path, sys.argv[1:4])\n"
         "try:\n"

@@ -39,7 +39,7 @@ from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.lines import definition_digest, encode_line
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.observability.logs import ensure_logging
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import DEMO_WORKSPACE, wire

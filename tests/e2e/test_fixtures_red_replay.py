@@ -37,7 +37,7 @@ from nexus_mcp.errors import ConfigError
 from nexus_mcp.fixtures.lines import definition_digest
 from nexus_mcp.fixtures.secrets import REDACTED
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import build_server
+from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import DEMO_WORKSPACE, wire

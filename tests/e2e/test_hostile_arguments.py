@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from mcp.shared.exceptions import MCPError
 
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import DEMO_WORKSPACE, snapshot

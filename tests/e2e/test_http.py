@@ -160,7 +160,7 @@ async def test_stateless_http_serves_every_call_without_a_session(
     """--stateless-http: replicas behind a load balancer keep no per-connection session."""
     from fastmcp import Client
 
-    from nexus_mcp.server.build import build_server
+    from nexus_mcp.server import build_server
     from nexus_mcp.settings import Settings
     from nexus_mcp.transport.serve import http_options
     from tests.support.loopback import serve_in_thread

@@ -40,7 +40,7 @@ from nexus_mcp.observability.audit import (
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.policy.hashing import digest_arguments
 from nexus_mcp.policy.targets import RULE_UNKNOWN_TARGET, identify_folder
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.idempotency import ClaimStatus, IdempotencyScope, SqliteIdempotencyStore
 

@@ -25,7 +25,7 @@ from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import TOOL_CALL_BLOCKED, TOOL_CALL_STARTED, MemoryAuditSink
 from nexus_mcp.policy.grants import grant_tool, revoke_tool
 from nexus_mcp.principal import ROLES
-from nexus_mcp.server.build import build_server
+from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
 
 from .access_helpers import (

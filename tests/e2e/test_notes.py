@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import NexusServer
+from nexus_mcp.server import NexusServer
 from tests.support.loopback import drip_fed_response, serve_in_thread
 
 from .conftest import ServerFactory, snapshot, wire

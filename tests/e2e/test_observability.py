@@ -29,7 +29,7 @@ from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.observability.telemetry import SPAN_TOOL_CALL, RedactingSpanExporter
 from nexus_mcp.policy.grants import grant_tool
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import MetricsSettings, Settings
 from nexus_mcp.transport.serve import http_options
 from tests.support.loopback import serve_in_thread

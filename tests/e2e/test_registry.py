@@ -42,7 +42,7 @@ from nexus_mcp.policy.classification import (
     Classification,
 )
 from nexus_mcp.policy.grants import grant_tool
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import snapshot, wire

@@ -15,7 +15,7 @@ import pytest
 from fastmcp import Client
 
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import NexusServer
+from nexus_mcp.server import NexusServer
 from tests.support.forge_app import CANARY, FakeForge
 from tests.support.git_repos import commit, git, init_bare, rev
 from tests.support.loopback import serve_in_thread

@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import NexusServer
+from nexus_mcp.server import NexusServer
 from tests.support.forge_app import CANARY, FakeForge, FakePull
 from tests.support.git_repos import commit, git, init_bare, make_patch, make_repo, refs, rev, state
 from tests.support.loopback import serve_in_thread

@@ -16,7 +16,7 @@ import pytest
 from fastmcp import Client
 
 from nexus_mcp.observability.audit import JsonlAuditSink
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import DEMO_WORKSPACE, wire

@@ -21,7 +21,7 @@ from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.approvals import mint_approval_token
 from nexus_mcp.policy.grants import PROFILE_RELATION
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.grants import RelationTuple
 from nexus_mcp.stores.postgres import PostgresPool, migrate

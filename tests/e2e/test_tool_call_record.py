@@ -23,7 +23,7 @@ from fastmcp import Client
 from nexus_mcp.calls import CallState
 from nexus_mcp.enforcement import ToolCallRecordCheck
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 from .conftest import DEMO_WORKSPACE, ServerFactory, wire

@@ -23,7 +23,7 @@ from fastmcp import Client
 
 import nexus_mcp
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings, load_settings, referenced_files
 
 from .conftest import snapshot, wire

@@ -24,7 +24,7 @@ from nexus_mcp.policy.grants import DIRECT_RELATION
 from nexus_mcp.policy.profiles import load_profiles
 from nexus_mcp.policy.upstreams import UpstreamConfig
 from nexus_mcp.principal import Principal
-from nexus_mcp.server.build import NexusServer
+from nexus_mcp.server import NexusServer
 from nexus_mcp.stores.grants import TOOLS_PREFIX, RelationTuple, SqliteTupleStore
 
 from .conftest import wire

@@ -20,7 +20,7 @@ import yaml
 from fastmcp import Client
 
 from nexus_mcp.principal import Principal
-from nexus_mcp.server.build import NexusServer
+from nexus_mcp.server import NexusServer
 
 from .conftest import wire
 from .upstream_harness import (

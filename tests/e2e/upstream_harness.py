@@ -26,7 +26,7 @@ import yaml
 from nexus_mcp.cli import main as cli_main
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.approvals import mint_approval_token
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import load_settings
 
 from .servers import free_port

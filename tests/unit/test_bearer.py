@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from nexus_mcp.identity.bearer import MAX_NUMERIC_DATE, BearerTokenVerifier, is_numeric_date
-from nexus_mcp.server.build import build_verifier
+from nexus_mcp.server.startup import build_verifier
 from nexus_mcp.settings import Settings
 from tests.support.loopback import serve_in_thread
 from tests.support.tokens import OMIT, FromNow, RawJson, claims_json, hs256, resolve_times

@@ -10,7 +10,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.server.middleware.middleware import _dispatch_phase
 
 from nexus_mcp.middleware.chain import CHAIN_ORDER, PolicyChain, hooks_for
-from nexus_mcp.server.build import build_server
+from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
 
 

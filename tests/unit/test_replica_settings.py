@@ -282,7 +282,7 @@ def test_a_malformed_import_changes_nothing(
 def test_prod_serves_metrics_only_with_a_bearer_token_given_by_reference(tmp_path: Path) -> None:
     from pydantic import SecretStr
 
-    from nexus_mcp.server.build import build_server_observability
+    from nexus_mcp.server.startup import build_server_observability
 
     base: dict[str, Any] = {"mode": "prod", "transport": "http", "data_dir": tmp_path}
     assert build_server_observability(Settings(**base), {}).metrics is None

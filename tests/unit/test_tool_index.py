@@ -12,7 +12,7 @@ from fastmcp import Client, FastMCP
 
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.providers.tool_index import ToolIndex
-from nexus_mcp.server.build import NexusServer, build_server
+from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 
 UNKNOWN = "Unknown tool: 'nexus_read_file'"

@@ -111,7 +111,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     # Imported here: the composition root is heavy, and only verify needs this build.
-    from nexus_mcp.server.build import check_recording
+    from nexus_mcp.server.replay import check_recording
 
     config = _config_path(args)
     try:

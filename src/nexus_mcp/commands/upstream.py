@@ -223,7 +223,7 @@ class _Context:
 
 
 def load_registry(settings: Any) -> RegistrySet:
-    from nexus_mcp.server.build import load_registry as load_served_registry
+    from nexus_mcp.server.startup import load_served_registry
 
     return load_served_registry(settings)
 

@@ -1,6 +1,8 @@
 """The composition root: ``build_server`` reads the settings and assembles one server.
 
-``build.py`` builds it; ``routes.py`` and ``health.py`` are its plain HTTP routes.
+``build.py`` assembles it from ``startup.py``'s decisions, holds what it shares in a
+``Runtime`` (``runtime.py``) and, for ``serve --replay``, builds over ``replay.py``'s
+stand-ins; ``routes.py`` and ``health.py`` are its plain HTTP routes.
 Callers keep importing ``build_server`` and ``NexusServer`` from here.
 """
 

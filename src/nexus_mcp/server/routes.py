@@ -10,23 +10,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
+from nexus_mcp import __version__
 from nexus_mcp.errors import InvalidInputError
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.observability.telemetry import metrics_response
 from nexus_mcp.policy.approvals import check_mintable_tool, mint_approval_token
 from nexus_mcp.principal import Principal, principal_from_claims
+from nexus_mcp.server.health import NO_STORE, is_operator, public_readiness
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
 
-    from nexus_mcp.server.build import Runtime
+    from nexus_mcp.server.runtime import Runtime
 
 log = get_logger(__name__)
 MAX_MINT_BODY_BYTES = 16 * 1024 * 1024
-NO_STORE = {"Cache-Control": "no-store"}
 
 
 class MintRequest(BaseModel):
@@ -113,3 +115,51 @@ def add_approval_routes(mcp: FastMCP[Any], runtime: Runtime) -> None:
 
 
 __all__ = ["MintRequest", "add_approval_routes", "authenticate"]
+
+
+def add_metrics_route(mcp: FastMCP[Any], runtime: Runtime) -> None:
+    """``GET /metrics``: only when metrics are on (HTTP). The app's Host/Origin guard
+    covers it like every route; a configured bearer token is required."""
+    observability = runtime.observability
+    if observability is None or observability.metrics is None:
+        return
+
+    @mcp.custom_route("/metrics", methods=["GET"])
+    async def metrics(request: Request) -> Response:
+        return metrics_response(observability, request.headers.get("authorization"))
+
+
+def add_health_routes(mcp: FastMCP[Any], runtime: Runtime, token: SecretStr | None) -> None:
+    """``token``: ``health.bearer_token``, which unlocks ``/readyz``'s detail."""
+
+    @mcp.custom_route("/healthz", methods=["GET"])
+    async def healthz(_request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @mcp.custom_route("/readyz", methods=["GET"])
+    async def readyz(request: Request) -> JSONResponse:
+        summaries = runtime.upstreams.summary() if runtime.upstreams is not None else None
+        public = public_readiness(summaries)
+        header = request.headers.get("authorization")
+        if header is None:
+            # Whoever reaches the port: ready or not, and which component (health.py).
+            return JSONResponse(public, headers=NO_STORE)
+        if not is_operator(token, header):
+            return JSONResponse(
+                {"error": "authentication required"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer", **NO_STORE},
+            )
+        # The operator: the gateway serves on while an upstream is down or has quarantined
+        # tools; it says which, by name (never a tool's text).
+        detail: dict[str, Any] = {
+            "status": public["status"],
+            "components": public["components"],
+            "version": __version__,
+            "mode": runtime.settings.mode,
+            "tools": len(runtime.book.contracts),
+            "registry": runtime.registry_info(),
+        }
+        if summaries is not None:
+            detail["upstreams"] = summaries
+        return JSONResponse(detail, headers=NO_STORE)

@@ -18,7 +18,7 @@ from nexus_mcp.policy.approvals import (
     verify_approval_token,
 )
 from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
-from nexus_mcp.server.build import build_server
+from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
 
 SECRET = "CANARY-cli-secret-0123456789abcdefghijkl"

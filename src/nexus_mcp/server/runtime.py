@@ -1,0 +1,133 @@
+"""``Runtime``: what the chain and the tools share for the life of one server, and the
+``NexusServer`` that pairs it with its FastMCP app. Built by ``build.py``; nothing on a
+call's path calls back into it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastmcp import FastMCP
+from fastmcp.server.auth import TokenVerifier
+
+from nexus_mcp.book import ToolBook
+from nexus_mcp.connector import Connector
+from nexus_mcp.enforcement import RegistryEnforcer
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.identity.access import GrantedTools
+from nexus_mcp.identity.resolver import (
+    IdentityResolver,
+    build_identity,
+)
+from nexus_mcp.notes.vaults import VaultRouter
+from nexus_mcp.observability.audit import AuditLog
+from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.observability.telemetry import (
+    Observability,
+)
+from nexus_mcp.policy.approvals import (
+    ApprovalKeys,
+    ApprovalSettings,
+)
+from nexus_mcp.policy.registry import (
+    RegistrySet,
+)
+from nexus_mcp.policy.repos import ReposConfig
+from nexus_mcp.policy.targets import ToolTargets
+from nexus_mcp.policy.upstreams import (
+    UpstreamWrites,
+)
+from nexus_mcp.policy.write_policy import (
+    WritePolicyConfig,
+)
+from nexus_mcp.providers.fixtures import (
+    Recorder,
+)
+from nexus_mcp.providers.gateway import UpstreamGateway
+from nexus_mcp.repos.writes import RepoWrites
+from nexus_mcp.settings import Settings
+from nexus_mcp.stores.backends import StateStores
+from nexus_mcp.stores.grants import TupleStore
+from nexus_mcp.stores.idempotency import IdempotencyStore
+from nexus_mcp.stores.nonces import NonceStore
+from nexus_mcp.workspace.files import LexicalPaths, Workspace
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Runtime:
+    """Everything the chain and the tools share for the life of one server."""
+
+    settings: Settings
+    config_file: Path | None
+    workspace: Workspace | LexicalPaths
+    audit_log: AuditLog
+    registry: RegistrySet
+    enforcer: RegistryEnforcer
+    idempotency: IdempotencyStore
+    grants: TupleStore
+    access: GrantedTools
+    write_policies: WritePolicyConfig
+    vaults: VaultRouter
+    approval_keys: ApprovalKeys | None
+    approval_settings: ApprovalSettings
+    nonces: NonceStore
+    targets: ToolTargets
+    # The backend the stores above come from (stores/backends.py), with budgets and rates.
+    state: StateStores
+    # The one connector sequence every provider's calls run through (connector.py).
+    connector: Connector
+    # Every tool the chain knows (book.py); the providers register into it.
+    book: ToolBook = field(default_factory=ToolBook)
+    verifier: TokenVerifier | None = None
+    upstreams: UpstreamGateway | None = None
+    repos: RepoWrites | None = None
+    # Which upstream writes may run, live or in a replay (which starts no upstream).
+    upstream_writes: UpstreamWrites | None = None
+    repos_config: ReposConfig | None = None
+    recorder: Recorder | None = None  # serve --record
+    observability: Observability | None = None  # metrics and per-call telemetry
+    identity: IdentityResolver = field(init=False)  # one resolver for MCP and plain routes
+    _registry_summary: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # Launch settings given without a subject narrow the dev principal against the
+        # loaded profiles and what the namespace selects for it (policy/launch.py).
+        try:
+            self.identity = build_identity(
+                self.settings, profiles=self.access.profiles, profile_of=self.access.select
+            )
+        except ConfigError:
+            self.close()  # the stores are open already and no one else holds them
+            raise
+
+    def registry_info(self) -> Mapping[str, Any] | None:
+        # The registry is loaded once and never changes while the server runs.
+        if self._registry_summary is None:
+            self._registry_summary = self.registry.summary()
+        return self._registry_summary
+
+    def close(self) -> None:
+        self.audit_log.close()
+        self.state.close()
+        if self.repos is not None:
+            self.repos.catalog.close()
+        if self.recorder is not None:
+            self.recorder.close()
+
+
+@dataclass
+class NexusServer:
+    mcp: FastMCP[Any]
+    runtime: Runtime
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+def grants_changed(runtime: Runtime, zone: str) -> None:
+    if zone in ("*", runtime.settings.profiles.zone):
+        runtime.access.forget()
