@@ -132,7 +132,8 @@ from nexus_mcp.tools.notes import TOOLSET as NOTES_TOOLSET
 from nexus_mcp.tools.notes import build_notes_tools
 from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
 from nexus_mcp.tools.repo import build_repo_tools
-from nexus_mcp.workspace.files import LexicalPaths, ReachedTheWorld, ReplayWorkspace, Workspace
+from nexus_mcp.workspace.files import Workspace
+from nexus_mcp.workspace.replay import LexicalPaths, ReachedTheWorld, ReplayWorkspace
 
 log = get_logger(__name__)
 
@@ -356,7 +357,7 @@ def _build_server(
     check_launch_settings(settings)  # before any state is created; build_identity decides
     write_policies = load_write_policies(sections, settings)
     replaying = settings.replay is not None
-    # A replay serves no folder: the write policy judges paths as named (workspace.py).
+    # A replay serves no folder: the write policy judges paths as named (workspace/replay.py).
     workspace = (
         LexicalPaths(replay_hidden_parts(settings))
         if replaying
@@ -771,7 +772,7 @@ def replay_stand_ins(
 ) -> list[ToolFunction]:
     """Every native toolset over stand-ins (``serve --replay`` answers every call from
     the recording): their contracts and argument models, and their bodies up to the
-    first touch of a file, vault or repository (``workspace.ReplayWorkspace``)."""
+    first touch of a file, vault or repository (``workspace.replay.ReplayWorkspace``)."""
 
     def no_vault(_principal: Any) -> Any:
         # A vault that is never read: the notes tools check the path before they read.

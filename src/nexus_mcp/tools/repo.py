@@ -75,7 +75,7 @@ from nexus_mcp.repos.writes import (
 )
 from nexus_mcp.settings import SearchSettings, Settings
 from nexus_mcp.tools.files import ApprovalArg, IdempotencyArg, SearchReport
-from nexus_mcp.workspace.files import CommitGuard, run_guarded
+from nexus_mcp.workspace.commits import CommitGuard, run_guarded
 from nexus_mcp.workspace.search import (
     CAP_FILES_SCANNED,
     CAP_RESULTS,
