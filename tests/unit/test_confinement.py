@@ -14,7 +14,8 @@ import pytest
 from nexus_mcp.errors import Code, NexusError
 from nexus_mcp.policy.write_policy import DEV_WRITE_POLICY, PathGate
 from nexus_mcp.workspace.confinement import MAX_SYMLINKS, ConfinedRoot, walk_tree
-from nexus_mcp.workspace.files import ResolvedPath, Workspace
+from nexus_mcp.workspace.files import Workspace
+from nexus_mcp.workspace.paths import ResolvedPath
 
 from ..support.swapper import Swapper
 from ..support.trees import make_chain, remove_tree

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from nexus_mcp.errors import Code, InvalidInputError, NexusError
 from nexus_mcp.settings import SearchSettings
-from nexus_mcp.workspace.files import TreeFile, Workspace
+from nexus_mcp.workspace.files import Workspace
+from nexus_mcp.workspace.paths import TreeFile
 from nexus_mcp.workspace.search import (
     MAX_GLOB_CHARS,
     ScanBudget,

@@ -9,7 +9,8 @@ import pytest
 
 from nexus_mcp.errors import Code, InvalidPathError, NexusError
 from nexus_mcp.policy.write_policy import DEV_WRITE_POLICY, PathGate
-from nexus_mcp.workspace.files import Workspace, is_within, normalize_relative
+from nexus_mcp.workspace.files import Workspace
+from nexus_mcp.workspace.paths import is_within, normalize_relative
 
 
 @pytest.fixture

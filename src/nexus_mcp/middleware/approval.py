@@ -38,7 +38,9 @@ from nexus_mcp.policy.write_policy import (
 )
 from nexus_mcp.principal import Principal
 from nexus_mcp.stores.nonces import NonceStore
-from nexus_mcp.workspace.files import LexicalPaths, Workspace, normalize_relative
+from nexus_mcp.workspace.files import Workspace
+from nexus_mcp.workspace.paths import normalize_relative
+from nexus_mcp.workspace.replay import LexicalPaths
 
 
 def target_paths(operation: str, arguments: dict[str, Any]) -> list[str]:

@@ -1,7 +1,7 @@
 """LimitsMiddleware: per-session call budget, per-subject rate, per-tool timeout (step 8).
 
 The timeout cancels the running call; file tools forbid their own commit once cancelled
-(``workspace.CommitGuard``), so a timed-out write never lands afterwards.
+(``workspace.commits.CommitGuard``), so a timed-out write never lands afterwards.
 """
 
 from __future__ import annotations

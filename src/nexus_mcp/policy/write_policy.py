@@ -347,7 +347,7 @@ class PathGate:
 
     The chain decides the whole policy (operations, paths, sizes) before the tool runs;
     the workspace asks this gate again, on the real paths it is about to touch, in the
-    worker that touches them (``workspace.WriteGate``). ``None`` denies every write.
+    worker that touches them (``workspace.paths.PathAdmission``). ``None`` denies every write.
     """
 
     policy: WritePolicy | None

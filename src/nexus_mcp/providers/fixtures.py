@@ -65,7 +65,7 @@ from nexus_mcp.policy.documents import check_read_documents
 from nexus_mcp.policy.pins import definition_digest as pinned_digest
 from nexus_mcp.policy.registry import DocumentSpec
 from nexus_mcp.providers.upstream_tools import UPSTREAM_TOOLSET_PREFIX
-from nexus_mcp.workspace.files import ReachedTheWorld
+from nexus_mcp.workspace.replay import ReachedTheWorld
 
 log = get_logger(__name__)
 
@@ -364,7 +364,7 @@ class FixtureProvider(Provider):
     ) -> NexusError | None:
         """The refusal a native tool's own body makes from its arguments alone, before it
         touches a file, vault or repository (its body runs over stand-ins until then:
-        ``workspace.ReplayWorkspace``), or None. Made before the recording is looked up,
+        ``workspace.replay.ReplayWorkspace``), or None. Made before the recording is looked up,
         so a replay refuses what live refuses whatever the recording holds."""
         body = self.prechecks.get(record.tool) if record.upstream_tool is None else None
         if body is None:

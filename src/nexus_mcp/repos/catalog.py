@@ -23,7 +23,7 @@ from nexus_mcp.policy.targets import identify_folder, to_target_id
 from nexus_mcp.principal import Principal
 from nexus_mcp.repos.git import GitError, find_git
 from nexus_mcp.repos.repository import Repository, RunnerFactory, open_repository
-from nexus_mcp.workspace.files import is_within
+from nexus_mcp.workspace.paths import is_within
 
 log = get_logger(__name__)
 

@@ -30,7 +30,7 @@ from pydantic import SecretStr
 from nexus_mcp.errors import ConflictError, UpstreamError
 from nexus_mcp.repos.git import GitError, GitRunner
 from nexus_mcp.repos.repository import Repository, check_branch_name, committing
-from nexus_mcp.workspace.files import CommitGuard
+from nexus_mcp.workspace.commits import CommitGuard
 
 PUSH_TIMEOUT_SECONDS = 120.0
 LS_REMOTE_TIMEOUT_SECONDS = 30.0

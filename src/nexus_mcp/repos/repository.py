@@ -47,7 +47,8 @@ from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.repos import MAX_BRANCH_CHARS, PatchFacts, RepositoryConfig, WritePolicy
 from nexus_mcp.repos.git import GitError, GitOutputTooLargeError, GitResult, GitRunner
 from nexus_mcp.repos.store import StoreGuard, UnsafeStoreError
-from nexus_mcp.workspace.files import CommitGuard, normalize_relative
+from nexus_mcp.workspace.commits import CommitGuard
+from nexus_mcp.workspace.paths import normalize_relative
 from nexus_mcp.workspace.search import is_binary
 
 MODE_TREE = "040000"

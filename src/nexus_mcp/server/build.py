@@ -104,7 +104,8 @@ from nexus_mcp.tools.notes import TOOLSET as NOTES_TOOLSET
 from nexus_mcp.tools.notes import build_notes_tools
 from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
 from nexus_mcp.tools.repo import build_repo_tools
-from nexus_mcp.workspace.files import LexicalPaths, Workspace
+from nexus_mcp.workspace.files import Workspace
+from nexus_mcp.workspace.replay import LexicalPaths
 
 log = get_logger(__name__)
 
@@ -174,7 +175,7 @@ def _build_server(
     check_launch_settings(settings)  # before any state is created; build_identity decides
     write_policies = load_write_policies(sections, settings)
     replaying = settings.replay is not None
-    # A replay serves no folder: the write policy judges paths as named (workspace.py).
+    # A replay serves no folder: the write policy judges paths as named (workspace/replay.py).
     workspace = (
         LexicalPaths(replay_hidden_parts(settings))
         if replaying

@@ -46,7 +46,8 @@ from nexus_mcp.tools.discovery import build_discovery_tools
 from nexus_mcp.tools.files import build_files_tools
 from nexus_mcp.tools.notes import build_notes_tools
 from nexus_mcp.tools.repo import build_repo_tools
-from nexus_mcp.workspace.files import LexicalPaths, ReachedTheWorld, ReplayWorkspace, Workspace
+from nexus_mcp.workspace.files import Workspace
+from nexus_mcp.workspace.replay import LexicalPaths, ReachedTheWorld, ReplayWorkspace
 
 log = get_logger(__name__)
 
@@ -95,7 +96,7 @@ def replay_stand_ins(
 ) -> list[ToolFunction]:
     """Every native toolset over stand-ins (``serve --replay`` answers every call from
     the recording): their contracts and argument models, and their bodies up to the
-    first touch of a file, vault or repository (``workspace.ReplayWorkspace``)."""
+    first touch of a file, vault or repository (``workspace.replay.ReplayWorkspace``)."""
 
     def no_vault(_principal: Any) -> Any:
         # A vault that is never read: the notes tools check the path before they read.

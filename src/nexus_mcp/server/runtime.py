@@ -52,7 +52,8 @@ from nexus_mcp.stores.backends import StateStores
 from nexus_mcp.stores.grants import TupleStore
 from nexus_mcp.stores.idempotency import IdempotencyStore
 from nexus_mcp.stores.nonces import NonceStore
-from nexus_mcp.workspace.files import LexicalPaths, Workspace
+from nexus_mcp.workspace.files import Workspace
+from nexus_mcp.workspace.replay import LexicalPaths
 
 log = get_logger(__name__)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.settings import ENV_PREFIX, Settings, load_settings, referenced_files
-from nexus_mcp.workspace.files import is_within
+from nexus_mcp.workspace.paths import is_within
 
 IDEMPOTENCY_DB = "idempotency.sqlite3"
 NONCES_DB = "nonces.sqlite3"

@@ -1,7 +1,7 @@
 """The ``files`` toolset: workspace file tools, each declared with ``@nexus_tool``.
 
 Tools receive only workspace-relative paths; containment, atomic writes and workload caps
-live in ``workspace.py`` and ``search.py``. Write tools take ``idempotency_key`` and
+live in ``workspace/files.py`` and ``workspace/search.py``. Write tools take ``idempotency_key`` and
 ``approval_token`` arguments because an LLM-driven client can only set arguments; the
 chain consumes them before the function runs (DESIGN.md, "Tool calls on the wire").
 Blocking file I/O runs in a worker thread so the event loop (and timeouts) stay live.
@@ -22,7 +22,8 @@ from pydantic import BaseModel, Field
 from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.errors import ConflictError, InvalidInputError
 from nexus_mcp.settings import Settings
-from nexus_mcp.workspace.files import Workspace, run_guarded
+from nexus_mcp.workspace.commits import run_guarded
+from nexus_mcp.workspace.files import Workspace
 from nexus_mcp.workspace.search import (
     CAP_RESULTS,
     CAP_TIME,
@@ -155,7 +156,7 @@ async def _read(work: Callable[[], T]) -> T:
 
 
 async def _io(work: Callable[[], T]) -> T:
-    """Blocking file work in a thread under a ``CommitGuard`` (``workspace.run_guarded``)."""
+    """Blocking file work in a thread under a ``CommitGuard`` (``commits.run_guarded``)."""
     return await run_guarded(lambda _guard: work())
 
 

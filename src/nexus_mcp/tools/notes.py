@@ -20,7 +20,7 @@ from nexus_mcp.errors import UpstreamError
 from nexus_mcp.notes import NoteBackend, ViewKind, read_note_view, to_log_record
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.principal import Principal
-from nexus_mcp.workspace.files import ReachedTheWorld
+from nexus_mcp.workspace.replay import ReachedTheWorld
 
 TOOLSET = "notes"
 log = get_logger(__name__)

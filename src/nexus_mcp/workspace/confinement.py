@@ -18,7 +18,7 @@ the walk starts again, a bounded number of times, then answers ``CONFLICT``.
 
 What no userspace check can close: a folder that another process *moves* out of the
 root after it was opened. ``attached`` narrows that window to the instant between its
-check and the operation; see ``workspace.py`` for the guarantee as a whole.
+check and the operation; see ``files.py`` for the guarantee as a whole.
 """
 
 from __future__ import annotations

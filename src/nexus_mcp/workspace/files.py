@@ -4,7 +4,7 @@ The guarantee, for every file tool:
 
 1. **Decided on what is touched.** Every path is resolved to its real path below the
    root, all symbolic links followed (``confinement.ConfinedRoot``), and the hidden-state
-   check and the write policy (``WriteGate``) are decided on that real path. Where the
+   check and the write policy (``PathAdmission``) are decided on that real path. Where the
    operation acts on a link itself (delete, rmdir, rename) or writes through one (write,
    edit, mkdir), both the link and what it leads to are checked, so a link cannot
    carry a write into ``.git/``, out of ``allowed_paths`` or onto the server's state.
@@ -28,55 +28,48 @@ the call checks that the folder is still at its real path (``ConfinedRoot.attach
 which shrinks that window to a few system calls; closing it needs the kernel (Linux's
 ``openat2`` with ``RESOLVE_BENEATH`` on every step, which Python does not expose).
 
-Containment of the *names* is separator-aware: the reference filesystem MCP server had
-CVEs for both symlink escapes and ``root-evil/`` prefix confusion (a plain
-``startswith`` on strings).
+Names are validated and contained by ``paths``; the commit point is ``commits``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import os
-import re
 import secrets
 import stat
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import Any, Protocol, TypeVar
+from pathlib import Path
+from typing import TypeVar
 
 from nexus_mcp.errors import (
     ConflictError,
-    DocSizeExceededError,
     InvalidPathError,
-    NexusError,
     NotFoundError,
     WritePolicyDeniedError,
 )
-from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.write_policy import RULE_DISALLOWED_SUBTREE
+from nexus_mcp.workspace.commits import guarded_commit
 from nexus_mcp.workspace.confinement import (
     DIR_FLAGS,
     FILE_READ_FLAGS,
     MAX_WALKS,
-    REASON_NOT_UNICODE,
     ConfinedRoot,
     Located,
     PathChangedError,
     identity,
-    is_unicode_text,
-    read_bounded,
     walk_tree,
 )
+from nexus_mcp.workspace.descriptors import empty_and_remove, fsync_fd, read_fd
+from nexus_mcp.workspace.paths import (
+    PathAdmission,
+    ResolvedPath,
+    TreeFile,
+    is_below,
+    is_within,
+    normalize_relative,
+)
 
-log = get_logger(__name__)
-
-_DRIVE_RE = re.compile(r"^[A-Za-z]:")
-MAX_PATH_LENGTH = 4096
 # Entries of a folder that rmdir or rename checks one by one before acting on it.
 MAX_SUBTREE_ENTRIES = 100_000
 TEMP_PREFIX = ".nexus-"
@@ -92,167 +85,11 @@ T = TypeVar("T")
 _RACE_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EINVAL})
 
 
-class CommitGuard:
-    """Decides, under one lock, whether a write commits or was cancelled first.
-
-    File I/O runs in a worker thread, which ``asyncio`` cannot interrupt. When a call times
-    out, the event loop side calls ``cancel()``; the worker checks ``may_commit()`` right
-    before its final rename. Either the rename happens before the cancel (the call then
-    reports a timeout whose outcome is unknown, and idempotency records it so) or it never
-    happens: a timed-out write never lands later, and never half-lands.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cancelled = False
-        self.committed = False
-
-    def cancel(self) -> bool:
-        """Forbid any later commit; True when a commit already happened."""
-        with self._lock:
-            self._cancelled = True
-            return self.committed
-
-    @contextlib.contextmanager
-    def commit(self) -> Iterator[None]:
-        with self._lock:
-            if self._cancelled:
-                raise WriteCancelledError()
-            yield
-            self.committed = True
-
-
-class WriteCancelledError(Exception):
-    """The call was cancelled (timed out) before the write committed; nothing changed."""
-
-
-_guard: ContextVar[CommitGuard | None] = ContextVar("nexus_commit_guard", default=None)
-
-
-async def run_guarded(work: Callable[[CommitGuard], T]) -> T:
-    """Run blocking write work in a thread under a ``CommitGuard`` (also bound for
-    ``_committing`` below); on cancellation, forbid its commit and wait for it.
-
-    Waiting (shielded) for the thread means that when a timeout is reported, the worker
-    has either committed already or never will.
-    """
-    guard = CommitGuard()
-
-    def run() -> T:
-        with guarded(guard):
-            return work(guard)
-
-    task = asyncio.ensure_future(asyncio.to_thread(run))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        # cancel() waits for a commit in progress (a git ref update may take seconds):
-        # never on the event loop, which serves every other caller meanwhile.
-        with contextlib.suppress(BaseException):
-            await asyncio.to_thread(guard.cancel)
-        with contextlib.suppress(BaseException):
-            await task
-        raise
-
-
-@contextlib.contextmanager
-def guarded(guard: CommitGuard) -> Iterator[None]:
-    token = _guard.set(guard)
-    try:
-        yield
-    finally:
-        _guard.reset(token)
-
-
-@contextlib.contextmanager
-def _committing() -> Iterator[None]:
-    guard = _guard.get()
-    if guard is None:
-        yield
-        return
-    with guard.commit():
-        yield
-
-
-class WriteGate(Protocol):
-    """The write policy as the workspace asks it, on real paths at the moment of use."""
-
-    def check_paths(self, operation: str, paths: Sequence[str]) -> None:
-        """Raise ``WritePolicyDeniedError`` unless ``operation`` may touch every path
-        (every entry of a folder removed or moved, too)."""
-        ...
-
-
-@dataclass(frozen=True)
-class ResolvedPath:
-    """A caller path: as named (normalized) and where it led when it was resolved.
-
-    ``absolute`` is informational (a snapshot); every operation walks ``relative`` again
-    on descriptors when it acts, so what it touches is decided then.
-    """
-
-    relative: str
-    absolute: Path
-
-    @property
-    def parts(self) -> tuple[str, ...]:
-        return tuple(self.relative.split("/")) if self.relative else ()
-
-
-@dataclass(frozen=True)
-class TreeFile:
-    """A regular-file candidate found by ``Workspace.walk_files``; open it with ``open_file``."""
-
-    relative: str  # below the workspace root
-    below: str  # below the folder the walk started in
-    dir_fd: int  # valid only until the walk moves on
-    name: str
-
-
-def normalize_relative(raw: str) -> str:
-    """Validate a caller path and return its normalized workspace-relative form.
-
-    Refuses absolute paths, drive letters, UNC paths, NUL bytes, lone surrogates, ``..``
-    segments and backslashes (which are separators on Windows and so ambiguous). ``""`` and ``"."``
-    mean the workspace root.
-    """
-    if not isinstance(raw, str) or len(raw) > MAX_PATH_LENGTH:
-        raise InvalidPathError(reason="type_or_length")
-    if "\x00" in raw:
-        raise InvalidPathError(reason="nul_byte")
-    if not is_unicode_text(raw):
-        raise InvalidPathError(reason=REASON_NOT_UNICODE)
-    if "\\" in raw:
-        raise InvalidPathError(reason="backslash")
-    text = raw.strip()
-    if text.startswith("/") or text.startswith("//"):
-        raise InvalidPathError(reason="absolute")
-    if _DRIVE_RE.match(text):
-        raise InvalidPathError(reason="drive")
-    parts = [p for p in PurePosixPath(text).parts if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        raise InvalidPathError(reason="traversal")
-    return "/".join(parts)
-
-
-def is_within(root: Path, candidate: Path) -> bool:
-    """Separator-aware containment: ``/srv/root-evil`` is not within ``/srv/root``."""
-    try:
-        candidate.relative_to(root)
-    except ValueError:
-        return False
-    return True
-
-
-def _below(parts: Sequence[str], folder: Sequence[str]) -> bool:
-    return len(parts) >= len(folder) and tuple(parts[: len(folder)]) == tuple(folder)
-
-
 class Workspace:
     """File operations confined to one root folder (see the module docstring)."""
 
     def __init__(
-        self, root: Path, *, hidden: Iterable[Path] = (), gate: WriteGate | None = None
+        self, root: Path, *, hidden: Iterable[Path] = (), gate: PathAdmission | None = None
     ) -> None:
         self._confined = ConfinedRoot(root)
         self.root = self._confined.path
@@ -272,10 +109,10 @@ class Workspace:
         return any(is_within(real, hidden) for hidden in self.hidden)
 
     def is_hidden_parts(self, parts: Sequence[str]) -> bool:
-        return any(_below(parts, hidden) for hidden in self._hidden_parts)
+        return any(is_below(parts, hidden) for hidden in self._hidden_parts)
 
     def _holds_hidden_parts(self, parts: Sequence[str]) -> bool:
-        return any(_below(hidden, parts) for hidden in self._hidden_parts)
+        return any(is_below(hidden, parts) for hidden in self._hidden_parts)
 
     # -- resolution (an early answer; operations resolve again when they act) -------------
 
@@ -418,7 +255,7 @@ class Workspace:
             raise ConflictError(reason="not_a_file")
         fd = self._open_located(located)
         try:
-            return _read_fd(fd, limit)
+            return read_fd(fd, limit)
         finally:
             os.close(fd)
 
@@ -604,7 +441,7 @@ class Workspace:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            with _committing():
+            with guarded_commit():
                 self._ensure_attached(located)
                 os.replace(tmp, located.name, src_dir_fd=parent, dst_dir_fd=parent)
         except BaseException:
@@ -612,7 +449,7 @@ class Workspace:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=parent)
             raise
-        _fsync_fd(parent)
+        fsync_fd(parent)
 
     def delete_file(self, target: ResolvedPath) -> None:
         """Remove one file, or one link itself (never what it points to)."""
@@ -624,10 +461,10 @@ class Workspace:
                 if located.is_dir:
                     raise ConflictError(reason="is_directory")
                 assert located.name is not None
-                with _committing():
+                with guarded_commit():
                     self._ensure_attached(located)
                     os.unlink(located.name, dir_fd=located.parent_fd)
-                _fsync_fd(located.parent_fd)
+                fsync_fd(located.parent_fd)
 
         self._retrying(delete)
 
@@ -657,13 +494,13 @@ class Workspace:
                     name = admitted[depth - 1]
                     step = Located(admitted[:depth], fd, name, None)
                     self._admit("mkdir", ["/".join(step.parts)])
-                    with _committing():
+                    with guarded_commit():
                         self._ensure_attached(step)
                         try:
                             os.mkdir(name, NEW_DIR_MODE, dir_fd=fd)
                         except FileExistsError:
                             raise PathChangedError() from None
-                    _fsync_fd(fd)
+                    fsync_fd(fd)
                     fd = self._confined.enter(fd, name)
             finally:
                 os.close(fd)
@@ -694,7 +531,7 @@ class Workspace:
                 if entries and not recursive:
                     raise ConflictError(reason="not_empty")
                 trash = f"{TRASH_PREFIX}{secrets.token_hex(8)}"
-                with _committing():
+                with guarded_commit():
                     self._ensure_attached(located)
                     if recursive:
                         os.rename(
@@ -706,8 +543,8 @@ class Workspace:
                     else:
                         os.rmdir(located.name, dir_fd=located.parent_fd)
                 if recursive:
-                    _empty_and_remove(located.parent_fd, trash)
-                _fsync_fd(located.parent_fd)
+                    empty_and_remove(located.parent_fd, trash)
+                fsync_fd(located.parent_fd)
                 return entries + 1
 
         return self._retrying(remove)
@@ -814,7 +651,7 @@ class Workspace:
                 if self._holds_hidden_parts(src.parts):
                     raise InvalidPathError(reason="server_state")
                 if src.is_dir:
-                    if _below(dst.parts, src.parts):
+                    if is_below(dst.parts, src.parts):
                         raise ConflictError(reason="into_itself")
                     self._check_subtree(src, "rename", dst.parts)
                 if src.is_link:
@@ -822,142 +659,17 @@ class Workspace:
                 if dst.exists and (not overwrite or dst.is_dir or src.is_dir):
                     raise ConflictError(reason="exists")
                 assert src.name is not None and dst.name is not None
-                with _committing():
+                with guarded_commit():
                     self._ensure_attached(src)
                     self._ensure_attached(dst)
                     os.replace(
                         src.name, dst.name, src_dir_fd=src.parent_fd, dst_dir_fd=dst.parent_fd
                     )
-                _fsync_fd(dst.parent_fd)
+                fsync_fd(dst.parent_fd)
                 if src.parts[:-1] != dst.parts[:-1]:
-                    _fsync_fd(src.parent_fd)
+                    fsync_fd(src.parent_fd)
 
         self._retrying(move)
 
 
-def _empty_and_remove(parent_fd: int, name: str) -> None:
-    """Remove folder ``name`` of ``parent_fd`` and all it holds, on descriptors: links are
-    removed, never followed; another mount is never entered (what cannot be removed stays
-    under its trash name, and is logged)."""
-    try:
-        fd = os.open(name, DIR_FLAGS | os.O_NONBLOCK, dir_fd=parent_fd)
-    except OSError:
-        log.warning("trash_left", reason="open_failed")
-        return
-    try:
-        for folder in walk_tree(
-            fd, strict=True, on_leave=lambda parent, child: os.rmdir(child, dir_fd=parent)
-        ):
-            for entry in folder.others:
-                os.unlink(entry, dir_fd=folder.fd)
-    except (OSError, NexusError) as exc:
-        log.warning("trash_left", reason=type(exc).__name__)
-        return
-    finally:
-        os.close(fd)
-    try:
-        os.rmdir(name, dir_fd=parent_fd)
-    except OSError as exc:
-        log.warning("trash_left", reason=type(exc).__name__)
-
-
-def _read_fd(fd: int, limit: int) -> bytes:
-    data = read_bounded(fd, limit)
-    if len(data) > limit:
-        raise DocSizeExceededError(limit_name="max_read_bytes", limit_bytes=limit)
-    return data
-
-
-def _fsync_fd(fd: int) -> None:
-    # Makes a rename or unlink itself durable; not every platform allows it on a folder.
-    with contextlib.suppress(OSError):
-        os.fsync(fd)
-
-
-__all__ = [
-    "MAX_PATH_LENGTH",
-    "MAX_SUBTREE_ENTRIES",
-    "CommitGuard",
-    "LexicalPaths",
-    "ReachedTheWorld",
-    "ReplayWorkspace",
-    "ResolvedPath",
-    "TreeFile",
-    "Workspace",
-    "WriteCancelledError",
-    "WriteGate",
-    "guarded",
-    "is_within",
-    "normalize_relative",
-]
-
-
-class LexicalPaths:
-    """The write policy's view of paths where no folder is served (``serve --replay``).
-
-    A replay touches no file, so a write's paths are judged as named, normalized (hostile
-    names are still ``INVALID_PATH``): nothing is resolved, no link is followed and no
-    folder is walked, because there is nothing to resolve them in. ``hidden`` are the
-    server's own state paths (relative parts) inside the configured workspace, refused
-    by name as a live ``Workspace`` refuses them (``server_state``), so a write into the
-    recording folder is ``INVALID_PATH`` in a replay as it is live.
-    """
-
-    def __init__(self, hidden: Iterable[Sequence[str]] = ()) -> None:
-        self.hidden_parts = tuple(tuple(parts) for parts in hidden if parts)
-
-    def is_hidden_parts(self, parts: Sequence[str]) -> bool:
-        return any(_below(parts, hidden) for hidden in self.hidden_parts)
-
-    def touched_paths(self, targets: Sequence[str]) -> list[str]:
-        touched: list[str] = []
-        for raw in targets:
-            path = normalize_relative(raw)
-            if path and self.is_hidden_parts(path.split("/")):
-                raise InvalidPathError(reason="server_state")
-            if path not in touched:
-                touched.append(path)
-        return touched
-
-    def named(self, raw: str) -> str:
-        return normalize_relative(raw)
-
-    def check_subtree(self, operation: str, target: Any, moved_to: str | None = None) -> None:
-        """Nothing to walk: the folder's entries are not known without the folder."""
-
-
-class ReachedTheWorld(BaseException):
-    """A replayed tool's own body reached what a replay never touches (a file, a vault, a
-    repository): every check it makes from its arguments alone has passed by then.
-
-    A ``BaseException`` so that no ``except Exception`` in a tool body turns it into an
-    answer."""
-
-
-class ReplayWorkspace:
-    """The workspace a replayed native tool's body runs against (``serve --replay``), to
-    make the refusals the tool makes from its arguments before it touches any file, with
-    the tool's own code: ``named`` validates a path as ``Workspace.named`` does; any other
-    use is the body reaching the files, where a live ``Workspace`` would refuse hidden
-    server state (``server_state``), and otherwise ``ReachedTheWorld``."""
-
-    ROOT = Path("/nonexistent-replay-workspace")
-
-    def __init__(self, paths: LexicalPaths) -> None:
-        self._paths = paths
-
-    def named(self, raw: str) -> ResolvedPath:
-        relative = normalize_relative(raw)
-        return ResolvedPath(relative=relative, absolute=self.ROOT / relative)
-
-    def __getattr__(self, name: str) -> Any:
-        paths = self._paths
-
-        def reached(*args: Any, **kwargs: Any) -> Any:
-            for value in (*args, *kwargs.values()):
-                relative = value.relative if isinstance(value, ResolvedPath) else None
-                if relative and paths.is_hidden_parts(relative.split("/")):
-                    raise InvalidPathError(reason="server_state")
-            raise ReachedTheWorld(name)
-
-        return reached
+__all__ = ["MAX_SUBTREE_ENTRIES", "Workspace"]

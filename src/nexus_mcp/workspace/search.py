@@ -22,7 +22,8 @@ from typing import Any
 
 from nexus_mcp.errors import InvalidInputError
 from nexus_mcp.settings import SearchSettings
-from nexus_mcp.workspace.files import TreeFile, Workspace
+from nexus_mcp.workspace.files import Workspace
+from nexus_mcp.workspace.paths import TreeFile
 from nexus_mcp.workspace.regex_child import matching_lines
 from nexus_mcp.workspace.regex_sandbox import RegexSandbox, SandboxStopped
 

@@ -61,7 +61,7 @@ from nexus_mcp.tools.repo.models import (
     RepoArg,
 )
 from nexus_mcp.tools.repo.scan import git_read
-from nexus_mcp.workspace.files import CommitGuard, run_guarded
+from nexus_mcp.workspace.commits import CommitGuard, run_guarded
 
 T = TypeVar("T")
 
