@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from nexus_mcp.identity.access import GrantedTools
     from nexus_mcp.observability.audit import AuditLog
     from nexus_mcp.policy.targets import ToolTargets
-    from nexus_mcp.providers.fixtures import Recorder
+    from nexus_mcp.providers.recording import Recorder
 
 log = get_logger(__name__)
 

@@ -53,13 +53,10 @@ from nexus_mcp.policy.upstreams import (
     UpstreamWrites,
     load_upstreams,
 )
-from nexus_mcp.providers.fixtures import (
-    FixtureProvider,
-    Recorder,
-    ReplaySet,
-)
+from nexus_mcp.providers.fixtures import FixtureProvider, ReplaySet
 from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
+from nexus_mcp.providers.recording import Recorder
 from nexus_mcp.providers.tool_index import ToolIndex
 from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog

@@ -31,10 +31,10 @@ from nexus_mcp.policy.upstreams import (
 from nexus_mcp.providers.fixtures import (
     ReplaySet,
     check_replay,
-    listed_definition,
     replay_refusal,
 )
 from nexus_mcp.providers.native import NexusTool, ToolFunction
+from nexus_mcp.providers.recording import listed_definition
 from nexus_mcp.repos.catalog import ARG_REPO
 from nexus_mcp.server.runtime import Runtime
 from nexus_mcp.server.startup import load_served_registry
