@@ -35,9 +35,9 @@ from typing import Any, Protocol
 from fastmcp.tools import ToolResult
 from mcp_types import ContentBlock
 
-from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
+from nexus_mcp.calls import META_TOOL_EFFECT, CallState
 from nexus_mcp.contracts import ToolContract
-from nexus_mcp.envelope import ConnectorRefusal, unknown_tool
+from nexus_mcp.envelope import ConnectorRefusal
 from nexus_mcp.errors import NexusError
 from nexus_mcp.policy.approvals import spend_approval
 from nexus_mcp.stores.nonces import NonceStore
@@ -75,16 +75,6 @@ class Outcome:
     # What the checks after the call hash; None skips them (an upstream's error result).
     document: dict[str, Any] | None
     is_error: bool = False
-
-
-def chained_call(name: str) -> CallState:
-    """The state the chain opened for this call. A tool reached without the chain (or
-    without an identity) behaves as if it did not exist: the namespace's answer for a
-    hidden tool, never an unchecked run."""
-    state = current_call()
-    if state is None or state.principal is None:
-        raise unknown_tool(name)
-    return state
 
 
 class Connector:
@@ -168,5 +158,4 @@ __all__ = [
     "FinishedHook",
     "Outcome",
     "StartedHook",
-    "chained_call",
 ]

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState, current_call
+from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState, chained_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import ApprovalRequiredError, DocEncodingInvalidError, WritePolicyDeniedError
 from nexus_mcp.identity.resolver import MODERN_PROTOCOL
@@ -124,9 +124,7 @@ class ApprovalMiddleware(Middleware):
     async def on_call_tool(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
-        state = current_call()
-        if state is None:  # pragma: no cover - the envelope always opens one
-            return await call_next(context)
+        state = chained_call(str(context.message.name))
         if self.enforcer is not None:
             self.enforcer.ensure_classified(state)  # the write policy never depends on layer 5
         if state.tool_class != "write":

@@ -22,7 +22,7 @@ from typing import Any
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import PLUMBING_ARGS, CallState, current_call
+from nexus_mcp.calls import PLUMBING_ARGS, CallState, chained_call
 from nexus_mcp.contracts import ToolContract
 from nexus_mcp.envelope import to_wire_error
 from nexus_mcp.errors import Code, NexusError
@@ -207,9 +207,7 @@ class AuditMiddleware(Middleware):
     async def on_call_tool(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
-        state = current_call()
-        if state is None:  # pragma: no cover - the envelope always opens one
-            return await call_next(context)
+        state = chained_call(str(context.message.name), identified=False)
         # Every way out below writes the call's end record, so a read's start may wait.
         state.audit_finishes = True
         # The telemetry record is entered by hand, not in a ``with`` of its own frame:

@@ -29,7 +29,7 @@ from nexus_mcp.calls import (
     META_TOOL_EFFECT,
     PLUMBING_ARGS,
     CallState,
-    current_call,
+    chained_call,
 )
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.envelope import invalid_input_from, refusal_of
@@ -83,9 +83,7 @@ class ClassificationMiddleware(Middleware):
     async def on_call_tool(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
-        state = current_call()
-        if state is None:  # pragma: no cover - the envelope always opens one
-            return await call_next(context)
+        state = chained_call(str(context.message.name))
         model = self.argument_models.get(state.tool_name)
         refuse_unrepresentable(state.arguments, model)
         if model is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import META_TOOL_EFFECT, current_call
+from nexus_mcp.calls import META_TOOL_EFFECT, chained_call
 from nexus_mcp.enforcement import RegistryEnforcer
 from nexus_mcp.errors import InternalError
 from nexus_mcp.policy.classification import Classification
@@ -32,9 +32,7 @@ class DocumentsMiddleware(Middleware):
     async def on_call_tool(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
-        state = current_call()
-        if state is None:  # pragma: no cover - the envelope always opens one
-            return await call_next(context)
+        state = chained_call(str(context.message.name))
         classification = self.enforcer.ensure_classified(state)
         state.document_check = self.enforcer.check_write(state, classification, state.arguments)
         result = await call_next(context)

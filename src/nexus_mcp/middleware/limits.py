@@ -10,7 +10,7 @@ from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import current_call
+from nexus_mcp.calls import chained_call
 from nexus_mcp.errors import ToolTimeoutError
 from nexus_mcp.middleware.deadlines import DeadlineWatch
 from nexus_mcp.policy.budgets import CallLimits, ToolTimeouts
@@ -30,10 +30,10 @@ class LimitsMiddleware(Middleware):
     async def on_call_tool(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
-        state = current_call()
-        if state is None or state.principal is None:  # pragma: no cover - identity ran first
-            return await call_next(context)
-        subject = state.principal.subject
+        state = chained_call(str(context.message.name))
+        principal = state.principal
+        assert principal is not None  # chained_call refuses a call without one
+        subject = principal.subject
         session_key = state.session_key or f"principal:{subject}"
         self.limits.admit(subject, session_key)
         seconds = self.timeouts.timeout_for(state.tool_name)
