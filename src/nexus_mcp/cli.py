@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from nexus_mcp import __version__
+from nexus_mcp._version import __version__
 
 # What a shell reports for a command whose reader went away (128 + SIGPIPE).
 EXIT_BROKEN_PIPE = 141

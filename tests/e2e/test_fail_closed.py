@@ -150,7 +150,7 @@ async def answer(server: NexusServer, name: str, arguments: dict[str, Any]) -> s
     async with Client(server.mcp) as client:
         try:
             result = await client.call_tool_mcp(name, arguments)
-        except Exception as exc:  # noqa: BLE001 - a protocol error is a refusal too
+        except Exception as exc:
             return f"error: {exc}"
     dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
     assert dumped.get("isError") is True, dumped

@@ -20,7 +20,7 @@ from fastmcp import Client, FastMCP
 from pydantic import BaseModel
 from structlog.testing import capture_logs
 
-from nexus_mcp import __version__
+from nexus_mcp._version import __version__
 from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import TOOL_CALL_BLOCKED, TOOL_CALL_STARTED, MemoryAuditSink
 from nexus_mcp.policy.grants import grant_tool, revoke_tool

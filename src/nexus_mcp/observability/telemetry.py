@@ -59,7 +59,7 @@ from prometheus_client.registry import Collector
 from pydantic import SecretStr
 from starlette.responses import Response
 
-from nexus_mcp import __version__
+from nexus_mcp._version import __version__
 from nexus_mcp.calls import CallState
 from nexus_mcp.errors import Code, ConfigError, NexusError, UnavailableError
 from nexus_mcp.observability.logs import get_logger

@@ -16,7 +16,7 @@ from typing import Any
 from fastmcp import FastMCP
 from pydantic import BaseModel
 
-from nexus_mcp import __version__
+from nexus_mcp._version import __version__
 from nexus_mcp.book import Listing, ToolBook
 from nexus_mcp.connector import Connector
 from nexus_mcp.contracts import ToolContract, build_arguments_model, contract_of

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from nexus_mcp import __version__
+from nexus_mcp._version import __version__
 from nexus_mcp.errors import InvalidInputError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.observability.telemetry import metrics_response
