@@ -39,8 +39,7 @@ from nexus_mcp.calls import META_TOOL_EFFECT, CallState
 from nexus_mcp.contracts import ToolContract
 from nexus_mcp.envelope import ConnectorRefusal
 from nexus_mcp.errors import NexusError
-from nexus_mcp.policy.approvals import spend_approval
-from nexus_mcp.stores.nonces import NonceStore
+from nexus_mcp.policy.approvals import NonceStore, spend_approval
 
 
 class ConnectorCheck(Protocol):

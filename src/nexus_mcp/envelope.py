@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from fastmcp.exceptions import FastMCPError, ToolError
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
@@ -94,6 +95,13 @@ def invalid_input_from(cause: BaseException | None) -> InvalidInputError:
     return InvalidInputError(problem="validation")
 
 
+def safe_facts(error: NexusError | None) -> dict[str, Any] | None:
+    """The facts of a refusal that may be written down (audit, recording): scalars only."""
+    if error is None or not error.facts:
+        return None
+    return {k: v for k, v in error.facts.items() if isinstance(v, str | int | float | bool)}
+
+
 def to_envelope(error: NexusError) -> ToolResult:
     """The envelope as text content only. Never ``structuredContent``: the TypeScript SDK
     1.x and the MCP Inspector validate it against the tool's ``outputSchema`` even when
@@ -110,6 +118,7 @@ __all__ = [
     "UnknownTool",
     "invalid_input_from",
     "refusal_of",
+    "safe_facts",
     "to_envelope",
     "to_wire_error",
     "unknown_tool",

@@ -24,7 +24,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import PLUMBING_ARGS, CallState, chained_call
 from nexus_mcp.contracts import ToolContract
-from nexus_mcp.envelope import to_wire_error
+from nexus_mcp.envelope import safe_facts, to_wire_error
 from nexus_mcp.errors import Code, NexusError
 from nexus_mcp.observability.audit import (
     AUDIT_SCHEMA_VERSION,
@@ -36,7 +36,7 @@ from nexus_mcp.observability.audit import (
     AuditLog,
     utc_timestamp,
 )
-from nexus_mcp.observability.telemetry import CallRecord, CallTelemetry
+from nexus_mcp.observability.telemetry import CallSpan, CallTelemetry
 from nexus_mcp.policy.hashing import fingerprint_arguments
 
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"
@@ -190,12 +190,6 @@ def _is_read_class(contract: ToolContract, state: CallState) -> bool:
     return getattr(state.classification, "tool_class", "read") == "read"
 
 
-def safe_facts(error: NexusError | None) -> dict[str, Any] | None:
-    if error is None or not error.facts:
-        return None
-    return {k: v for k, v in error.facts.items() if isinstance(v, str | int | float | bool)}
-
-
 class AuditMiddleware(Middleware):
     """Writes each call's end record; also where the call's telemetry (its span and
     metrics, ``observability.CallTelemetry``) learns the outcome, when it is on."""
@@ -241,7 +235,7 @@ class AuditMiddleware(Middleware):
     def _finished(
         self,
         state: CallState,
-        record: CallRecord | None,
+        record: CallSpan | None,
         outcome: str,
         error: NexusError | None = None,
     ) -> None:

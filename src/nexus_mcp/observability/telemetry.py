@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
 from fastmcp.telemetry import suppress_fastmcp_telemetry
 from opentelemetry import context as otel_context
@@ -60,7 +60,6 @@ from pydantic import SecretStr
 from starlette.responses import Response
 
 from nexus_mcp._version import __version__
-from nexus_mcp.calls import CallState
 from nexus_mcp.errors import Code, ConfigError, NexusError, UnavailableError
 from nexus_mcp.observability.logs import get_logger
 
@@ -502,6 +501,24 @@ class UpstreamCollector(Collector):
 # --- per call -------------------------------------------------------------------------
 
 
+class ObservedCall(Protocol):
+    """What telemetry reads of a call's state (``calls.CallState`` has it): never its
+    arguments, results or principal."""
+
+    @property
+    def tool_name(self) -> str: ...
+    @property
+    def server_id(self) -> str | None: ...
+    @property
+    def tool_class(self) -> Any: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def approval(self) -> Mapping[str, Any] | None: ...
+    @property
+    def pending_approval(self) -> Any: ...
+
+
 class CallTelemetry:
     """What the chain records for each tool call: its span and its metrics.
 
@@ -518,27 +535,27 @@ class CallTelemetry:
         self.known: Container[str] = ()
         self.tracer = trace.get_tracer(TRACER_NAME, __version__)
 
-    def call(self, state: CallState) -> CallRecord:
-        return CallRecord(self, state)
+    def call(self, state: ObservedCall) -> CallSpan:
+        return CallSpan(self, state)
 
     def tool_label(self, name: str) -> str:
         return name if name in self.known else UNKNOWN_TOOL
 
 
-class CallRecord:
+class CallSpan:
     """One tool call: a ``nexus.tool_call`` span (current while the chain runs, so an
     upstream call carries it in ``_meta.traceparent``) and its metrics at ``finish``."""
 
     __slots__ = ("_owner", "_span", "_state", "_suppress", "_token")
 
-    def __init__(self, owner: CallTelemetry, state: CallState) -> None:
+    def __init__(self, owner: CallTelemetry, state: ObservedCall) -> None:
         self._owner = owner
         self._state = state
         self._span: Span | None = None
         self._token: Any = None
         self._suppress: Any = None
 
-    def __enter__(self) -> CallRecord:
+    def __enter__(self) -> CallSpan:
         if not self._owner.tracing:
             return self
         span = self._owner.tracer.start_span(SPAN_TOOL_CALL, kind=SpanKind.INTERNAL)
@@ -668,11 +685,12 @@ __all__ = [
     "CONTENT_TYPE_LATEST",
     "SPAN_TOOL_CALL",
     "CacheCollector",
-    "CallRecord",
+    "CallSpan",
     "CallTelemetry",
     "Measured",
     "Metrics",
     "Observability",
+    "ObservedCall",
     "RedactingSpanExporter",
     "UpstreamCollector",
     "build_observability",

@@ -26,7 +26,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import jwt
 
@@ -39,7 +39,6 @@ from nexus_mcp.errors import (
     InvalidInputError,
 )
 from nexus_mcp.policy.hashing import digest_arguments, sha256_hex
-from nexus_mcp.stores.nonces import NonceStore
 
 APPROVAL_TOKEN_VERSION = 1
 APPROVAL_ALGORITHM = "HS256"
@@ -316,6 +315,19 @@ async def enforce_approval(
     return claims
 
 
+@runtime_checkable
+class NonceStore(Protocol):
+    """Remembers used token ids until they expire; its backends are in ``stores/``."""
+
+    def consume(self, jti: str, expires_at: float) -> bool:
+        """Record ``jti`` as used until ``expires_at`` (epoch seconds).
+
+        Atomic: ``True`` for exactly one caller the first time an id is seen, ``False``
+        for every later call while the id is remembered.
+        """
+        ...
+
+
 def spend_approval(claims: ApprovalClaims, nonce_store: NonceStore) -> None:
     """Consume the token's nonce; a second spend is ``ApprovalReplayedError``.
 
@@ -555,6 +567,7 @@ __all__ = [
     "ApprovalMode",
     "ApprovalSettings",
     "HasApprovalMode",
+    "NonceStore",
     "approval_jti_digest",
     "check_mintable_tool",
     "decide_approval_mode",

@@ -19,7 +19,7 @@ from fastmcp.tools import Tool, ToolResult
 
 from nexus_mcp.calls import META_TOOL_EFFECT, CallState
 from nexus_mcp.contracts import ToolContract
-from nexus_mcp.envelope import to_envelope, to_wire_error
+from nexus_mcp.envelope import safe_facts, to_envelope, to_wire_error
 from nexus_mcp.fixtures.lines import (
     arguments_hash,
     call_line,
@@ -30,7 +30,6 @@ from nexus_mcp.fixtures.lines import (
 )
 from nexus_mcp.fixtures.secrets import MIN_ARGUMENT_SECRET_CHARS, SecretScanner
 from nexus_mcp.fixtures.store import FixtureWriter
-from nexus_mcp.middleware.audit import safe_facts
 from nexus_mcp.observability.logs import get_logger
 
 log = get_logger(__name__)

@@ -38,9 +38,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from nexus_mcp.errors import ConfigError, InternalError, RateLimitedError
+
+# The protocol is policy's (what spending an approval needs); these are its backends.
+from nexus_mcp.policy.approvals import NonceStore
 
 DEFAULT_NONCE_STORE_MAXSIZE = 100_000
 NONCE_STORE_FULL = "nonce_store_full"
@@ -57,19 +59,6 @@ CREATE INDEX IF NOT EXISTS used_nonces_expiry ON used_nonces (expires_at);
 """
 
 Clock = Callable[[], float]
-
-
-@runtime_checkable
-class NonceStore(Protocol):
-    """Remembers used token ids until they expire."""
-
-    def consume(self, jti: str, expires_at: float) -> bool:
-        """Record ``jti`` as used until ``expires_at`` (epoch seconds).
-
-        Atomic: ``True`` for exactly one caller the first time an id is seen, ``False``
-        for every later call while the id is remembered.
-        """
-        ...
 
 
 class MemoryNonceStore:
