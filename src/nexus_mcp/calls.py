@@ -61,7 +61,6 @@ class CallState:
     tool_call_record: Mapping[str, Any] | None = None
     risk: str | None = None
     tool_class: str | None = None
-    heuristic_class: bool = False
     # The gateway's and the connector's classifications, kept apart on purpose.
     classification: Any = None
     connector_classification: Any = None

@@ -133,7 +133,6 @@ class RegistryEnforcer:
         classification = self.classify(state)
         state.classification = classification
         state.tool_class = classification.tool_class
-        state.heuristic_class = classification.heuristic
         return classification
 
     def ensure_classified(self, state: CallState) -> Classification:
@@ -204,7 +203,6 @@ class RegistryConnectorCheck:
         classification = self.enforcer.classify(state)
         state.connector_classification = classification
         state.tool_class = classification.tool_class
-        state.heuristic_class = classification.heuristic
         # Pointers resolve in what the caller sent (seed 000: "request args"): FastMCP has
         # filled in defaults, which must not make a missing document appear.
         sent = {k: v for k, v in arguments.items() if k in state.arguments}

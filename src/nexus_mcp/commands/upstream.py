@@ -222,7 +222,7 @@ class _Context:
         return lock_path(self.registry_dir, server_id)
 
 
-def load_registry(settings: Any) -> RegistrySet:
+def served_registry(settings: Any) -> RegistrySet:
     from nexus_mcp.server.startup import load_served_registry
 
     return load_served_registry(settings)
@@ -249,7 +249,7 @@ def _load(args: argparse.Namespace, server_id: str | None = None) -> _Context:
     registry = (
         load_registry_dir(args.registry_dir)
         if args.registry_dir is not None
-        else load_registry(settings)
+        else served_registry(settings)
     )
     return _Context(config, registry_dir, settings.mode, registry, settings)
 

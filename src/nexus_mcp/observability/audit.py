@@ -188,9 +188,6 @@ class MemoryAuditSink:
     def records(self) -> list[dict[str, Any]]:
         return [e.to_record() for e in self.events]
 
-    def of_kind(self, kind: str) -> list[AuditEvent]:
-        return [e for e in self.events if e.event == kind]
-
     def clear(self) -> None:
         with self._lock:
             self._events.clear()

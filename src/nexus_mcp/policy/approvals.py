@@ -85,7 +85,6 @@ CONFIG_SECTION = "approvals"
 # Said by every minting path (POST /approvals/mint, ``nexus-mcp approvals mint``) alike.
 NOT_A_WRITE_TOOL_MESSAGE = "tool is not a write tool of this server"
 
-ApprovalMode = Literal["token", "elicit"]
 ApprovalDecision = Literal["token", "elicit", "deny"]
 
 
@@ -564,7 +563,6 @@ __all__ = [
     "ApprovalClaims",
     "ApprovalDecision",
     "ApprovalKeys",
-    "ApprovalMode",
     "ApprovalSettings",
     "HasApprovalMode",
     "NonceStore",

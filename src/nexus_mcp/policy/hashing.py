@@ -45,13 +45,6 @@ def to_canonical_json(value: Any) -> bytes:
     ).encode("utf-8", errors="surrogatepass")
 
 
-def to_preimage(value: Any) -> bytes:
-    """The bytes a JSON value is hashed as: a string's UTF-8, anything else canonical JSON."""
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    return to_canonical_json(value)
-
-
 def is_representable(number: int | float) -> bool:
     """Whether canonical JSON can write ``number`` (finite, and not too long as text)."""
     if isinstance(number, float):
@@ -132,5 +125,4 @@ __all__ = [
     "is_representable",
     "sha256_hex",
     "to_canonical_json",
-    "to_preimage",
 ]

@@ -45,7 +45,7 @@ from nexus_mcp.errors import (
 from nexus_mcp.fixtures.integrity import holds_redaction
 from nexus_mcp.fixtures.lines import (
     arguments_hash,
-    definition_digest,
+    listing_digest,
 )
 from nexus_mcp.fixtures.store import CallRecord, ToolRecord, read_fixtures
 from nexus_mcp.observability.logs import get_logger
@@ -409,7 +409,7 @@ def replay_refusal(directory: Path, problems: Sequence[str]) -> ConfigError:
 def _definition_problem(record: ToolRecord) -> str | None:
     """A definition that is not an MCP tool, or not the one its line's digest names."""
     definition = record.definition
-    if definition_digest(definition) != record.digest:
+    if listing_digest(definition) != record.digest:
         return "its definition differs from the digest recorded with it"
     if definition.get("name") != record.tool:
         return "its definition names another tool"

@@ -23,7 +23,7 @@ from nexus_mcp.envelope import safe_facts, to_envelope, to_wire_error
 from nexus_mcp.fixtures.lines import (
     arguments_hash,
     call_line,
-    definition_digest,
+    listing_digest,
     secret_fields,
     stable_effect,
     tool_line,
@@ -82,7 +82,7 @@ class Recorder:
         secret = secret_fields(contract.data_handling.secret_args, definition.get("inputSchema"))
         with self._lock:
             self._tools[contract.name] = _Recorded(server_id, contract.version, secret)
-        key = (contract.name, contract.version, definition_digest(definition))
+        key = (contract.name, contract.version, listing_digest(definition))
         try:
             if self.writer.has_definition(server_id, key):
                 return

@@ -29,7 +29,6 @@ from nexus_mcp.workspace.regex_sandbox import RegexSandbox, SandboxStopped
 
 CAP_FILES_SCANNED = "max_files_scanned"
 CAP_RESULTS = "max_results"
-CAP_MATCHES_PER_FILE = "max_matches_per_file"
 CAP_TIME = "max_seconds"
 MAX_LINE_CHARS = 400
 # Regex matching runs per line; lines longer than this are not searched, which bounds
@@ -230,13 +229,6 @@ class LineMatch:
     text: str
 
 
-@dataclass(frozen=True)
-class FileMatches:
-    path: str
-    matches: tuple[LineMatch, ...]
-    more_in_file: bool
-
-
 # What finds the matching lines of one file's text: their numbers, and whether more matched.
 LineFinder = Callable[[str], tuple[list[int], bool]]
 
@@ -324,12 +316,10 @@ def has_allowed_extension(relative: str, caps: SearchSettings) -> bool:
 
 __all__ = [
     "CAP_FILES_SCANNED",
-    "CAP_MATCHES_PER_FILE",
     "CAP_RESULTS",
     "CAP_TIME",
     "MAX_GLOB_CHARS",
     "MAX_SEARCHED_LINE_CHARS",
-    "FileMatches",
     "Glob",
     "LineFinder",
     "LineMatch",
