@@ -7,7 +7,7 @@ PORT   ?= 8765
 CLIENTS := tests/clients
 NPM    ?= npm
 
-.PHONY: run test clients check lint typecheck bench clean
+.PHONY: run test clients check lint typecheck imports bench clean
 
 # pip's own output is the install progress (a first install takes about a minute).
 $(BIN)/python:
@@ -51,13 +51,16 @@ test: $(VENV)/.installed-test
 		echo "==> npm ci failed: the TypeScript SDK and MCP Inspector tests will be skipped"; fi
 	$(BIN)/python -m pytest
 
-## check: lint, format check and strict type check
-check: lint typecheck
+## check: lint, format check, strict type check and the package's import contracts
+check: lint typecheck imports
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
+# The layers and boundaries of pyproject.toml's [tool.importlinter] (LAYOUT.md).
+imports: $(VENV)/.installed-test
+	$(BIN)/lint-imports
 
 ## bench: the benchmark suite, ending with one table (BENCH_FLAGS=--strict: exit 1 on a miss)
 bench: $(VENV)/.installed-test

@@ -27,7 +27,7 @@ from pydantic import BaseModel, SecretStr
 
 from nexus_mcp.contracts import nexus_tool
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.observability.telemetry import SPAN_TOOL_CALL, RedactingSpanExporter
+from nexus_mcp.observability.tracing import SPAN_TOOL_CALL, RedactingSpanExporter
 from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import MetricsSettings, Settings

@@ -32,12 +32,14 @@ from nexus_mcp.observability.telemetry import (
     Measured,
     Metrics,
     Observability,
+    measured,
+    timed,
+)
+from nexus_mcp.observability.tracing import (
     RedactingSpanExporter,
     build_tracer_provider,
     configure_tracing,
-    measured,
     requested_exporters,
-    timed,
 )
 from nexus_mcp.stores.nonces import SqliteNonceStore
 from tests.support.loopback import serve_in_thread

@@ -24,9 +24,7 @@ from nexus_mcp.identity.resolver import (
 from nexus_mcp.notes.vaults import VaultRouter
 from nexus_mcp.observability.audit import AuditLog
 from nexus_mcp.observability.logs import get_logger
-from nexus_mcp.observability.telemetry import (
-    Observability,
-)
+from nexus_mcp.observability.telemetry import Observability
 from nexus_mcp.policy.approvals import (
     ApprovalKeys,
     ApprovalSettings,

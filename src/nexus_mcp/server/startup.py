@@ -20,12 +20,8 @@ from nexus_mcp.identity.resolver import (
     IdentityResolver,
 )
 from nexus_mcp.observability.logs import get_logger
-from nexus_mcp.observability.telemetry import (
-    Observability,
-    build_observability,
-    configure_tracing,
-    measured,
-)
+from nexus_mcp.observability.telemetry import Observability, build_observability, measured
+from nexus_mcp.observability.tracing import configure_tracing
 from nexus_mcp.policy.approvals import (
     ApprovalKeys,
     ApprovalSettings,
