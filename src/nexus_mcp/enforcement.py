@@ -220,7 +220,7 @@ class ToolCallRecordCheck:
     """Builds the call's ``tool_call`` record and validates it (seed 000, 9.2.2).
 
     A connector check, so the one sequence that runs native, upstream and replayed tools
-    (``decorator.bind_tool``, ``UpstreamTool.run``, ``FixtureTool.run``) builds it for all
+    (``connector.Connector.run``, for native, upstream and replayed tools) builds it for all
     three, right before the tool runs. The record carries the call's own
     ``tool_call_id`` (the id of its audit events and of its ``tool_effect``), the routed
     ``{server_id, tool_name}``, the digest of the arguments (the audit's), the caller's

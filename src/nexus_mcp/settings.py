@@ -286,7 +286,7 @@ class Settings(BaseSettings):
     port: int = Field(default=8765, ge=0, le=65535)
     http_path: str = "/mcp"
     stateless_http: bool = False
-    # serve --workers N: N processes behind one HTTP socket (workers.py); needs the shared
+    # serve --workers N: N processes behind one HTTP socket (transport/workers.py); needs the shared
     # state backend and stateless HTTP.
     workers: int = Field(default=1, ge=1, le=64)
     allowed_hosts: tuple[str, ...] = ()
@@ -346,7 +346,7 @@ class Settings(BaseSettings):
         return self
 
     # The files this configuration came from or names by reference (``load_settings``):
-    # the server trusts them, so the file tools must never reach them (``state.py``).
+    # the server trusts them, so the file tools must never reach them (``stores/locations.py``).
     _trusted_files: tuple[Path, ...] = PrivateAttr(default=())
 
     @property

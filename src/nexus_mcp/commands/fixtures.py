@@ -4,7 +4,7 @@
     nexus-mcp fixtures verify DIR [--config FILE]     schema-valid, consistent, no secrets
     nexus-mcp fixtures prune  DIR --tool T [--version V] [--config FILE]
 
-``verify`` runs the very check ``serve --replay`` start-up runs (``server.check_recording``
+``verify`` runs the very check ``serve --replay`` start-up runs (``server/replay.check_recording``
 over ``providers/fixtures.check_replay``, with the settings and configuration of
 ``--config`` and the environment, ``fixture_key`` included), so a recording it passes is
 one a replay accepts: every folder entry a regular ``*.jsonl`` file, every line schema-valid

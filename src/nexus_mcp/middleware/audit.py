@@ -192,7 +192,7 @@ def _is_read_class(contract: ToolContract, state: CallState) -> bool:
 
 class AuditMiddleware(Middleware):
     """Writes each call's end record; also where the call's telemetry (its span and
-    metrics, ``observability.CallTelemetry``) learns the outcome, when it is on."""
+    metrics, ``observability/telemetry.CallTelemetry``) learns the outcome, when it is on."""
 
     def __init__(self, trail: AuditTrail, telemetry: CallTelemetry | None = None) -> None:
         self.trail = trail
@@ -205,7 +205,7 @@ class AuditMiddleware(Middleware):
         # Every way out below writes the call's end record, so a read's start may wait.
         state.audit_finishes = True
         # The telemetry record is entered by hand, not in a ``with`` of its own frame:
-        # every resumption of a suspended call travels through this one (chain.py).
+        # every resumption of a suspended call travels through this one (middleware/chain.py).
         record = self.telemetry.call(state) if self.telemetry is not None else None
         if record is not None:
             record.__enter__()

@@ -7,7 +7,7 @@ with one key wait for the first. The replay is decided here, before approval and
 documents, because a retry must not need a fresh approval for a write that already
 happened (the approval token it carries was consumed by the first run).
 
-The record's scope names the call's target (``targets.ToolTargets``): a write whose tool
+The record's scope names the call's target (``policy/targets.ToolTargets``): a write whose tool
 has no known target is refused before any record is claimed.
 """
 

@@ -6,7 +6,7 @@ served workspace itself. An unknown vault reads as a missing note (``Upstream 40
 nothing reveals which vaults exist. Hosted: one shared ``CanisterBackend`` (one reused
 HTTP client); the canister itself scopes reads by the ``X-Vault-Id`` header.
 
-``target_for`` names the vault a principal's notes calls act on (``targets.py``), so a
+``target_for`` names the vault a principal's notes calls act on (``policy/targets.py``), so a
 write-class notes tool can never replay an idempotency record against another vault.
 """
 

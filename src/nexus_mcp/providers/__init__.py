@@ -10,5 +10,5 @@ run behind the same connector checks.
   its own registry file and pinned by its lock file; its connector is the code that
   forwards the call.
 
-The composition root (``server.py``) chooses which providers a deployment has.
+The composition root (``server/build.py``) chooses which providers a deployment has.
 """

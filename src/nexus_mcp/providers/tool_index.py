@@ -48,7 +48,7 @@ class ToolIndex(Transform):
     def _plain_lookup(self) -> bool:
         server = self._server
         # Other providers may sit beside the local one only when they say their names
-        # never collide with it (the upstream provider: server.py refuses a prefix that
+        # never collide with it (the upstream provider: server/build.py refuses a prefix that
         # could), so the local provider's answer is the answer.
         return (
             all(

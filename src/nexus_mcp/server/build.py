@@ -417,7 +417,7 @@ def _build_server(
 
 
 def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
-    """One middleware per slot of DESIGN.md's chain; ``chain.build_middleware`` orders them."""
+    """One middleware per slot of DESIGN.md's chain; ``middleware/chain.build_middleware`` orders them."""
     settings = runtime.settings
     budgets = settings.budgets
     return ChainLayers(
@@ -479,7 +479,7 @@ def build_targets(
     book: ToolBook,
     repos: RepoWrites | None = None,
 ) -> ToolTargets:
-    """What each toolset's tools act on, for idempotency scopes (``targets.py``).
+    """What each toolset's tools act on, for idempotency scopes (``policy/targets.py``).
 
     Files act on the served workspace folder, notes on the caller's vault; a toolset not
     named here has no target, so a write through it is refused rather than made
@@ -556,7 +556,7 @@ def enter_tools(
         )
 
 
-# --- observability (README "Observability"; observability.py) -----------------------
+# --- observability (README "Observability"; observability/) -------------------------
 
 
 __all__ = ["NexusServer", "Runtime", "build_layers", "build_server", "build_verifier"]

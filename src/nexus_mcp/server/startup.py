@@ -94,7 +94,7 @@ def build_verifier(settings: Settings) -> TokenVerifier | None:
     """The one bearer-token verifier for HTTP: MCP requests and the plain routes alike.
 
     FastMCP's ``JWTVerifier`` (we use it rather than verifying tokens ourselves), subclassed
-    only to add the RFC 7519 ``exp``/``nbf``/``iat`` checks it leaves out (``bearer.py``).
+    only to add the RFC 7519 ``exp``/``nbf``/``iat`` checks it leaves out (``identity/bearer.py``).
     """
     auth = settings.auth
     if not auth.enabled:
@@ -263,7 +263,7 @@ def build_server_observability(settings: Settings, environ: Mapping[str, str]) -
 
 
 def measure_state(state: StateStores, observability: Observability) -> StateStores:
-    """Every store of the backend behind a timing proxy (``observability.Measured``)."""
+    """Every store of the backend behind a timing proxy (``observability/telemetry.Measured``)."""
     metrics = observability.metrics
     if metrics is None:
         return state

@@ -1,7 +1,7 @@
 """Idempotency records: run a write once per key, replay its result to every retry.
 
 A key is scoped by ``(subject, server_id, tool_name, idempotency_key)`` and the identity
-of the target the tool acts on (``targets.py``: the workspace, the vault, later the
+of the target the tool acts on (``policy/targets.py``: the workspace, the vault, later the
 upstream server or repository), so two callers never share one and a record never
 replays against another target: the same key sent to a server now serving another folder
 runs (or is refused) there, while a retry on the same target after a restart replays.

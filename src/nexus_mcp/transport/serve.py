@@ -141,9 +141,9 @@ def http_options(settings: Settings) -> dict[str, Any]:
         "middleware": [
             ASGIMiddlewareSpec(BodyLimitMiddleware, max_bytes=settings.limits.max_request_bytes),
             # JSON-RPC errors the SDK and FastMCP build from request content quote it back
-            # (wire_errors.py): every error leaves with a fixed message.
+            # (transport/wire_errors.py): every error leaves with a fixed message.
             ASGIMiddlewareSpec(TransportErrorsMiddleware),
-            # Mcp-Method / Mcp-Name agree with the body in every era (routing_headers.py).
+            # Mcp-Method / Mcp-Name agree with the body in every era (transport/routing_headers.py).
             ASGIMiddlewareSpec(RoutingHeadersMiddleware),
             *(
                 [
@@ -264,7 +264,7 @@ async def run_stdio(server: NexusServer) -> None:
 async def serve(server: NexusServer) -> None:
     settings = server.runtime.settings
     # Building the server imported FastMCP and the MCP SDK, which may install handlers of
-    # their own; every line must still leave through the one JSON handler (logs.py).
+    # their own; every line must still leave through the one JSON handler (observability/logs.py).
     enforce_one_handler()
     try:
         if settings.transport == "stdio":

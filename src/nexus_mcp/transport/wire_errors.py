@@ -17,7 +17,7 @@ empty ``""``).
 There is no FastMCP or SDK hook that sees every error (the 2026-07-28 HTTP entry writes
 its own, the stdio reader and the session transport theirs), so the filter sits at the
 wire: ``TransportErrorsMiddleware`` for HTTP (JSON bodies of any status and each event of
-an SSE stream) and ``ScrubbingSendStream`` around the stdio write stream (``transport.py``).
+an SSE stream) and ``ScrubbingSendStream`` around the stdio write stream (``transport/serve.py``).
 A tool's refusal is a ``CallToolResult`` (our envelope), not a JSON-RPC error: untouched.
 """
 

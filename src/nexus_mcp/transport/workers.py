@@ -3,7 +3,7 @@
 One Python process saturates one core (the GIL). This runs N of them on one host the way
 uvicorn's own ``--workers`` does, with uvicorn's own supervisor (``Multiprocess``: it
 spawns the workers, pings them, restarts one that dies, and stops them all on SIGINT or
-SIGTERM); we do not write another. The parent binds the socket (``transport.bind_listener``:
+SIGTERM); we do not write another. The parent binds the socket (``transport/serve.bind_listener``:
 the same bind rules and one-line errors as a single process), announces it, and hands it
 to every worker; the kernel spreads connections among them.
 
@@ -84,7 +84,7 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
         host=settings.host,
         port=port,
         lifespan="on",
-        log_config=None,  # every line leaves through our JSON handler (logs.py)
+        log_config=None,  # every line leaves through our JSON handler (observability/logs.py)
         timeout_graceful_shutdown=2,
     )
     try:

@@ -110,7 +110,7 @@ def scan_texts(
 def guarded_line_finder(
     matcher: re.Pattern[str], *, regex: bool, caps: SearchSettings, deadline: float
 ) -> contextlib.AbstractContextManager[LineFinder]:
-    """``search.line_finder``; a caller's regex runs in a ``RegexSandbox`` child, which a
+    """``workspace/search.line_finder``; a caller's regex runs in a ``RegexSandbox`` child, which a
     cancelled call kills at once rather than at the scan's deadline."""
     work = current_work()
 
