@@ -417,7 +417,8 @@ def _build_server(
 
 
 def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
-    """One middleware per slot of DESIGN.md's chain; ``middleware/chain.build_middleware`` orders them."""
+    """One middleware per slot of DESIGN.md's chain; ``middleware/chain.build_middleware``
+    orders them."""
     settings = runtime.settings
     budgets = settings.budgets
     return ChainLayers(
