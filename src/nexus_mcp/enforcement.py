@@ -76,7 +76,7 @@ class RegistryEnforcer:
         self.mode = mode
         self.contracts = contracts
         # Exposed name -> (server_id, the server's own tool name) for tools of upstream
-        # servers (providers/upstream.py); any other name is this server's own tool.
+        # servers (providers/upstream/server.py); any other name is this server's own tool.
         self.routes: dict[str, tuple[str, str]] = {}
         # Each contract's MCP hints, derived once (contracts never change once declared).
         self._hints: dict[str, Mapping[str, Any]] = {}

@@ -106,10 +106,10 @@ from nexus_mcp.providers.fixtures import (
     listed_definition,
     replay_refusal,
 )
-from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.providers.tool_index import ToolIndex
-from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
+from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import ARG_REPO, RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
@@ -985,7 +985,8 @@ def native_catalog(
 ) -> frozenset[str]:
     """Every native tool name: each toolset's, whether this configuration mounts it or
     not (built over stand-ins, as a replay builds them), the native registry's, and the
-    ones mounted here. No upstream tool is exposed under one of them (``providers/gateway``)."""
+    ones mounted here. No upstream tool is exposed under one of them
+    (``providers/upstream/gateway``)."""
     names = {contract_of(fn).name for fn in replay_stand_ins(settings, ToolCatalog(), _no_one)}
     names.update(native_registry_names(registry, settings.registry.server_id))
     names.update(mounted)

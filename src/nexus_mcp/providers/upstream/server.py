@@ -1,6 +1,6 @@
 """Upstream MCP servers as tool providers (seed 002's MCP tool provider; DESIGN.md, Gateway).
 
-This module holds ``UpstreamServer``; its sessions are in ``upstream_sessions.py``, its
+This module holds ``UpstreamServer``; its sessions are in ``sessions.py``, its
 tools and the FastMCP provider in ``upstream_tools.py``.
 
 One ``UpstreamServer`` per configured upstream. It owns the connections to that server and
@@ -88,7 +88,7 @@ from nexus_mcp.policy.quarantine import (
 from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig, name_key
 from nexus_mcp.principal import Principal
-from nexus_mcp.providers.upstream_listing import (
+from nexus_mcp.providers.upstream.listing import (
     MAX_TOOLS_PER_UPSTREAM,
     InvalidDefinition,
     Listing,
@@ -96,7 +96,7 @@ from nexus_mcp.providers.upstream_listing import (
     listing_digest,
     screen,
 )
-from nexus_mcp.providers.upstream_sessions import (
+from nexus_mcp.providers.upstream.sessions import (
     GATEWAY_SESSION,
     SessionKey,
     UpstreamFailure,
@@ -106,11 +106,9 @@ from nexus_mcp.providers.upstream_sessions import (
     is_transport_failure,
     relay_failure,
 )
-from nexus_mcp.providers.upstream_tools import (
-    FIRST_LIST_WAIT_SECONDS,
+from nexus_mcp.providers.upstream.tools import (
     UPSTREAM_TOOLSET_PREFIX,
     ToolView,
-    UpstreamProvider,
     UpstreamTool,
 )
 
@@ -177,7 +175,7 @@ class UpstreamServer:
         self.state: ServerState = "starting"
         self.last_failure: str | None = None
         self.views: dict[str, ToolView] = {}
-        # The last listing's skipped definitions and cut (upstream_listing.py).
+        # The last listing's skipped definitions and cut (listing.py).
         self.invalid: list[InvalidDefinition] = []
         self.listing_cut: tuple[str, int] | None = None
         # Every digest any session showed for a tool under its pin: a tool is exposed
@@ -519,7 +517,7 @@ class UpstreamServer:
     async def _list_on(self, session: UpstreamSession, *, authoritative: bool) -> None:
         """List on ``session`` and decide every tool again: one listing of this upstream
         at a time (its other listings wait here, other upstreams never do), fetched within
-        the caps (``upstream_listing.py``), its CPU work in worker threads."""
+        the caps (``listing.py``), its CPU work in worker threads."""
         gate = self._list_gate
         assert gate is not None, "bound to a loop first"
         async with gate:
@@ -567,7 +565,7 @@ class UpstreamServer:
         return due
 
     def _report_listing(self, listing: Listing, invalid: list[InvalidDefinition]) -> None:
-        """A cut listing and skipped definitions (``upstream_listing.py``): logged and
+        """A cut listing and skipped definitions (``listing.py``): logged and
         audited when they change, by position and digest (never a name)."""
         cut = (listing.cut, len(listing.wire)) if listing.cut is not None else None
         if cut is not None and cut != self.listing_cut:
@@ -1187,13 +1185,4 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-__all__ = [
-    "FIRST_LIST_WAIT_SECONDS",
-    "UPSTREAM_TOOLSET_PREFIX",
-    "ToolView",
-    "UpstreamFailure",
-    "UpstreamProvider",
-    "UpstreamServer",
-    "UpstreamTool",
-    "build_client",
-]
+__all__ = ["UpstreamServer"]

@@ -1,7 +1,7 @@
 """Connections to an upstream MCP server: one FastMCP ``Client`` per session.
 
 ``build_client`` makes the client for one session with only the gateway's own
-credentials (FastMCP's ``Client`` and transports, used as they are; see ``upstream.py``
+credentials (FastMCP's ``Client`` and transports, used as they are; see ``server.py``
 for why not its ``ProxyTool``). ``UpstreamSession`` runs it on a task of its own, since
 anyio scopes are entered and left by one task while calls come from the callers' tasks.
 ``UpstreamFailure`` is how anything going wrong on the way is classified, never echoed.
@@ -28,10 +28,10 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 
 from nexus_mcp.errors import UpstreamError
 from nexus_mcp.observability.logs import get_logger
-from nexus_mcp.providers.upstream_stdio import BoundedStdioTransport
+from nexus_mcp.providers.upstream.stdio import BoundedStdioTransport
 
 if TYPE_CHECKING:
-    from nexus_mcp.providers.upstream import UpstreamServer
+    from nexus_mcp.providers.upstream.server import UpstreamServer
 
 log = get_logger(__name__)
 
@@ -279,7 +279,7 @@ def http_client_factory(
 def max_response_bytes(server: UpstreamServer) -> int:
     """One HTTP response of an upstream: a result (``limits.max_read_bytes``) or a page
     of a listing (``MAX_LISTING_BYTES``), whichever is more, and room for the envelope."""
-    from nexus_mcp.providers.upstream_listing import MAX_LISTING_BYTES
+    from nexus_mcp.providers.upstream.listing import MAX_LISTING_BYTES
 
     return max(server.max_result_bytes, MAX_LISTING_BYTES) + 1024 * 1024
 
@@ -300,7 +300,7 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
         env.update({k: v.get_secret_value() for k, v in server.secrets.env.items()})
         # The SDK starts the subprocess with a small default environment (PATH, HOME,
         # ...) plus ``env``: nothing of nexus's own environment (its secrets) is inherited.
-        # FastMCP's StdioTransport, but for a bound on each message (upstream_stdio.py).
+        # FastMCP's StdioTransport, but for a bound on each message (stdio.py).
         transport = BoundedStdioTransport(
             command=str(config.command),
             args=list(config.args),
