@@ -61,7 +61,7 @@ from fastmcp import Client
 from mcp_types import ListToolsResult
 
 from nexus_mcp.calls import CallState
-from nexus_mcp.contracts import ConnectorCheck, FinishedHook, ToolContract
+from nexus_mcp.contracts import FinishedHook, ToolContract
 from nexus_mcp.errors import UnavailableError
 from nexus_mcp.ids import new_id
 from nexus_mcp.observability.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
@@ -108,6 +108,7 @@ from nexus_mcp.providers.upstream.sessions import (
 )
 from nexus_mcp.providers.upstream.tools import (
     UPSTREAM_TOOLSET_PREFIX,
+    ConnectorHooks,
     ToolView,
     UpstreamTool,
 )
@@ -133,13 +134,6 @@ REASON_PINS_INVALID = "pin_entry_invalid"
 
 ServerState = Literal["starting", "ready", "degraded"]
 Unsent = tuple[str, str, str | None]  # (tool, digest, pin) the shared store has not got yet
-
-ConnectorHooks = tuple[
-    list[ConnectorCheck],
-    Callable[[ToolContract, CallState], Mapping[str, Any]],
-    Callable[[ToolContract, CallState], None],
-    Callable[[ToolContract, CallState], None],
-]
 
 
 class UpstreamServer:

@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 import httpx2
 from fastmcp import Client
@@ -28,15 +28,36 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 
 from nexus_mcp.errors import UpstreamError
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.providers.upstream.stdio import BoundedStdioTransport
-
-if TYPE_CHECKING:
-    from nexus_mcp.providers.upstream.server import UpstreamServer
 
 log = get_logger(__name__)
 
 GATEWAY_SESSION = ("__gateway__",)
 SessionKey = tuple[str, ...]
+
+
+class SessionHost(Protocol):
+    """What ``build_client`` needs of the upstream a session belongs to
+    (``UpstreamServer`` satisfies it): its configuration and credentials, its result cap,
+    and where an upstream's notifications and requests go."""
+
+    @property
+    def config(self) -> UpstreamConfig: ...
+
+    @property
+    def secrets(self) -> ResolvedSecrets: ...
+
+    @property
+    def max_result_bytes(self) -> int: ...
+
+    def schedule_refresh(self, key: SessionKey) -> None: ...
+
+    async def relay_sampling(self, key: SessionKey, params: Any) -> Any: ...
+
+    async def relay_elicitation(self, key: SessionKey, params: Any) -> Any: ...
+
+    async def relay_roots(self, key: SessionKey) -> list[Any]: ...
 
 
 class UpstreamFailure(Exception):
@@ -276,7 +297,7 @@ def http_client_factory(
     return factory
 
 
-def max_response_bytes(server: UpstreamServer) -> int:
+def max_response_bytes(server: SessionHost) -> int:
     """One HTTP response of an upstream: a result (``limits.max_read_bytes``) or a page
     of a listing (``MAX_LISTING_BYTES``), whichever is more, and room for the envelope."""
     from nexus_mcp.providers.upstream.listing import MAX_LISTING_BYTES
@@ -284,7 +305,7 @@ def max_response_bytes(server: UpstreamServer) -> int:
     return max(server.max_result_bytes, MAX_LISTING_BYTES) + 1024 * 1024
 
 
-def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
+def build_client(server: SessionHost, key: SessionKey) -> Client[Any]:
     """A FastMCP client for one session, with only the gateway's own credentials.
 
     Sampling, elicitation and roots handlers are installed only where the upstream's
@@ -360,6 +381,7 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
 
 __all__ = [
     "GATEWAY_SESSION",
+    "SessionHost",
     "SessionKey",
     "UpstreamFailure",
     "UpstreamSession",

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from fastmcp.exceptions import FastMCPError
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
@@ -21,16 +21,13 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError
 from mcp_types import TextContent, ToolAnnotations
 
-from nexus_mcp.calls import META_TOOL_EFFECT, PLUMBING_ARGS, current_call
-from nexus_mcp.contracts import ConnectorRefusal
+from nexus_mcp.calls import META_TOOL_EFFECT, PLUMBING_ARGS, CallState, current_call
+from nexus_mcp.contracts import ConnectorCheck, ConnectorRefusal, FinishedHook, ToolContract
 from nexus_mcp.errors import InvalidInputError, NexusError
 from nexus_mcp.policy.hashing import to_canonical_json
 from nexus_mcp.policy.pins import PinState
 from nexus_mcp.policy.registry import ToolEntry
 from nexus_mcp.providers.upstream.sessions import UpstreamFailure
-
-if TYPE_CHECKING:
-    from nexus_mcp.providers.upstream.server import UpstreamServer
 
 UPSTREAM_TOOLSET_PREFIX = "upstream:"
 
@@ -53,6 +50,46 @@ class ToolView:
         return self.entry.tool_class if self.entry is not None else "write"
 
 
+# What the composition root hands an upstream's tools (``gateway.bind``): the connector
+# checks, the effect builder, the audit start and the approval spend.
+ConnectorHooks = tuple[
+    list[ConnectorCheck],
+    Callable[[ToolContract, CallState], Mapping[str, Any]],
+    Callable[[ToolContract, CallState], None],
+    Callable[[ToolContract, CallState], None],
+]
+
+
+class ToolHost(Protocol):
+    """What an ``UpstreamTool`` needs of the upstream it belongs to (``UpstreamServer``
+    satisfies it): is the tool still exposed, its contract, and the forwarding. The tool
+    never holds the server itself, only this much of it."""
+
+    @property
+    def server_id(self) -> str: ...
+
+    @property
+    def max_result_bytes(self) -> int: ...
+
+    @property
+    def hooks(self) -> ConnectorHooks | None: ...
+
+    @property
+    def on_finished(self) -> FinishedHook | None: ...
+
+    def visible_tools(self) -> Mapping[str, UpstreamTool]: ...
+
+    async def check_call(self, tool: UpstreamTool) -> bool: ...
+
+    def hidden_reason(self, exposed: str) -> tuple[str, str] | None: ...
+
+    def contract_for(self, view: ToolView) -> ToolContract: ...
+
+    async def forward(
+        self, state: CallState, upstream_name: str, arguments: dict[str, Any], retryable: bool
+    ) -> Any: ...
+
+
 class UnknownTool(FastMCPNotFoundError, FastMCPError):
     """``Unknown tool`` raised from inside a tool's ``run``: FastMCP passes its own errors
     (``FastMCPError``) up unwrapped, where any other exception would become an internal
@@ -70,7 +107,7 @@ class UpstreamTool(Tool):
     _view: Any = None
 
     @classmethod
-    def for_view(cls, server: UpstreamServer, view: ToolView) -> UpstreamTool:
+    def for_view(cls, server: ToolHost, view: ToolView) -> UpstreamTool:
         definition = view.definition
         annotations = definition.get("annotations")
         tool = cls(
@@ -103,7 +140,7 @@ class UpstreamTool(Tool):
         self._view = value
 
     async def run(self, arguments: dict[str, Any], context: Any = None) -> ToolResult:
-        server: UpstreamServer = self._server
+        server: ToolHost = self._server
         view: ToolView = self._view
         state = current_call()
         current = server.visible_tools().get(self.name)
@@ -297,6 +334,8 @@ def _to_result(raw: Any, max_bytes: int) -> _Result:
 
 __all__ = [
     "UPSTREAM_TOOLSET_PREFIX",
+    "ConnectorHooks",
+    "ToolHost",
     "ToolView",
     "UpstreamTool",
     "check_arguments",
