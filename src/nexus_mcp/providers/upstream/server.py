@@ -94,15 +94,21 @@ from nexus_mcp.providers.upstream.pinning import (
     mtime_ns,
     screened,
 )
+from nexus_mcp.providers.upstream.relay import (
+    Caller,
+    caller_context,
+    caller_on,
+    elicit,
+    roots_of,
+    sample,
+)
 from nexus_mcp.providers.upstream.sessions import (
     GATEWAY_SESSION,
     SessionKey,
     UpstreamFailure,
     UpstreamSession,
     build_client,
-    caller_context,
     is_transport_failure,
-    relay_failure,
 )
 from nexus_mcp.providers.upstream.tools import (
     ConnectorHooks,
@@ -631,45 +637,18 @@ class UpstreamServer(PinnedTools):
         forward = self.config.forward
         return forward.sampling or forward.elicitation or forward.roots
 
-    def _caller_for(self, key: SessionKey, kind: str) -> Any:
+    def _caller_for(self, key: SessionKey, kind: str) -> Caller:
         """The caller to relay to: one whose call is in flight on this very session."""
-        session = self._sessions.get(key)
-        if session is None or not session.callers:
-            raise RuntimeError(f"{kind} refused: no call of this session is in flight")
-        ctx = session.callers[-1]
-        log.info("upstream_request_relayed", server_id=self.server_id, kind=kind)
-        return ctx
+        return caller_on(self._sessions.get(key), kind, self.server_id)
 
     async def relay_sampling(self, key: SessionKey, params: Any) -> Any:
-        ctx = self._caller_for(key, "sampling")
-        # The upstream's messages and limits only; never "include_context" (that would
-        # hand it the caller's other servers' context) nor its free-form metadata.
-        with relay_failure("sampling"):
-            return await ctx.session.create_message(
-                messages=list(params.messages),
-                max_tokens=params.max_tokens,
-                system_prompt=params.system_prompt,
-                temperature=params.temperature,
-                stop_sequences=params.stop_sequences,
-                model_preferences=params.model_preferences,
-                related_request_id=ctx.request_id,
-            )
+        return await sample(self._caller_for(key, "sampling"), params)
 
     async def relay_elicitation(self, key: SessionKey, params: Any) -> Any:
-        ctx = self._caller_for(key, "elicitation")
-        schema = getattr(params, "requested_schema", None)
-        if schema is None:
-            raise RuntimeError("elicitation refused: only form elicitation is relayed")
-        with relay_failure("elicitation"):
-            return await ctx.session.elicit_form(
-                params.message, schema, related_request_id=ctx.request_id
-            )
+        return await elicit(self._caller_for(key, "elicitation"), params)
 
     async def relay_roots(self, key: SessionKey) -> list[Any]:
-        ctx = self._caller_for(key, "roots")
-        with relay_failure("roots"):
-            listed = await ctx.session.list_roots()
-        return list(listed.roots)
+        return await roots_of(self._caller_for(key, "roots"))
 
     def summary(self) -> dict[str, Any]:
         """For /readyz and ``upstream list``: state, tools, quarantine (names only)."""

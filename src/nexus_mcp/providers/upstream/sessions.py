@@ -6,17 +6,15 @@ for why not its ``ProxyTool``). ``UpstreamSession`` runs it on a task of its own
 anyio scopes are entered and left by one task while calls come from the callers' tasks.
 ``UpstreamFailure`` is how anything going wrong on the way is classified, never echoed.
 An upstream's own requests (sampling, elicitation, roots) are relayed only where the
-configuration allows it, through the helpers at the end.
+configuration allows it (``relay.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 import time
-import warnings
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
@@ -24,7 +22,6 @@ import httpx2
 from fastmcp import Client
 from fastmcp.client.messages import MessageHandler
 from fastmcp.client.transports import StreamableHttpTransport
-from mcp.shared.exceptions import MCPDeprecationWarning
 
 from nexus_mcp.errors import UpstreamError
 from nexus_mcp.observability.logs import get_logger
@@ -135,42 +132,6 @@ class UpstreamSession:
                 await asyncio.wait_for(asyncio.shield(self.task), timeout=5.0)
             except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
                 self.task.cancel()
-
-
-@contextlib.contextmanager
-def relay_failure(kind: str) -> Iterator[None]:
-    """What the upstream learns when the caller cannot answer: that, and nothing of why.
-
-    Sampling, elicitation and roots are the handshake era's (the 2026-07-28 era has no
-    back-channel for them); the SDK's deprecation warning says so on every relay.
-    """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", MCPDeprecationWarning)
-            yield
-    except Exception:  # noqa: BLE001 - never the caller's error text
-        raise RuntimeError(f"{kind} is not available") from None
-
-
-@dataclass(frozen=True)
-class Caller:
-    """The caller's MCP session and the id of its tools/call, taken in the caller's task
-    (FastMCP's context finds the session through the request being served, which the
-    upstream's relay request, arriving on another task, is not)."""
-
-    session: Any
-    request_id: Any
-
-
-def caller_context() -> Caller | None:
-    """The caller of the tools/call being served, when there is one with a session."""
-    from fastmcp.server.dependencies import get_context
-
-    try:
-        ctx = get_context()
-        return Caller(ctx.session, ctx.request_id)
-    except Exception:  # noqa: BLE001 - no request, or no session: nothing to relay to
-        return None
 
 
 def is_transport_failure(exc: BaseException) -> bool:
@@ -386,7 +347,5 @@ __all__ = [
     "UpstreamFailure",
     "UpstreamSession",
     "build_client",
-    "caller_context",
     "is_transport_failure",
-    "relay_failure",
 ]
