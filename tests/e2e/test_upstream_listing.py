@@ -1,5 +1,5 @@
 """A hostile upstream's listing and a damaged lock file: one upstream's problem, never the
-server's (providers/upstream_listing.py, policy/pins.py).
+server's (providers/upstream/listing.py, policy/pins.py).
 
 The upstream is ``tests/support/hostile_upstream.py`` as a real process (raw JSON-RPC over
 stdio or HTTP): invalid tool definitions, endless or cyclic cursors, oversized pages.
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
-from nexus_mcp.providers.upstream_listing import MAX_LIST_PAGES, MAX_TOOLS_PER_UPSTREAM
+from nexus_mcp.providers.upstream.listing import MAX_LIST_PAGES, MAX_TOOLS_PER_UPSTREAM
 
 from .hostile_harness import hostile_http, hostile_stdio
 from .upstream_harness import Gateway, http_upstream, make_gateway, read_record

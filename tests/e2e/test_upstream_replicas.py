@@ -25,7 +25,7 @@ from fastmcp import Client
 
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.pins import load_pins
-from nexus_mcp.providers.upstream import UpstreamServer
+from nexus_mcp.providers.upstream.server import UpstreamServer
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import load_settings
 from nexus_mcp.stores.postgres import PostgresPool, migrate

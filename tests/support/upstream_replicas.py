@@ -16,7 +16,7 @@ from nexus_mcp.observability.audit import AuditLog, MemoryAuditSink
 from nexus_mcp.policy.pins import definition_digest, load_pins, write_pins
 from nexus_mcp.policy.registry import load_registry_set
 from nexus_mcp.policy.upstreams import load_upstreams, resolve_secrets
-from nexus_mcp.providers.upstream import UpstreamServer
+from nexus_mcp.providers.upstream.server import UpstreamServer
 
 ECHO = {
     "name": "echo",

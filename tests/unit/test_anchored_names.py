@@ -21,7 +21,7 @@ from nexus_mcp.policy.budgets import ToolTimeouts
 from nexus_mcp.policy.grants import to_tool_object
 from nexus_mcp.policy.pins import PINS_SCHEMA_ID, PINS_SCHEMA_VERSION, load_pins
 from nexus_mcp.policy.upstreams import Credentials, UpstreamConfig
-from nexus_mcp.providers.upstream_listing import definition_problem
+from nexus_mcp.providers.upstream.listing import definition_problem
 
 
 def listed(name: str) -> bool:

@@ -256,7 +256,7 @@ def _load(args: argparse.Namespace, server_id: str | None = None) -> _Context:
 
 async def _inspect(context: _Context, server_id: str) -> dict[str, Any]:
     """Connect as the gateway, list, and say what serve would decide for every tool."""
-    from nexus_mcp.providers.upstream import UpstreamServer  # FastMCP: only when connecting
+    from nexus_mcp.providers.upstream.server import UpstreamServer  # FastMCP: only when connecting
 
     upstream = context.config.get(server_id)
     assert upstream is not None

@@ -6,7 +6,7 @@ listed at once, by location, never with the value that was given. Secrets are re
 only (``{env: NAME}`` or ``{file: PATH}``); an inline secret is refused in production and
 warned about in dev. Resolved secrets live in ``SecretStr`` and never reach a log line.
 
-No FastMCP here: ``providers/upstream.py`` turns a ``UpstreamConfig`` into a connection.
+No FastMCP here: ``providers/upstream/server.py`` turns a ``UpstreamConfig`` into a connection.
 """
 
 from __future__ import annotations

@@ -54,11 +54,11 @@ from nexus_mcp.policy.upstreams import (
     load_upstreams,
 )
 from nexus_mcp.providers.fixtures import FixtureProvider, ReplaySet
-from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.providers.recording import Recorder
 from nexus_mcp.providers.tool_index import ToolIndex
-from nexus_mcp.providers.upstream_tools import ToolView, check_arguments
+from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites

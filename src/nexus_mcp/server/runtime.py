@@ -40,8 +40,8 @@ from nexus_mcp.policy.upstreams import (
 from nexus_mcp.policy.write_policy import (
     WritePolicyConfig,
 )
-from nexus_mcp.providers.gateway import UpstreamGateway
 from nexus_mcp.providers.recording import Recorder
+from nexus_mcp.providers.upstream.gateway import UpstreamGateway
 from nexus_mcp.repos.writes import RepoWrites
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.backends import StateStores

@@ -11,7 +11,7 @@ from typing import Any
 import mcp_types
 import pytest
 
-from nexus_mcp.providers.upstream_listing import (
+from nexus_mcp.providers.upstream.listing import (
     MAX_DEFINITION_BYTES,
     MAX_DESCRIPTION_CHARS,
     MAX_LIST_PAGES,

@@ -12,7 +12,7 @@ import anyio
 import pytest
 from mcp.client.stdio import StdioServerParameters
 
-from nexus_mcp.providers.upstream_stdio import LineBuffer, bounded_stdio_client
+from nexus_mcp.providers.upstream.stdio import LineBuffer, bounded_stdio_client
 
 
 def split(chunks: list[str], cap: int) -> tuple[list[str], bool]:

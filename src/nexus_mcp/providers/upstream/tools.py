@@ -1,48 +1,34 @@
-"""Upstream tools as FastMCP holds them, and the provider that lists them.
+"""Upstream tools as FastMCP holds them.
 
 ``UpstreamTool.run`` is the connector of an upstream call (DESIGN.md step 9): the same
 connector checks as ``@nexus_tool`` (classification and documents against the same loaded
 registry object), the approval spend and the audit start, then the call goes upstream on
-the caller's session. ``UpstreamProvider`` is FastMCP's ``Provider`` extension point for
-every upstream's exposed tools; the server's middleware chain runs for them exactly as
-for native tools.
+the caller's session (``provider.py`` lists them to FastMCP).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool, ToolResult
-from fastmcp.utilities.versions import VersionSpec
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError
 from mcp_types import TextContent, ToolAnnotations
 
-from nexus_mcp.calls import PLUMBING_ARGS, current_call
-from nexus_mcp.connector import Outcome
+from nexus_mcp.calls import PLUMBING_ARGS, CallState, current_call
+from nexus_mcp.connector import Connector, Outcome
+from nexus_mcp.contracts import ToolContract
 from nexus_mcp.envelope import ConnectorRefusal, unknown_tool
 from nexus_mcp.errors import InvalidInputError, NexusError
 from nexus_mcp.policy.hashing import to_canonical_json
 from nexus_mcp.policy.pins import PinState
 from nexus_mcp.policy.registry import ToolEntry
-from nexus_mcp.providers.upstream_sessions import UpstreamFailure
-
-if TYPE_CHECKING:
-    from nexus_mcp.providers.upstream import UpstreamServer
+from nexus_mcp.providers.upstream.sessions import UpstreamFailure
 
 UPSTREAM_TOOLSET_PREFIX = "upstream:"
-# How long the first tools/list after start-up may wait for upstreams still connecting
-# (never for one known to be down): a desktop client lists once, right after starting.
-# Each upstream is waited for at most its own connect timeout, and never longer than this.
-FIRST_LIST_WAIT_SECONDS = 10.0
-WARM_UP_WINDOW_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +49,33 @@ class ToolView:
         return self.entry.tool_class if self.entry is not None else "write"
 
 
+class ToolHost(Protocol):
+    """What an ``UpstreamTool`` needs of the upstream it belongs to (``UpstreamServer``
+    satisfies it): is the tool still exposed, its contract, and the forwarding. The tool
+    never holds the server itself, only this much of it."""
+
+    @property
+    def server_id(self) -> str: ...
+
+    @property
+    def max_result_bytes(self) -> int: ...
+
+    @property
+    def connector(self) -> Connector | None: ...
+
+    def visible_tools(self) -> Mapping[str, UpstreamTool]: ...
+
+    async def check_call(self, tool: UpstreamTool) -> bool: ...
+
+    def hidden_reason(self, exposed: str) -> tuple[str, str] | None: ...
+
+    def contract_for(self, view: ToolView) -> ToolContract: ...
+
+    async def forward(
+        self, state: CallState, upstream_name: str, arguments: dict[str, Any], retryable: bool
+    ) -> Any: ...
+
+
 class UpstreamTool(Tool):
     """An upstream tool as FastMCP holds it; ``run`` is the connector of an upstream call."""
 
@@ -70,7 +83,7 @@ class UpstreamTool(Tool):
     _view: Any = None
 
     @classmethod
-    def for_view(cls, server: UpstreamServer, view: ToolView) -> UpstreamTool:
+    def for_view(cls, server: ToolHost, view: ToolView) -> UpstreamTool:
         definition = view.definition
         annotations = definition.get("annotations")
         tool = cls(
@@ -103,7 +116,7 @@ class UpstreamTool(Tool):
         self._view = value
 
     async def run(self, arguments: dict[str, Any], context: Any = None) -> ToolResult:
-        server: UpstreamServer = self._server
+        server: ToolHost = self._server
         view: ToolView = self._view
         state = current_call()
         current = server.visible_tools().get(self.name)
@@ -274,84 +287,10 @@ def _to_result(raw: Any, max_bytes: int) -> _Result:
     return _Result(content, structured, False)
 
 
-class UpstreamProvider(Provider):
-    """FastMCP's ``Provider`` for every upstream's exposed tools (one enforcement path:
-    the server's middleware chain runs for these tools exactly as for native ones)."""
-
-    # Its names never collide with the local provider's (``server.py`` refuses a prefix
-    # that could), so the ToolIndex may answer native lookups without asking it.
-    disjoint_from_local = True
-
-    def __init__(self, servers: Iterable[UpstreamServer]) -> None:
-        super().__init__()
-        self.servers = list(servers)
-        self._started = time.monotonic()
-        self._warm = False
-
-    async def start(self) -> None:
-        for server in self.servers:
-            await server.start()
-
-    async def close(self) -> None:
-        for server in self.servers:
-            with contextlib.suppress(Exception):
-                await server.close()
-
-    def warming(self) -> bool:
-        """True while some upstream is on its first connection, within the start-up window
-        (or this event loop has not started the upstreams yet), or while an upstream's
-        lock file changed unread (a re-pinned tool is arriving: one stat per upstream)."""
-        return self._starting() or any(server.pins_stale() for server in self.servers)
-
-    def _starting(self) -> bool:
-        if self._warm:
-            return False
-        loop = asyncio.get_running_loop()
-        if any(server._loop is not loop for server in self.servers):
-            return True
-        if time.monotonic() - self._started > WARM_UP_WINDOW_SECONDS or all(
-            server.first_attempt_done for server in self.servers
-        ):
-            self._warm = True
-            return False
-        return True
-
-    async def warm_up(self) -> None:
-        """Right after start-up, let upstreams still on their first connection finish it,
-        together, each for at most its connect timeout (``FIRST_LIST_WAIT_SECONDS`` at
-        most): a client lists (or calls) once, right after it starts the server. A server
-        known to be down is never waited for; after the window nothing waits here.
-        A rewritten lock file is read first (a tool re-pinned by an operator is decided
-        again before the lookup that follows)."""
-        for server in self.servers:
-            if server._loop is asyncio.get_running_loop():
-                await server.refresh_pins()
-        if not self._starting():
-            return
-        await asyncio.gather(*(s.wait_first_attempt(FIRST_LIST_WAIT_SECONDS) for s in self.servers))
-
-    async def _list_tools(self) -> list[Tool]:
-        await self.warm_up()
-        tools: list[Tool] = []
-        for server in self.servers:
-            server._bind_loop()
-            tools.extend(server.visible_tools().values())
-        return tools
-
-    async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        for server in self.servers:
-            server._bind_loop()
-            tool = server.visible_tools().get(name)
-            if tool is not None:
-                return tool
-        return None
-
-
 __all__ = [
-    "FIRST_LIST_WAIT_SECONDS",
     "UPSTREAM_TOOLSET_PREFIX",
+    "ToolHost",
     "ToolView",
-    "UpstreamProvider",
     "UpstreamTool",
     "check_arguments",
 ]

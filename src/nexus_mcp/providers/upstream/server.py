@@ -1,7 +1,9 @@
 """Upstream MCP servers as tool providers (seed 002's MCP tool provider; DESIGN.md, Gateway).
 
-This module holds ``UpstreamServer``; its sessions are in ``upstream_sessions.py``, its
-tools and the FastMCP provider in ``upstream_tools.py``.
+This module holds ``UpstreamServer``: its sessions, health, listings and calls. It is
+built on ``pinning.py`` (what its tools are: pins, decisions, the tools published) and
+``evidence.py`` (the quarantine evidence, kept and shared); its sessions are in
+``sessions.py``, its tools in ``tools.py``, the FastMCP provider in ``provider.py``.
 
 One ``UpstreamServer`` per configured upstream. It owns the connections to that server and
 decides which of its tools callers may see; the chain decides who may call them, exactly
@@ -53,92 +55,72 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastmcp import Client
 from mcp_types import ListToolsResult
 
 from nexus_mcp.calls import CallState
 from nexus_mcp.connector import Connector
-from nexus_mcp.contracts import ToolContract
-from nexus_mcp.errors import UnavailableError
-from nexus_mcp.ids import new_id
-from nexus_mcp.observability.audit import AUDIT_SCHEMA_VERSION, AuditEvent, AuditLog, utc_timestamp
+from nexus_mcp.observability.audit import AuditLog
 from nexus_mcp.observability.logs import get_logger
-from nexus_mcp.policy.classification import DEV_MODE
-from nexus_mcp.policy.hashing import sha256_hex
 from nexus_mcp.policy.pins import (
     PinFile,
-    PinState,
-    definition_digest,
     load_pins,
     lock_path,
     renewed_pins,
 )
 from nexus_mcp.policy.quarantine import (
-    STORE_UPSTREAM_QUARANTINE,
     MemorySeenDigests,
-    Observation,
     PersistedEvidence,
     Proof,
     SeenDigests,
-    proofs_in,
 )
 from nexus_mcp.policy.registry import RegistrySet
-from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig, name_key
+from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.principal import Principal
-from nexus_mcp.providers.upstream_listing import (
-    MAX_TOOLS_PER_UPSTREAM,
+from nexus_mcp.providers.upstream.evidence import Unsent
+from nexus_mcp.providers.upstream.listing import (
     InvalidDefinition,
-    Listing,
     fetch_listing,
-    listing_digest,
-    screen,
 )
-from nexus_mcp.providers.upstream_sessions import (
+from nexus_mcp.providers.upstream.pinning import (
+    EVENT_UPSTREAM_DOWN,
+    EVENT_UPSTREAM_UP,
+    PinnedTools,
+    ServerState,
+    mtime_ns,
+    screened,
+)
+from nexus_mcp.providers.upstream.relay import (
+    Caller,
+    caller_context,
+    caller_on,
+    elicit,
+    roots_of,
+    sample,
+)
+from nexus_mcp.providers.upstream.sessions import (
     GATEWAY_SESSION,
     SessionKey,
     UpstreamFailure,
     UpstreamSession,
     build_client,
-    caller_context,
     is_transport_failure,
-    relay_failure,
 )
-from nexus_mcp.providers.upstream_tools import (
-    FIRST_LIST_WAIT_SECONDS,
-    UPSTREAM_TOOLSET_PREFIX,
+from nexus_mcp.providers.upstream.tools import (
     ToolView,
-    UpstreamProvider,
     UpstreamTool,
 )
 
 log = get_logger(__name__)
 
 MAX_RESULT_BYTES_DEFAULT = 10 * 1024 * 1024
-MAX_REPORTED_INVALID = 50  # skipped definitions named (by position) in one audit event
-# Observations kept to send once the shared evidence store answers again.
-MAX_UNSENT_OBSERVATIONS = 16 * MAX_TOOLS_PER_UPSTREAM
-
-EVENT_DEFINITION_CHANGED = "tool_definition_changed"
-EVENT_UNPINNED = "tool_unpinned"
-# Why a listed tool is hidden, beyond the registry and the pins (``hidden_reason``).
-REASON_NATIVE_NAME = "native_name"  # its exposed name is a native tool's
-REASON_UPSTREAM_DOWN = "upstream_down"  # ``when_down: hide`` while the upstream is down
-EVENT_UPSTREAM_DOWN = "upstream_down"
-EVENT_UPSTREAM_UP = "upstream_up"
-EVENT_LISTING_CUT = "upstream_listing_cut"
-EVENT_TOOL_INVALID = "upstream_tool_invalid"
-EVENT_PINS_INVALID = "upstream_pins_invalid"
-REASON_PINS_INVALID = "pin_entry_invalid"
-
-ServerState = Literal["starting", "ready", "degraded"]
-Unsent = tuple[str, str, str | None]  # (tool, digest, pin) the shared store has not got yet
 
 
-class UpstreamServer:
+class UpstreamServer(PinnedTools):
     """One upstream server: its sessions, its tools' pins and classification, its health."""
 
     def __init__(
@@ -171,12 +153,12 @@ class UpstreamServer:
         self._client_factory = client_factory or build_client
         self.pins: PinFile = load_pins(registry_dir, config.server_id)
         self._note_pins()
-        self._pins_mtime = _mtime(lock_path(registry_dir, config.server_id))
+        self._pins_mtime = mtime_ns(lock_path(registry_dir, config.server_id))
         self._pins_unreadable: float | None = None  # the mtime a reload failed at
         self.state: ServerState = "starting"
         self.last_failure: str | None = None
         self.views: dict[str, ToolView] = {}
-        # The last listing's skipped definitions and cut (upstream_listing.py).
+        # The last listing's skipped definitions and cut (listing.py).
         self.invalid: list[InvalidDefinition] = []
         self.listing_cut: tuple[str, int] | None = None
         # Every digest any session showed for a tool under its pin: a tool is exposed
@@ -517,7 +499,7 @@ class UpstreamServer:
     async def _list_on(self, session: UpstreamSession, *, authoritative: bool) -> None:
         """List on ``session`` and decide every tool again: one listing of this upstream
         at a time (its other listings wait here, other upstreams never do), fetched within
-        the caps (``upstream_listing.py``), its CPU work in worker threads."""
+        the caps (``listing.py``), its CPU work in worker threads."""
         gate = self._list_gate
         assert gate is not None, "bound to a loop first"
         async with gate:
@@ -529,7 +511,7 @@ class UpstreamServer:
                 raise UpstreamFailure("timeout", "list_timeout") from None
             except Exception:  # noqa: BLE001 - an upstream's failure, never its text
                 raise UpstreamFailure("error", "list_failed") from None
-            definitions, invalid, digests = await asyncio.to_thread(_screened, listing)
+            definitions, invalid, digests = await asyncio.to_thread(screened, listing)
             if authoritative:
                 self._report_listing(listing, invalid)
             await self._evaluate(definitions, authoritative=authoritative, digests=digests)
@@ -564,256 +546,6 @@ class UpstreamServer:
                 due.append(alive[key])
         return due
 
-    def _report_listing(self, listing: Listing, invalid: list[InvalidDefinition]) -> None:
-        """A cut listing and skipped definitions (``upstream_listing.py``): logged and
-        audited when they change, by position and digest (never a name)."""
-        cut = (listing.cut, len(listing.wire)) if listing.cut is not None else None
-        if cut is not None and cut != self.listing_cut:
-            log.warning(
-                "upstream_listing_cut", server_id=self.server_id, reason=cut[0], kept=cut[1]
-            )
-            self._emit(EVENT_LISTING_CUT, reason=cut[0], kept=cut[1], pages=listing.pages)
-        self.listing_cut = cut
-        digest = listing_digest(invalid) if invalid else None
-        if digest is not None and digest != listing_digest(self.invalid):
-            records = [i.as_record() for i in invalid[:MAX_REPORTED_INVALID]]
-            log.warning("upstream_tool_invalid", server_id=self.server_id, count=len(invalid))
-            self._emit(EVENT_TOOL_INVALID, count=len(invalid), definitions=records)
-        self.invalid = invalid
-
-    def _reload_pins(self) -> bool:
-        """Read the lock file again if its mtime changed (a stat otherwise); True when
-        the pins were reloaded."""
-        path = lock_path(self.registry_dir, self.server_id)
-        mtime = _mtime(path)
-        if mtime == self._pins_mtime or mtime == self._pins_unreadable:
-            return False
-        try:
-            pins = load_pins(self.registry_dir, self.server_id)
-        except Exception:  # noqa: BLE001 - keep the old pins; say so (once per version)
-            self._pins_unreadable = mtime
-            log.warning("upstream_pins_unreadable", server_id=self.server_id)
-            return False
-        before, self.pins = self.pins, pins
-        self._pins_mtime = mtime
-        self._pins_unreadable = None
-        self._forget(renewed_pins(before, pins))
-        self._note_pins()
-        return True
-
-    def _note_pins(self, *, logged: bool = True) -> None:
-        """A lock file, or entries of it, that could not be used (``policy/pins.py``):
-        logged and audited by position; the tools it cannot vouch for are quarantined.
-        (At construction the audit log is not bound yet: audited when started.)"""
-        problems = self.pins.problems()
-        if problems:
-            if logged:
-                log.warning("upstream_pins_invalid", server_id=self.server_id, problems=problems)
-            self._emit(EVENT_PINS_INVALID, problems=problems)
-
-    def _forget(self, tools: frozenset[str]) -> None:
-        """Tools an operator re-pinned: this process forgets their evidence (the command
-        cleared the persisted and shared copies first), then reads back what the persisted
-        store still holds against them (nothing, unless it was not cleared)."""
-        if not tools:
-            return
-        for tool in tools:
-            self._local.forget(self.server_id, tool)
-        self._unsent = {u for u in self._unsent if u[0] not in tools}
-        self._kept = {k for k in self._kept if k[0] not in tools}
-        if self.persisted is None:
-            return
-        try:
-            proofs = [p for p in self.persisted.load(self.server_id) if p[0] in tools]
-        except Exception:  # noqa: BLE001 - unreadable: the evidence in memory is gone
-            log.warning("upstream_quarantine_unreadable", server_id=self.server_id)
-            return
-        self._remember(proofs)
-
-    def use_persisted(self, persisted: PersistedEvidence) -> None:
-        """Keep evidence against pins in ``persisted`` (embedded backend) and read back
-        what it holds from before a restart; before start."""
-        self.persisted = persisted
-        self._remember(persisted.load(self.server_id))
-
-    def _remember(self, proofs: list[Proof]) -> None:
-        for tool, pinned, digest in proofs:
-            self._local.add(self.server_id, tool, digest, pinned=pinned)
-            self._kept.add((tool, pinned, digest))
-
-    def _persist(self, seen: Mapping[str, Observation]) -> frozenset[Proof]:
-        """(Worker thread.) Keep what this listing proved that is not kept yet; the proofs
-        kept (none when the store failed: tried again at the next listing)."""
-        persisted = self.persisted
-        if persisted is None:
-            return frozenset()
-        new = proofs_in(seen) - self._kept
-        if not new:
-            return frozenset()
-        try:
-            persisted.record(self.server_id, new)
-        except Exception:  # noqa: BLE001 - kept in memory: quarantined here all the same
-            log.warning("upstream_quarantine_unpersisted", server_id=self.server_id)
-            return frozenset()
-        return new
-
-    def evaluate(
-        self, definitions: Mapping[str, Mapping[str, Any]], *, authoritative: bool = True
-    ) -> None:
-        """Decide every listed tool (allowlist, name, registry, pin) and publish the result.
-
-        The gateway's own session is authoritative: its list is the upstream's tool set. A
-        caller's session can only add evidence: a definition it shows that differs from
-        the pin quarantines that tool for everyone; what it adds or leaves out is ignored.
-        (Synchronous: the evidence store is asked inline; the sessions use ``_evaluate``.)
-        """
-        self._reload_pins()
-        definitions = self._as_listed(definitions, authoritative)
-        seen = self._observations(definitions)
-        sent = self._send(seen, frozenset(self._unsent))
-        self._kept |= self._persist(seen)
-        self._decide(definitions, seen, self._gather(seen, sent))
-
-    async def _evaluate(
-        self,
-        definitions: Mapping[str, Mapping[str, Any]],
-        *,
-        authoritative: bool,
-        digests: Mapping[str, str] | None = None,
-    ) -> None:
-        """``evaluate``, with the stores asked from a worker thread; ``digests``: those of
-        ``definitions``, already computed (off the event loop)."""
-        self._reload_pins()
-        definitions = self._as_listed(definitions, authoritative)
-        seen = self._observations(definitions, digests)
-        sent = await self._offload(self._send, seen, frozenset(self._unsent))
-        if self.persisted is not None and proofs_in(seen) - self._kept:
-            self._kept |= await asyncio.to_thread(self._persist, seen)
-        self._decide(definitions, seen, self._gather(seen, sent))
-
-    def _as_listed(
-        self, definitions: Mapping[str, Mapping[str, Any]], authoritative: bool
-    ) -> Mapping[str, Mapping[str, Any]]:
-        if authoritative:
-            return definitions
-        return {name: definitions.get(name, view.definition) for name, view in self.views.items()}
-
-    def _observations(
-        self,
-        definitions: Mapping[str, Mapping[str, Any]],
-        digests: Mapping[str, str] | None = None,
-    ) -> dict[str, Observation]:
-        """(digest, pin) of each definition. Not hashed again: those in ``digests`` (this
-        listing's, computed off the loop) and a view's own definition object (hashed
-        when it was listed)."""
-        pins = self.pins.digests
-        given = digests or {}
-        seen: dict[str, Observation] = {}
-        for name, definition in definitions.items():
-            digest = given.get(name)
-            if digest is None:
-                view = self.views.get(name)
-                if view is not None and view.definition is definition:
-                    digest = view.digest
-                else:
-                    digest = definition_digest(definition)
-            seen[name] = (digest, pins.get(name))
-        return seen
-
-    # -- quarantine evidence (policy/quarantine.py) ---------------------------------
-
-    @property
-    def shares_evidence(self) -> bool:
-        """The evidence is another store than this process's own copy (shared backend)."""
-        return self.evidence is not self._local
-
-    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A network store is asked from a worker thread (a slow store never stalls the
-        event loop); process memory is answered inline."""
-        if isinstance(self.evidence, MemorySeenDigests):
-            return fn(*args)
-        return await asyncio.to_thread(fn, *args)
-
-    def _send(
-        self, seen: Mapping[str, Observation], unsent: frozenset[Unsent]
-    ) -> tuple[dict[str, frozenset[str]] | None, frozenset[Unsent]]:
-        """(Worker thread on the shared backend.) Add what could not be sent before
-        (``unsent``) and ``seen`` to the shared evidence, read it back. None: the store
-        did not answer."""
-        if not self.shares_evidence:
-            return None, frozenset()
-        try:
-            self._flush(unsent)
-            return self.evidence.observe(self.server_id, seen), unsent
-        except Exception:  # noqa: BLE001 - UnavailableError, or a store's own failure
-            return None, frozenset()
-
-    def _flush(self, unsent: frozenset[Unsent]) -> None:
-        """Send observations in rounds of one per tool (one round trip each)."""
-        rounds: list[dict[str, Observation]] = []
-        for name, digest, pinned in sorted(unsent, key=lambda o: (o[0], o[1], o[2] or "")):
-            free = next((r for r in rounds if name not in r), None)
-            if free is None:
-                free = {}
-                rounds.append(free)
-            free[name] = (digest, pinned)
-        for batch in rounds:
-            self.evidence.observe(self.server_id, batch)
-
-    def _gather(
-        self,
-        seen: Mapping[str, Observation],
-        sent: tuple[dict[str, frozenset[str]] | None, frozenset[Unsent]],
-    ) -> dict[str, frozenset[str]]:
-        """The evidence for each listed tool: this process's own, and the replicas'. When
-        the shared store did not answer, this process's own (the observations are sent
-        later; meanwhile every call of the server's tools reads the store, and fails
-        closed while it cannot)."""
-        shared, flushed = sent
-        local = self._local.observe(self.server_id, seen)
-        if not self.shares_evidence:
-            return local
-        self._unsent -= flushed
-        if shared is None:
-            log.warning("upstream_quarantine_unavailable", server_id=self.server_id)
-            for name, (digest, pinned) in seen.items():
-                if len(self._unsent) < MAX_UNSENT_OBSERVATIONS:
-                    self._unsent.add((name, digest, pinned))
-            return local
-        gathered: dict[str, frozenset[str]] = {}
-        for name, (_digest, pinned) in seen.items():
-            theirs = shared.get(name, frozenset())
-            self._local.merge(self.server_id, name, theirs, pinned=pinned)
-            gathered[name] = local[name] | theirs
-        return gathered
-
-    def _read(self, name: str, pinned: str, unsent: frozenset[Unsent]) -> frozenset[str]:
-        """(Worker thread.) Send what could not be sent before; read one tool's evidence.
-
-        An exposed tool's own digest is its pin, and it was sent when listed: a set
-        without it means the store lost its data (a Redis restart without persistence).
-        This process then sends back what it knows against the pins now in force, so the
-        other replicas learn it again (once: the set holds the pin afterwards)."""
-        self._flush(unsent)
-        seen = self.evidence.get(self.server_id, name, pinned=pinned)
-        if pinned in seen:
-            return seen
-        self._flush(self._reseed(name, pinned))
-        return self.evidence.get(self.server_id, name, pinned=pinned)
-
-    def _reseed(self, name: str, pinned: str) -> frozenset[Unsent]:
-        pins = self.pins.digests
-        known = {(name, pinned, pinned)}
-        for tool, pin, digests in self._local.entries(self.server_id):
-            if pin is not None and pins.get(tool) == pin and any(d != pin for d in digests):
-                known.update((tool, digest, pin) for digest in digests)
-        return frozenset(known)
-
-    def pins_stale(self) -> bool:
-        """The lock file changed since it was read (one stat)."""
-        mtime = _mtime(lock_path(self.registry_dir, self.server_id))
-        return mtime != self._pins_mtime and mtime != self._pins_unreadable
-
     async def refresh_pins(self) -> None:
         """A rewritten lock file counts at once (a stat, unless it changed): at every
         lookup of an upstream tool, so a re-pinned (or newly pinned) tool comes back
@@ -829,182 +561,6 @@ class UpstreamServer:
                 await self._list_on(gateway, authoritative=True)
                 return
         await self._evaluate({}, authoritative=False)
-
-    async def check_call(self, tool: UpstreamTool) -> bool:
-        """Before a call of ``tool`` is forwarded: is it still exposed?
-
-        The lock file is checked (its mtime; read again if it changed, and every tool
-        decided again). On the shared backend the tool's evidence is read (one round
-        trip): a digest another replica saw that differs from the pin quarantines it here
-        too, now (audited and published as any quarantine). False: quarantined, the call
-        is refused as an unknown tool. ``UnavailableError``: the evidence cannot be read,
-        the call is refused (fail closed).
-        """
-        if self._reload_pins():
-            await self._evaluate({}, authoritative=False)
-            if self.visible_tools().get(tool.name) is not tool:
-                return False
-        if not self.shares_evidence:
-            return True
-        name = tool.view.upstream_name
-        pinned = self.pins.digests.get(name)
-        if pinned is None:
-            return True  # unpinned (exposed in dev only): no evidence changes that
-        unsent = frozenset(self._unsent)
-        try:
-            seen: frozenset[str] = await self._offload(self._read, name, pinned, unsent)
-        except UnavailableError:
-            log.warning("upstream_quarantine_unavailable", server_id=self.server_id)
-            raise
-        except Exception as exc:  # noqa: BLE001 - a store's own failure: fail closed
-            log.warning("upstream_quarantine_unavailable", server_id=self.server_id)
-            raise UnavailableError(
-                store=STORE_UPSTREAM_QUARANTINE, error=type(exc).__name__
-            ) from None
-        self._unsent -= unsent
-        if all(digest == pinned for digest in seen):
-            return True
-        self._local.merge(self.server_id, name, seen, pinned=pinned)
-        self._decide_again()
-        return False
-
-    def _decide_again(self) -> None:
-        """Decide the current views again on this process's evidence (no store call)."""
-        definitions = {name: view.definition for name, view in self.views.items()}
-        seen = self._observations(definitions)
-        self._decide(definitions, seen, self._local.observe(self.server_id, seen))
-
-    def _decide(
-        self,
-        definitions: Mapping[str, Mapping[str, Any]],
-        seen: Mapping[str, Observation],
-        evidence: Mapping[str, frozenset[str]],
-    ) -> None:
-        views: dict[str, ToolView] = {}
-        for name, definition in definitions.items():
-            digest, pinned = seen[name]
-            if self.pins.digests.get(name) != pinned:
-                # The pins changed while the store was asked: only this process's own
-                # evidence under the pin now in force counts (the next list asks again).
-                pinned = self.pins.digests.get(name)
-                found = self._local.observe(self.server_id, {name: (digest, pinned)})[name]
-            else:
-                found = evidence.get(name, frozenset()) | {digest}
-            views[name] = self._view(name, definition, digest, found)
-        previous = self.views
-        self.views = views
-        for name, view in views.items():
-            before = previous.get(name)
-            if view.status == "quarantined" and (
-                before is None or before.digest != view.digest or before.status != "quarantined"
-            ):
-                event = (
-                    EVENT_DEFINITION_CHANGED
-                    if view.pin_state is PinState.CHANGED
-                    else EVENT_UNPINNED
-                )
-                log.warning(event, server_id=self.server_id, tool=name)
-                pinned = self.pins.digests.get(name)
-                self._emit(
-                    event,
-                    upstream_tool=name,
-                    pinned_sha256=pinned,
-                    seen_sha256=self._differing(view, pinned),
-                )
-            elif (
-                view.status == "exposed"
-                and view.pin_state is not PinState.PINNED
-                and (before is None or before.status != view.status)
-            ):
-                log.warning("upstream_tool_unpinned_dev", server_id=self.server_id, tool=name)
-            if view.status == "unclassified" and (before is None or before.status != view.status):
-                # Once per change, not per listing: a listing of thousands of unclassified
-                # tools must not cost thousands of log lines each time.
-                log.warning("upstream_tool_unclassified", server_id=self.server_id, tool=name)
-        self._publish()
-
-    def _differing(self, view: ToolView, pinned: str | None) -> str:
-        """The digest that differs from the pin: this process's own, or one another
-        session (or replica) showed."""
-        if pinned is None or view.digest != pinned:
-            return view.digest
-        others = self._local.get(self.server_id, view.upstream_name, pinned=pinned)
-        return min((d for d in others if d != pinned), default=view.digest)
-
-    def _view(
-        self, name: str, definition: Mapping[str, Any], digest: str, seen: frozenset[str]
-    ) -> ToolView:
-        exposed = self.config.exposed_name(name)
-        entry = self.registry.lookup(self.server_id, name)
-        pin_state = self.pins.state_of(name, digest)
-        # Any digest seen on any session that differs from the pin counts as a change.
-        pinned = self.pins.digests.get(name)
-        if pinned is not None and any(d != pinned for d in seen):
-            pin_state = PinState.CHANGED
-
-        def view(status: Any, reason: str | None = None) -> ToolView:
-            return ToolView(name, exposed, definition, digest, entry, pin_state, status, reason)
-
-        if not self.config.allows(name):
-            return view("not_allowed", "allowlist")
-        if exposed is None:
-            return view("bad_name", "tool_name_rule")
-        if name_key(exposed) in self.reserved_keys:
-            return view("bad_name", REASON_NATIVE_NAME)
-        if entry is None and self.mode != DEV_MODE:
-            return view("unclassified", "TOOL_UNCLASSIFIED_DENIED")
-        if self.pins.quarantines(name):
-            return view("quarantined", REASON_PINS_INVALID)
-        if pin_state is PinState.CHANGED:
-            return view("quarantined", EVENT_DEFINITION_CHANGED)
-        if pin_state is PinState.UNPINNED and self.mode != DEV_MODE:
-            return view("quarantined", EVENT_UNPINNED)
-        return view("exposed")
-
-    def _publish(self) -> None:
-        tools: dict[str, UpstreamTool] = {}
-        for view in self.views.values():
-            if view.status != "exposed" or view.exposed_name is None:
-                continue
-            existing = self.tools.get(view.exposed_name)
-            if existing is not None and existing.view.digest == view.digest:
-                existing.view = view
-                tools[view.exposed_name] = existing
-            else:
-                tools[view.exposed_name] = UpstreamTool.for_view(self, view)
-        self.tools = tools
-        self.on_change(self)
-
-    def visible_tools(self) -> dict[str, UpstreamTool]:
-        """The tools callers may see now (hidden while down when ``when_down: hide``)."""
-        if self.state == "degraded" and self.config.when_down == "hide":
-            return {}
-        return self.tools
-
-    def hidden_reason(self, exposed: str) -> tuple[str, str] | None:
-        """Why a name of this upstream is not exposed now: (its tool, the README's reason
-        code), for the audit only; the caller's answer is an unknown tool's. None: not a
-        name of this upstream's, or exposed."""
-        if exposed in self.visible_tools():
-            return None
-        if exposed in self.tools:
-            return self.tools[exposed].view.upstream_name, REASON_UPSTREAM_DOWN
-        for view in self.views.values():
-            if view.exposed_name == exposed and view.status != "exposed":
-                return view.upstream_name, view.reason or view.status
-        return None
-
-    def contract_for(self, view: ToolView) -> ToolContract:
-        risk: Any = view.tool_class
-        description = str(view.definition.get("description") or view.upstream_name)
-        return ToolContract(
-            name=view.exposed_name or view.upstream_name,
-            description=description,
-            risk=risk,
-            toolset=UPSTREAM_TOOLSET_PREFIX + self.server_id,
-            version=view.digest[:12],
-            title=view.definition.get("title"),
-        )
 
     # -- calls ------------------------------------------------------------------------
 
@@ -1084,45 +640,18 @@ class UpstreamServer:
         forward = self.config.forward
         return forward.sampling or forward.elicitation or forward.roots
 
-    def _caller_for(self, key: SessionKey, kind: str) -> Any:
+    def _caller_for(self, key: SessionKey, kind: str) -> Caller:
         """The caller to relay to: one whose call is in flight on this very session."""
-        session = self._sessions.get(key)
-        if session is None or not session.callers:
-            raise RuntimeError(f"{kind} refused: no call of this session is in flight")
-        ctx = session.callers[-1]
-        log.info("upstream_request_relayed", server_id=self.server_id, kind=kind)
-        return ctx
+        return caller_on(self._sessions.get(key), kind, self.server_id)
 
     async def relay_sampling(self, key: SessionKey, params: Any) -> Any:
-        ctx = self._caller_for(key, "sampling")
-        # The upstream's messages and limits only; never "include_context" (that would
-        # hand it the caller's other servers' context) nor its free-form metadata.
-        with relay_failure("sampling"):
-            return await ctx.session.create_message(
-                messages=list(params.messages),
-                max_tokens=params.max_tokens,
-                system_prompt=params.system_prompt,
-                temperature=params.temperature,
-                stop_sequences=params.stop_sequences,
-                model_preferences=params.model_preferences,
-                related_request_id=ctx.request_id,
-            )
+        return await sample(self._caller_for(key, "sampling"), params)
 
     async def relay_elicitation(self, key: SessionKey, params: Any) -> Any:
-        ctx = self._caller_for(key, "elicitation")
-        schema = getattr(params, "requested_schema", None)
-        if schema is None:
-            raise RuntimeError("elicitation refused: only form elicitation is relayed")
-        with relay_failure("elicitation"):
-            return await ctx.session.elicit_form(
-                params.message, schema, related_request_id=ctx.request_id
-            )
+        return await elicit(self._caller_for(key, "elicitation"), params)
 
     async def relay_roots(self, key: SessionKey) -> list[Any]:
-        ctx = self._caller_for(key, "roots")
-        with relay_failure("roots"):
-            listed = await ctx.session.list_roots()
-        return list(listed.roots)
+        return await roots_of(self._caller_for(key, "roots"))
 
     def summary(self) -> dict[str, Any]:
         """For /readyz and ``upstream list``: state, tools, quarantine (names only)."""
@@ -1142,56 +671,5 @@ class UpstreamServer:
             "sessions": self.session_count(),
         }
 
-    def _emit(self, event: str, **fields: Any) -> None:
-        call_id = new_id()
-        record: dict[str, Any] = {
-            "v": AUDIT_SCHEMA_VERSION,
-            "event": event,
-            "tool_call_id": call_id,
-            "correlation_id": call_id,
-            "tool": fields.pop("upstream_tool", None) or "(server)",
-            "server_id": self.server_id,
-        }
-        record.update({k: v for k, v in fields.items() if v is not None})
-        record["ts"] = utc_timestamp()
-        if self.audit is None:
-            return
-        try:
-            self.audit.emit(AuditEvent.from_record(record))
-        except Exception:  # noqa: BLE001 - the audit log reports its own failures
-            log.warning("upstream_audit_failed", server_id=self.server_id, event=event)
 
-
-def _screened(
-    listing: Listing,
-) -> tuple[dict[str, dict[str, Any]], list[InvalidDefinition], dict[str, str]]:
-    """(Worker thread: one huge listing never holds the event loop for its screening
-    and hashing.) The valid definitions, the skipped ones, and the digests the valid
-    ones are pinned by."""
-    definitions, invalid = screen(listing.wire, listing.canonical)
-    # The bytes each definition is pinned by were made once, when the page was taken
-    # (valid names are unique: a name listed twice is skipped).
-    pinned_bytes = {
-        wire.get("name"): body for wire, body in zip(listing.wire, listing.canonical, strict=True)
-    }
-    digests = {name: sha256_hex(pinned_bytes[name]) for name in definitions}
-    return definitions, invalid, digests
-
-
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return None
-
-
-__all__ = [
-    "FIRST_LIST_WAIT_SECONDS",
-    "UPSTREAM_TOOLSET_PREFIX",
-    "ToolView",
-    "UpstreamFailure",
-    "UpstreamProvider",
-    "UpstreamServer",
-    "UpstreamTool",
-    "build_client",
-]
+__all__ = ["UpstreamServer"]

@@ -33,12 +33,9 @@ from nexus_mcp.policy.upstreams import (
     resolve_secrets,
     shadowed_names,
 )
-from nexus_mcp.providers.upstream import (
-    UPSTREAM_TOOLSET_PREFIX,
-    UpstreamProvider,
-    UpstreamServer,
-)
-from nexus_mcp.providers.upstream_tools import check_arguments
+from nexus_mcp.providers.upstream.provider import UpstreamProvider
+from nexus_mcp.providers.upstream.server import UpstreamServer
+from nexus_mcp.providers.upstream.tools import UPSTREAM_TOOLSET_PREFIX, check_arguments
 from nexus_mcp.settings import Settings
 
 if TYPE_CHECKING:

@@ -1,42 +1,60 @@
 """Connections to an upstream MCP server: one FastMCP ``Client`` per session.
 
 ``build_client`` makes the client for one session with only the gateway's own
-credentials (FastMCP's ``Client`` and transports, used as they are; see ``upstream.py``
+credentials (FastMCP's ``Client`` and transports, used as they are; see ``server.py``
 for why not its ``ProxyTool``). ``UpstreamSession`` runs it on a task of its own, since
 anyio scopes are entered and left by one task while calls come from the callers' tasks.
 ``UpstreamFailure`` is how anything going wrong on the way is classified, never echoed.
 An upstream's own requests (sampling, elicitation, roots) are relayed only where the
-configuration allows it, through the helpers at the end.
+configuration allows it (``relay.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 import time
-import warnings
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 import httpx2
 from fastmcp import Client
 from fastmcp.client.messages import MessageHandler
 from fastmcp.client.transports import StreamableHttpTransport
-from mcp.shared.exceptions import MCPDeprecationWarning
 
 from nexus_mcp.errors import UpstreamError
 from nexus_mcp.observability.logs import get_logger
-from nexus_mcp.providers.upstream_stdio import BoundedStdioTransport
-
-if TYPE_CHECKING:
-    from nexus_mcp.providers.upstream import UpstreamServer
+from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
+from nexus_mcp.providers.upstream.stdio import BoundedStdioTransport
 
 log = get_logger(__name__)
 
 GATEWAY_SESSION = ("__gateway__",)
 SessionKey = tuple[str, ...]
+
+
+class SessionHost(Protocol):
+    """What ``build_client`` needs of the upstream a session belongs to
+    (``UpstreamServer`` satisfies it): its configuration and credentials, its result cap,
+    and where an upstream's notifications and requests go."""
+
+    @property
+    def config(self) -> UpstreamConfig: ...
+
+    @property
+    def secrets(self) -> ResolvedSecrets: ...
+
+    @property
+    def max_result_bytes(self) -> int: ...
+
+    def schedule_refresh(self, key: SessionKey) -> None: ...
+
+    async def relay_sampling(self, key: SessionKey, params: Any) -> Any: ...
+
+    async def relay_elicitation(self, key: SessionKey, params: Any) -> Any: ...
+
+    async def relay_roots(self, key: SessionKey) -> list[Any]: ...
 
 
 class UpstreamFailure(Exception):
@@ -114,42 +132,6 @@ class UpstreamSession:
                 await asyncio.wait_for(asyncio.shield(self.task), timeout=5.0)
             except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
                 self.task.cancel()
-
-
-@contextlib.contextmanager
-def relay_failure(kind: str) -> Iterator[None]:
-    """What the upstream learns when the caller cannot answer: that, and nothing of why.
-
-    Sampling, elicitation and roots are the handshake era's (the 2026-07-28 era has no
-    back-channel for them); the SDK's deprecation warning says so on every relay.
-    """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", MCPDeprecationWarning)
-            yield
-    except Exception:  # noqa: BLE001 - never the caller's error text
-        raise RuntimeError(f"{kind} is not available") from None
-
-
-@dataclass(frozen=True)
-class Caller:
-    """The caller's MCP session and the id of its tools/call, taken in the caller's task
-    (FastMCP's context finds the session through the request being served, which the
-    upstream's relay request, arriving on another task, is not)."""
-
-    session: Any
-    request_id: Any
-
-
-def caller_context() -> Caller | None:
-    """The caller of the tools/call being served, when there is one with a session."""
-    from fastmcp.server.dependencies import get_context
-
-    try:
-        ctx = get_context()
-        return Caller(ctx.session, ctx.request_id)
-    except Exception:  # noqa: BLE001 - no request, or no session: nothing to relay to
-        return None
 
 
 def is_transport_failure(exc: BaseException) -> bool:
@@ -276,15 +258,15 @@ def http_client_factory(
     return factory
 
 
-def max_response_bytes(server: UpstreamServer) -> int:
+def max_response_bytes(server: SessionHost) -> int:
     """One HTTP response of an upstream: a result (``limits.max_read_bytes``) or a page
     of a listing (``MAX_LISTING_BYTES``), whichever is more, and room for the envelope."""
-    from nexus_mcp.providers.upstream_listing import MAX_LISTING_BYTES
+    from nexus_mcp.providers.upstream.listing import MAX_LISTING_BYTES
 
     return max(server.max_result_bytes, MAX_LISTING_BYTES) + 1024 * 1024
 
 
-def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
+def build_client(server: SessionHost, key: SessionKey) -> Client[Any]:
     """A FastMCP client for one session, with only the gateway's own credentials.
 
     Sampling, elicitation and roots handlers are installed only where the upstream's
@@ -300,7 +282,7 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
         env.update({k: v.get_secret_value() for k, v in server.secrets.env.items()})
         # The SDK starts the subprocess with a small default environment (PATH, HOME,
         # ...) plus ``env``: nothing of nexus's own environment (its secrets) is inherited.
-        # FastMCP's StdioTransport, but for a bound on each message (upstream_stdio.py).
+        # FastMCP's StdioTransport, but for a bound on each message (stdio.py).
         transport = BoundedStdioTransport(
             command=str(config.command),
             args=list(config.args),
@@ -360,11 +342,10 @@ def build_client(server: UpstreamServer, key: SessionKey) -> Client[Any]:
 
 __all__ = [
     "GATEWAY_SESSION",
+    "SessionHost",
     "SessionKey",
     "UpstreamFailure",
     "UpstreamSession",
     "build_client",
-    "caller_context",
     "is_transport_failure",
-    "relay_failure",
 ]

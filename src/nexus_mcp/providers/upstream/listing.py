@@ -10,8 +10,8 @@ well formed (seed 002: an upstream is an untrusted provider):
   than ``MAX_CURSOR_CHARS`` ends it too. The listing is cut where a cap is reached: the
   definitions before the cut are decided as usual, those after it are never exposed, and
   the cut is logged and audited (``upstream_listing_cut``) with its reason. Each
-  message is bounded as well: an HTTP response (``upstream_sessions.py``), a stdio line
-  (``upstream_stdio.py``).
+  message is bounded as well: an HTTP response (``sessions.py``), a stdio line
+  (``stdio.py``).
 - **Screened** (``screen``). A definition that breaks MCP's tool-name rule, whose name
   another definition of the same listing also uses (both are skipped: which one the
   upstream runs is its choice), whose ``inputSchema`` (or ``outputSchema``) is not a JSON
