@@ -261,7 +261,8 @@ async def test_only_the_quarantine_store_down_still_fails_closed(
     try:
         upstreams = a.runtime.upstreams
         assert upstreams is not None
-        upstreams.share_evidence(RedisSeenDigests(client_redis, "nexus-t"))
+        for server in upstreams.servers.values():  # evidence in a Redis this test can stop
+            server.evidence = RedisSeenDigests(client_redis, "nexus-t")
         async with Client(a.mcp) as client:
             assert not (await client.call_tool_mcp("up_echo", {"text": "before"})).is_error
             private_redis.stop()

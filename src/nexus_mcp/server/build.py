@@ -89,7 +89,7 @@ from nexus_mcp.server.startup import (
     warn_about_replicas,
 )
 from nexus_mcp.settings import Settings, config_sections, trust_files
-from nexus_mcp.stores.backends import open_state
+from nexus_mcp.stores.backends import StateStores, open_state
 from nexus_mcp.stores.locations import (
     prepare_state,
 )
@@ -284,6 +284,8 @@ def _build_server(
                 environ=environ,
                 connector=connector,
                 audit=audit_log,
+                recorder=recorder,
+                **quarantine_evidence(settings, state),
             )
             if upstream_config.servers and replay is None
             else None
@@ -393,13 +395,6 @@ def _build_server(
                 recorder.record_tool(settings.registry.server_id, tool, book.contracts[tool.name])
             log.info("fixtures_recording", tools=len(native))
     if upstreams is not None:
-        if state.shared:  # quarantine evidence every replica shares (issue 15)
-            from nexus_mcp.stores.redis_quarantine import RedisSeenDigests
-
-            upstreams.share_evidence(RedisSeenDigests(state.redis, settings.state.key_prefix))
-        else:  # kept in the data directory across restarts (issue 22, item 15)
-            upstreams.persist_evidence(open_quarantine_evidence(settings))
-        upstreams.recorder = recorder
         upstreams.bind(book, runtime.access, runtime.targets)
         mcp.add_provider(upstreams.provider)
     add_health_routes(mcp, runtime, health_token)
@@ -414,6 +409,16 @@ def _build_server(
     )
     log_effective_principal(runtime.identity, settings.transport)
     return NexusServer(mcp=mcp, runtime=runtime)
+
+
+def quarantine_evidence(settings: Settings, state: StateStores) -> dict[str, Any]:
+    """Where the upstreams keep their quarantine evidence: the store every replica shares
+    (issue 15), or a file in the data directory kept across restarts (issue 22)."""
+    if state.shared:
+        from nexus_mcp.stores.redis_quarantine import RedisSeenDigests
+
+        return {"seen": RedisSeenDigests(state.redis, settings.state.key_prefix)}
+    return {"persisted": open_quarantine_evidence(settings)}
 
 
 def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:

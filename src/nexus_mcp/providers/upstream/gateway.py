@@ -60,7 +60,7 @@ class UpstreamGateway:
     _native_writes: frozenset[str] = frozenset()
     _catalog_names: frozenset[str] = frozenset()  # every native tool name, mounted or not
     _listed: dict[str, set[str]] = field(default_factory=dict)
-    recorder: Recorder | None = None  # serve --record: the tools as listed, and every call
+    recorder: Recorder | None = None  # serve --record: the tools as they are published
 
     @classmethod
     def build(
@@ -75,11 +75,15 @@ class UpstreamGateway:
         connector: Connector,
         audit: AuditLog,
         seen: SeenDigests | None = None,
+        persisted: PersistedEvidence | None = None,
+        recorder: Recorder | None = None,
     ) -> UpstreamGateway:
         """``connector``: the one connector sequence every upstream call runs through;
         ``audit``: the server's audit log. ``seen``: the quarantine evidence store
-        (``policy/quarantine.py``); None: each upstream keeps its own in process memory
-        (one server process)."""
+        every replica shares (``policy/quarantine.py``); None: each upstream keeps its own
+        in process memory (one server process), and against its pins in ``persisted``
+        (embedded backend: a file in the data directory, read back here). ``recorder``:
+        ``serve --record``, which records each upstream's tools as they are published."""
         check_upstreams(config, registry, registry_dir, native_tools, mode=settings.mode)
         for warning in config.warnings:
             log.warning("upstream_config", message=warning)
@@ -103,12 +107,15 @@ class UpstreamGateway:
                 connector=connector,
                 audit=audit,
             )
+            if persisted is not None:
+                servers[upstream.server_id].use_persisted(persisted)
         gateway = cls(
             config=config,
             servers=servers,
             provider=UpstreamProvider(servers.values()),
             mode=settings.mode,
             registry=registry,
+            recorder=recorder,
         )
         gateway.reserve_native_names(native_tools)
         gateway_ref.append(gateway)
@@ -130,19 +137,6 @@ class UpstreamGateway:
             if found is not None:
                 return (server.server_id, *found)
         return None
-
-    def share_evidence(self, seen: SeenDigests) -> None:
-        """Keep every upstream's quarantine evidence in ``seen``, the store every replica
-        shares (the shared backend's, opened after the gateway is built); before start."""
-        for server in self.servers.values():
-            server.evidence = seen
-
-    def persist_evidence(self, persisted: PersistedEvidence) -> None:
-        """Keep every upstream's evidence against its pins in ``persisted`` (embedded
-        backend: a file in the data directory) and read back what it held before a
-        restart; before start."""
-        for server in self.servers.values():
-            server.use_persisted(persisted)
 
     def known_names(self) -> list[str]:
         """Every name an upstream tool could be exposed under (for profile warnings)."""

@@ -178,7 +178,6 @@ class UpstreamServer(PinnedTools):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reconnect: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[None] | None = None
-        self._reaper: asyncio.Task[None] | None = None
         self._first_attempt: asyncio.Event | None = None
         self._backoff = config.reconnect.initial_seconds
         self._refreshing: set[SessionKey] = set()
@@ -212,7 +211,6 @@ class UpstreamServer(PinnedTools):
         self._tasks = set()
         self._reconnect = None
         self._probe = None
-        self._reaper = None
         self._first_attempt = asyncio.Event()
         self._note_pins(logged=False)
         self._list_gate = asyncio.Lock()
@@ -220,7 +218,7 @@ class UpstreamServer(PinnedTools):
         self._verified = None
         self._listed_at = {}
         self._reconnect = self._spawn(self._connect_gateway())
-        self._reaper = self._spawn(self._reap())
+        self._spawn(self._reap())  # held in _tasks until it ends
         self._recheck = self._spawn(self._recheck_loop())
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
