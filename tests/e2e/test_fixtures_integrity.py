@@ -36,7 +36,7 @@ from structlog.testing import capture_logs
 
 from nexus_mcp.cli import main as cli_main
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.fixtures.lines import definition_digest, encode_line
+from nexus_mcp.fixtures.lines import encode_line, listing_digest
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.observability.logs import ensure_logging
 from nexus_mcp.server import NexusServer, build_server
@@ -270,7 +270,7 @@ def stale_digest(lines: list[Line]) -> None:
 def edited_schema(lines: list[Line]) -> None:
     line = first(lines, "tool", "nexus_read_file")
     line["definition"]["inputSchema"]["properties"]["path"]["description"] = CANARY
-    line["definition_sha256"] = definition_digest(line["definition"])
+    line["definition_sha256"] = listing_digest(line["definition"])
 
 
 def tool_this_build_lacks(lines: list[Line]) -> None:
@@ -279,7 +279,7 @@ def tool_this_build_lacks(lines: list[Line]) -> None:
             line["tool"] = "nexus_ghost"
             if line["kind"] == "tool":
                 line["definition"]["name"] = "nexus_ghost"
-                line["definition_sha256"] = definition_digest(line["definition"])
+                line["definition_sha256"] = listing_digest(line["definition"])
 
 
 def unknown_code(lines: list[Line]) -> None:
