@@ -220,7 +220,8 @@ class IdempotencyBackend(Protocol):
         ...
 
     def now(self, session: Session) -> float:
-        """The clock leases and expiry are judged by, in seconds since the epoch."""
+        """The time leases and expiry are judged by when the store has no ``clock``:
+        the database's own, in seconds since the epoch."""
         ...
 
     def close(self) -> None: ...
@@ -238,6 +239,9 @@ class SqlIdempotencyStore:
     if expired, else claim the key with ``INSERT .. ON CONFLICT DO NOTHING``; when another
     process claimed the same new key at the same moment, the insert waits for it and does
     nothing, and its claim is read back: exactly one caller gets NEW.
+
+    ``clock`` (seconds since the epoch) judges leases and expiry; None leaves it to the
+    backend (``now``).
     """
 
     def __init__(
@@ -246,9 +250,11 @@ class SqlIdempotencyStore:
         *,
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         check_lifetimes(ttl_seconds, lease_seconds)
         self._db = backend
+        self._clock = clock
         self._select_record = _SELECT_RECORD.format(lock_row=backend.lock_row)
         self._ttl = ttl_seconds
         self._lease = lease_seconds
@@ -256,7 +262,7 @@ class SqlIdempotencyStore:
     def begin(self, scope: IdempotencyScope, args_digest: str) -> Claim:
         key = scope.digest()
         with self._db.transaction() as tx:
-            now = self._db.now(tx)
+            now = self._now(tx)
             for _ in range(3):
                 row = tx.one(self._select_record, (key,))
                 if row is not None and row[4] <= now:
@@ -325,11 +331,14 @@ class SqlIdempotencyStore:
 
     def purge_expired(self, now: float | None = None) -> int:
         with self._db.statement() as db:
-            moment = self._db.now(db) if now is None else now
+            moment = self._now(db) if now is None else now
             return db.run("DELETE FROM idempotency_records WHERE expires_at <= ?", (moment,))
 
     def close(self) -> None:
         self._db.close()
+
+    def _now(self, session: Session) -> float:
+        return self._clock() if self._clock is not None else self._db.now(session)
 
     def _update_owned(self, claim: Claim, query: str, leading: tuple[str, ...] = ()) -> bool:
         if claim.status is not ClaimStatus.NEW or claim.token is None:
@@ -352,20 +361,23 @@ class SqliteIdempotencyStore(SqlIdempotencyStore):
     ) -> None:
         check_lifetimes(ttl_seconds, lease_seconds)  # before the file is opened
         super().__init__(
-            _SqliteIdempotency(path, clock), ttl_seconds=ttl_seconds, lease_seconds=lease_seconds
+            _SqliteIdempotency(path),
+            ttl_seconds=ttl_seconds,
+            lease_seconds=lease_seconds,
+            clock=clock,
         )
 
 
 class _SqliteIdempotency:
     """``IdempotencyBackend`` of one SQLite file: every statement runs under the thread
     lock in ``BEGIN IMMEDIATE``, which takes SQLite's write lock before reading, so two
-    processes cannot both see "no record" and both claim; time is ``clock``'s."""
+    processes cannot both see "no record" and both claim. SQLite has no clock: the
+    store's (wall-clock time by default) judges."""
 
     lock_row = ""
     remote = False
 
-    def __init__(self, path: Path | str, clock: Callable[[], float]) -> None:
-        self._clock = clock
+    def __init__(self, path: Path | str) -> None:
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(
             str(path), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
@@ -385,7 +397,7 @@ class _SqliteIdempotency:
         return self.transaction()
 
     def now(self, session: Session) -> float:
-        return self._clock()
+        return time.time()
 
     def close(self) -> None:
         with self._lock:

@@ -46,7 +46,10 @@ class PostgresIdempotencyStore(SqlIdempotencyStore):
         clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(
-            _PostgresIdempotency(pool, clock), ttl_seconds=ttl_seconds, lease_seconds=lease_seconds
+            _PostgresIdempotency(pool),
+            ttl_seconds=ttl_seconds,
+            lease_seconds=lease_seconds,
+            clock=clock,
         )
 
 
@@ -56,9 +59,8 @@ class _PostgresIdempotency:
     lock_row = " FOR UPDATE"
     remote = True
 
-    def __init__(self, pool: PostgresPool, clock: Callable[[], float] | None) -> None:
+    def __init__(self, pool: PostgresPool) -> None:
         self._pool = pool
-        self._clock = clock
         self._closed = False
 
     @contextmanager
@@ -72,8 +74,6 @@ class _PostgresIdempotency:
             yield PostgresSession(conn)
 
     def now(self, session: Session) -> float:
-        if self._clock is not None:
-            return self._clock()
         row = session.one(_DATABASE_NOW)
         assert row is not None
         return float(row[0])
