@@ -5,10 +5,11 @@
   process (several processes sharing one data dir share the SQLite files, but not the
   budgets).
 - ``shared``: grants, assignments and idempotency records in PostgreSQL
-  (``stores/postgres.py``); approval nonces, budgets and rate limits in Redis
-  (``stores/redis_state.py``); a grant change made anywhere reaches every replica's
-  visible-tools cache through PostgreSQL ``LISTEN/NOTIFY`` (the cache's TTL and its
-  one-second revision refresh are the backstop). Every replica enforces the same limits.
+  (``stores/postgres.py``, ``postgres_grants.py``, ``postgres_idempotency.py``); approval
+  nonces, budgets and rate limits in Redis (``stores/redis_state.py``); a grant change
+  made anywhere reaches every replica's visible-tools cache through PostgreSQL
+  ``LISTEN/NOTIFY`` (the cache's TTL and its one-second revision refresh are the
+  backstop). Every replica enforces the same limits.
 
 Policy code and middleware see the protocols only (``TupleStore``, ``IdempotencyStore``,
 ``NonceStore``, ``CallBudget``, ``RateLimiter``). The shared backend refuses to start
@@ -202,13 +203,9 @@ def _open_embedded(settings: Settings) -> StateStores:
 
 
 def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
-    from nexus_mcp.stores.postgres import (
-        GrantsListener,
-        PostgresIdempotencyStore,
-        PostgresPool,
-        PostgresTupleStore,
-        check_schema,
-    )
+    from nexus_mcp.stores.postgres import GrantsListener, PostgresPool, check_schema
+    from nexus_mcp.stores.postgres_grants import PostgresTupleStore
+    from nexus_mcp.stores.postgres_idempotency import PostgresIdempotencyStore
     from nexus_mcp.stores.redis_state import (
         RedisCallLimits,
         RedisNonceStore,
@@ -300,7 +297,8 @@ def open_shared_grants(
 ) -> tuple[TupleStore, Callable[[], None]]:
     """The shared grants store for operator commands (``profiles``, ``state import``):
     a change made through it is announced to every running replica."""
-    from nexus_mcp.stores.postgres import PostgresTupleStore, check_schema
+    from nexus_mcp.stores.postgres import check_schema
+    from nexus_mcp.stores.postgres_grants import PostgresTupleStore
 
     pool = open_postgres(settings, environ)
     try:

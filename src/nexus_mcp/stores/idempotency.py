@@ -29,8 +29,11 @@ record, pending or not, is forgotten ``ttl_seconds`` after its claim; the lease 
 outlast the longest tool timeout. The clock is injectable for tests; it is wall-clock
 time because records are shared between processes.
 
-Calls are short synchronous transactions (SQLite here, PostgreSQL in ``postgres.py``); an
-async caller may run them in a thread.
+``SqlIdempotencyStore`` is the one implementation of this life cycle; an
+``IdempotencyBackend`` adapter brings what differs between databases (transactions, row
+locks, the clock). ``SqliteIdempotencyStore`` is the embedded store (its adapter is here),
+``postgres_idempotency.PostgresIdempotencyStore`` the shared one. Calls are short
+synchronous transactions; an async caller may run them in a thread.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
 from nexus_mcp.errors import IdempotencyKeyConflictError
+from nexus_mcp.stores.sql import Session, immediate
 
 DEFAULT_TTL_SECONDS = 86_400.0
 DEFAULT_LEASE_SECONDS = 300.0
@@ -193,48 +197,88 @@ async def wait_for_claim(
         delay = min(delay * 2, WAIT_MAX_POLL_SECONDS)
 
 
-class SqliteIdempotencyStore:
-    """SQLite (WAL) store; one connection behind a lock, ``BEGIN IMMEDIATE`` per claim."""
+# The record of a key in ``begin``; {lock_row} is the backend's ``lock_row``.
+_SELECT_RECORD = """SELECT args_digest, state, result_json, lease_until, expires_at
+    FROM idempotency_records WHERE scope_key = ?{lock_row}"""
+
+
+class IdempotencyBackend(Protocol):
+    """What ``SqlIdempotencyStore`` needs from a database: where the backends differ."""
+
+    # Appended to the SELECT of ``begin``: lock the key's row until the transaction ends
+    # ("" where the transaction already holds the database's write lock).
+    lock_row: str
+    # True when each call is a network round trip: ``wait`` polls in a worker thread.
+    remote: bool
+
+    def transaction(self) -> AbstractContextManager[Session]:
+        """One transaction: commits on success, rolls back on any exception."""
+        ...
+
+    def statement(self) -> AbstractContextManager[Session]:
+        """A session for one statement, atomic by itself."""
+        ...
+
+    def now(self, session: Session) -> float:
+        """The time leases and expiry are judged by when the store has no ``clock``:
+        the database's own, in seconds since the epoch."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_lifetimes(ttl_seconds: float, lease_seconds: float) -> None:
+    if ttl_seconds <= 0 or lease_seconds <= 0 or lease_seconds > ttl_seconds:
+        raise ValueError("need 0 < lease_seconds <= ttl_seconds")
+
+
+class SqlIdempotencyStore:
+    """``IdempotencyStore`` on a SQL database: the one life cycle of both backends.
+
+    ``begin`` is one transaction: read the key's record (locked: ``lock_row``), forget it
+    if expired, else claim the key with ``INSERT .. ON CONFLICT DO NOTHING``; when another
+    process claimed the same new key at the same moment, the insert waits for it and does
+    nothing, and its claim is read back: exactly one caller gets NEW.
+
+    ``clock`` (seconds since the epoch) judges leases and expiry; None leaves it to the
+    backend (``now``).
+    """
 
     def __init__(
         self,
-        path: Path | str,
+        backend: IdempotencyBackend,
         *,
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        if ttl_seconds <= 0 or lease_seconds <= 0 or lease_seconds > ttl_seconds:
-            raise ValueError("need 0 < lease_seconds <= ttl_seconds")
+        check_lifetimes(ttl_seconds, lease_seconds)
+        self._db = backend
+        self._clock = clock
+        self._select_record = _SELECT_RECORD.format(lock_row=backend.lock_row)
         self._ttl = ttl_seconds
         self._lease = lease_seconds
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._conn = sqlite3.connect(
-            str(path), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
-        )
-        with self._lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
-            self._conn.executescript(_SCHEMA)
-            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def begin(self, scope: IdempotencyScope, args_digest: str) -> Claim:
         key = scope.digest()
-        now = self._clock()
-        with self._transaction() as conn:
-            row = conn.execute(
-                "SELECT args_digest, state, result_json, lease_until, expires_at "
-                "FROM idempotency_records WHERE scope_key = ?",
-                (key,),
-            ).fetchone()
-            if row is not None and row[4] <= now:
-                conn.execute("DELETE FROM idempotency_records WHERE scope_key = ?", (key,))
-                row = None
-            if row is None:
+        with self._db.transaction() as tx:
+            now = self._now(tx)
+            for _ in range(3):
+                row = tx.one(self._select_record, (key,))
+                if row is not None and row[4] <= now:
+                    tx.run("DELETE FROM idempotency_records WHERE scope_key = ?", (key,))
+                    row = None
+                if row is not None:
+                    stored_digest, state, result_json, lease_until, _ = row
+                    return existing_claim(
+                        scope, args_digest, stored_digest, state, result_json, lease_until, now
+                    )
                 token = os.urandom(16).hex()
-                conn.execute(
-                    "INSERT INTO idempotency_records VALUES (?, ?, ?, ?, NULL, ?, ?, ?)",
+                inserted = tx.one(
+                    "INSERT INTO idempotency_records (scope_key, args_digest, state, owner,"
+                    " result_json, created_at, lease_until, expires_at)"
+                    " VALUES (?, ?, ?, ?, NULL, ?, ?, ?)"
+                    " ON CONFLICT (scope_key) DO NOTHING RETURNING 1",
                     (
                         key,
                         args_digest,
@@ -245,18 +289,18 @@ class SqliteIdempotencyStore:
                         now + self._ttl,
                     ),
                 )
-                return Claim(ClaimStatus.NEW, scope, args_digest, token=token)
-        stored_digest, state, result_json, lease_until, _ = row
-        return existing_claim(
-            scope, args_digest, stored_digest, state, result_json, lease_until, now
-        )
+                if inserted is not None:
+                    return Claim(ClaimStatus.NEW, scope, args_digest, token=token)
+                # Another caller committed a claim on this key meanwhile: read theirs.
+        # Claimed and released repeatedly under us: someone is working on the key.
+        return Claim(ClaimStatus.IN_PROGRESS, scope, args_digest)
 
     def complete(self, claim: Claim, result_json: str) -> bool:
         """Record the success of an owned claim; False when the claim is no longer ours."""
         return self._update_owned(
             claim,
-            "UPDATE idempotency_records SET state = ?, result_json = ?, owner = NULL "
-            "WHERE scope_key = ? AND owner = ? AND state = ?",
+            "UPDATE idempotency_records SET state = ?, result_json = ?, owner = NULL"
+            " WHERE scope_key = ? AND owner = ? AND state = ?",
             (STATE_SUCCEEDED, result_json),
         )
 
@@ -270,50 +314,94 @@ class SqliteIdempotencyStore:
         """The tool may have acted without a recorded result: retries are refused."""
         return self._update_owned(
             claim,
-            "UPDATE idempotency_records SET state = ?, owner = NULL "
-            "WHERE scope_key = ? AND owner = ? AND state = ?",
+            "UPDATE idempotency_records SET state = ?, owner = NULL"
+            " WHERE scope_key = ? AND owner = ? AND state = ?",
             (STATE_UNKNOWN,),
         )
 
     async def wait(self, scope: IdempotencyScope, args_digest: str, timeout: float) -> Claim:
         """Poll ``begin`` until the key is no longer IN_PROGRESS or ``timeout`` passes.
 
-        A waiter may come back NEW (the owner abandoned): it then owns the claim.
+        A waiter may come back NEW (the owner abandoned): it then owns the claim. With a
+        remote database each poll runs in a worker thread: it is a round trip.
         """
-        return await wait_for_claim(self.begin, scope, args_digest, timeout)
+        return await wait_for_claim(
+            self.begin, scope, args_digest, timeout, in_thread=self._db.remote
+        )
 
     def purge_expired(self, now: float | None = None) -> int:
-        moment = self._clock() if now is None else now
-        with self._transaction() as conn:
-            cursor = conn.execute(
-                "DELETE FROM idempotency_records WHERE expires_at <= ?", (moment,)
-            )
-            return cursor.rowcount
+        with self._db.statement() as db:
+            moment = self._now(db) if now is None else now
+            return db.run("DELETE FROM idempotency_records WHERE expires_at <= ?", (moment,))
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _now(self, session: Session) -> float:
+        return self._clock() if self._clock is not None else self._db.now(session)
+
+    def _update_owned(self, claim: Claim, query: str, leading: tuple[str, ...] = ()) -> bool:
+        if claim.status is not ClaimStatus.NEW or claim.token is None:
+            return False
+        with self._db.statement() as db:
+            params = (*leading, claim.scope.digest(), claim.token, STATE_PENDING)
+            return db.run(query, params) == 1
+
+
+class SqliteIdempotencyStore(SqlIdempotencyStore):
+    """SQLite (WAL) store; one connection behind a lock, ``BEGIN IMMEDIATE`` per claim."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        check_lifetimes(ttl_seconds, lease_seconds)  # before the file is opened
+        super().__init__(
+            _SqliteIdempotency(path),
+            ttl_seconds=ttl_seconds,
+            lease_seconds=lease_seconds,
+            clock=clock,
+        )
+
+
+class _SqliteIdempotency:
+    """``IdempotencyBackend`` of one SQLite file: every statement runs under the thread
+    lock in ``BEGIN IMMEDIATE``, which takes SQLite's write lock before reading, so two
+    processes cannot both see "no record" and both claim. SQLite has no clock: the
+    store's (wall-clock time by default) judges."""
+
+    lock_row = ""
+    remote = False
+
+    def __init__(self, path: Path | str) -> None:
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(
+            str(path), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+        )
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
+            self._conn.executescript(_SCHEMA)
+            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        with self._lock, immediate(self._conn) as session:
+            yield session
+
+    def statement(self) -> AbstractContextManager[Session]:
+        return self.transaction()
+
+    def now(self, session: Session) -> float:
+        return time.time()
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
-
-    def _update_owned(self, claim: Claim, sql: str, leading: tuple[str, ...] = ()) -> bool:
-        if claim.status is not ClaimStatus.NEW or claim.token is None:
-            return False
-        with self._transaction() as conn:
-            params = (*leading, claim.scope.digest(), claim.token, STATE_PENDING)
-            return conn.execute(sql, params).rowcount == 1
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        # BEGIN IMMEDIATE takes SQLite's write lock before reading, so two processes
-        # cannot both see "no record" and both claim; the thread lock serializes our one
-        # connection.
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
 
 
 __all__ = [
@@ -321,8 +409,10 @@ __all__ = [
     "DEFAULT_TTL_SECONDS",
     "Claim",
     "ClaimStatus",
+    "IdempotencyBackend",
     "IdempotencyScope",
     "IdempotencyStore",
+    "SqlIdempotencyStore",
     "SqliteIdempotencyStore",
     "existing_claim",
     "to_refusal",

@@ -9,10 +9,12 @@
   ``schema_migrations``: ``migrate`` applies the missing ones in order, each in its own
   transaction under an advisory lock (several replicas may migrate at once);
   ``check_schema`` stops a server whose database is unmigrated or newer than this build.
-- ``PostgresTupleStore`` and ``PostgresIdempotencyStore``: the ``TupleStore`` and
-  ``IdempotencyStore`` protocols with the SQLite stores' semantics (same validation,
-  revisions, ordering and claim life cycle). Text is compared and sorted in the "C"
-  collation, code point order, as SQLite does.
+- ``PostgresSession``: the ``stores/sql.py`` session on a pooled connection, so the
+  grants and idempotency stores run the statements they share with SQLite (``?``
+  placeholders, turned into psycopg's ``%s`` here). The stores themselves, the SQLite
+  stores' logic on a PostgreSQL adapter, are in ``postgres_grants.py`` and
+  ``postgres_idempotency.py``. Text is compared and sorted in the "C" collation, code
+  point order, as SQLite does.
 - ``GrantsListener``: ``LISTEN`` on a dedicated connection; every committed grant change
   is announced by ``pg_notify(channel, zone)`` inside the writing transaction, so a
   rolled-back change announces nothing. After a lost connection the listener reconnects
@@ -25,12 +27,12 @@ async caller may run them in a thread.
 from __future__ import annotations
 
 import math
-import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from importlib import resources
 from typing import Any
 
@@ -40,30 +42,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from nexus_mcp.errors import ConfigError, InternalError, InvalidInputError, UnavailableError
+from nexus_mcp.errors import ConfigError, InternalError, UnavailableError
 from nexus_mcp.observability.logs import get_logger
-from nexus_mcp.stores.grants import (
-    TOOLS_PREFIX,
-    RelationTuple,
-    TupleBatches,
-    _check_text,
-    _prefix_successor,
-    checked_batch,
-    export_document,
-    parse_export,
-)
-from nexus_mcp.stores.idempotency import (
-    DEFAULT_LEASE_SECONDS,
-    DEFAULT_TTL_SECONDS,
-    STATE_PENDING,
-    STATE_SUCCEEDED,
-    STATE_UNKNOWN,
-    Claim,
-    ClaimStatus,
-    IdempotencyScope,
-    existing_claim,
-    wait_for_claim,
-)
+from nexus_mcp.stores.sql import Row
 
 log = get_logger(__name__)
 
@@ -93,7 +74,7 @@ _SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now())"""
 
 # NOTIFY payloads are limited to 8000 bytes: a longer zone is announced as "*".
-_MAX_NOTIFY_PAYLOAD_BYTES = 7999
+MAX_NOTIFY_PAYLOAD_BYTES = 7999
 _MAX_CHANNEL_BYTES = 63  # NAMEDATALEN - 1
 ALL_ZONES = "*"
 
@@ -221,6 +202,35 @@ class PostgresPool:
         self.close()
 
 
+@lru_cache(maxsize=256)
+def _pyformat(query: str) -> str:
+    """``query`` with psycopg's placeholders: the stores write ``?`` (SQLite's style)."""
+    if "%" in query:  # psycopg would read it as a placeholder
+        raise ValueError("a store statement may not hold a literal %")
+    return query.replace("?", "%s")
+
+
+class PostgresSession:
+    """``sql.Session`` on one psycopg connection: the stores' ``?`` become ``%s``."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def one(self, query: str, params: Sequence[object] = ()) -> Row | None:
+        return self.conn.execute(_pyformat(query), tuple(params)).fetchone()
+
+    def all(self, query: str, params: Sequence[object] = ()) -> list[Row]:
+        return self.conn.execute(_pyformat(query), tuple(params)).fetchall()
+
+    def run(self, query: str, params: Sequence[object] = ()) -> int:
+        return self.conn.execute(_pyformat(query), tuple(params)).rowcount
+
+    def many(self, query: str, rows: Sequence[Sequence[object]]) -> None:
+        if rows:
+            with self.conn.cursor() as cursor:
+                cursor.executemany(_pyformat(query), rows)
+
+
 # --- migrations ---------------------------------------------------------------------------
 
 
@@ -323,256 +333,16 @@ def check_schema(pool: PostgresPool) -> None:
         raise _newer_than_this_build(current, latest)
 
 
-# --- grants ---------------------------------------------------------------------------------
+# --- grant change notifications ------------------------------------------------------------
 
 
-def _has_nul(*values: object) -> bool:
-    return any(isinstance(value, str) and "\x00" in value for value in values)
-
-
-_BUMP_REVISION = """INSERT INTO zone_revisions (zone, revision) VALUES (%s, 1)
-    ON CONFLICT (zone) DO UPDATE SET revision = zone_revisions.revision + 1
-    RETURNING revision"""
-_RAISE_REVISION = """INSERT INTO zone_revisions (zone, revision) VALUES (%s, %s)
-    ON CONFLICT (zone) DO UPDATE
-    SET revision = greatest(zone_revisions.revision + 1, excluded.revision)
-    RETURNING revision"""
-_DELETE_TUPLE = (
-    "DELETE FROM tuples WHERE zone = %s AND subject = %s AND relation = %s AND object = %s"
-)
-_INSERT_TUPLE = """INSERT INTO tuples (zone, subject, relation, object)
-    VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"""
-_INSERT_ASSIGNMENT = "INSERT INTO assignments (zone, subject, profile) VALUES (%s, %s, %s)"
-
-
-class PostgresTupleStore(TupleBatches):
-    """``TupleStore`` in PostgreSQL, shared by every replica (semantics of the SQLite one).
-
-    Every write batch is one transaction that first bumps the zone's revision row, which
-    also serializes writers of one zone (so revisions rise by exactly one per batch and
-    batches never deadlock on each other's tuples). With ``notify_channel`` set, the
-    transaction also runs ``pg_notify(channel, zone)``: delivered on commit only.
-    ``close`` leaves the pool, which the stores share, to its owner.
-    """
-
-    def __init__(self, pool: PostgresPool, *, notify_channel: str | None = None) -> None:
-        if notify_channel is not None:
-            _check_channel(notify_channel)
-        self._pool = pool
-        self._channel = notify_channel
-        self._closed = False
-
-    # --- writes ----------------------------------------------------------------------
-
-    def update(
-        self,
-        zone: str,
-        *,
-        write: Iterable[RelationTuple] = (),
-        delete: Iterable[RelationTuple] = (),
-    ) -> int:
-        """Delete then add in one transaction; returns the new revision.
-
-        An empty batch changes nothing and returns the current revision without a bump.
-        """
-        to_write, to_delete = checked_batch(zone, write, delete)
-        if not to_write and not to_delete:
-            return self.revision(zone)
-        with self._transaction() as conn:
-            revision = _bump(conn, zone)
-            with conn.cursor() as cursor:
-                if to_delete:
-                    cursor.executemany(_DELETE_TUPLE, [(zone, *t) for t in to_delete])
-                if to_write:
-                    cursor.executemany(_INSERT_TUPLE, [(zone, *t) for t in to_write])
-            self._notify(conn, zone)
-            return revision
-
-    def set_assignment(self, subject: str, profile: str, zone: str) -> int:
-        """Record which profile an operator assigned to a subject; bumps the revision."""
-        _check_text(subject, "subject")
-        _check_text(profile, "profile")
-        _check_text(zone, "zone")
-        with self._transaction() as conn:
-            revision = _bump(conn, zone)
-            conn.execute(
-                _INSERT_ASSIGNMENT
-                + " ON CONFLICT (zone, subject) DO UPDATE SET profile = excluded.profile",
-                (zone, subject, profile),
-            )
-            self._notify(conn, zone)
-            return revision
-
-    def clear_assignment(self, subject: str, zone: str) -> int:
-        """Forget a subject's assigned profile; bumps the revision."""
-        if _has_nul(zone):
-            raise InvalidInputError(field="zone")
-        with self._transaction() as conn:
-            revision = _bump(conn, zone)
-            if not _has_nul(subject):  # else it has no assignment: only the bump, as SQLite
-                conn.execute(
-                    "DELETE FROM assignments WHERE zone = %s AND subject = %s", (zone, subject)
-                )
-            self._notify(conn, zone)
-            return revision
-
-    # --- reads -----------------------------------------------------------------------
-    # A value holding NUL cannot have been stored: its answer is the empty one.
-
-    def check(self, subject: str, relation: str, object: str, zone: str) -> bool:
-        if _has_nul(subject, relation, object, zone):
-            return False
-        row = self._one(
-            "SELECT 1 FROM tuples"
-            " WHERE zone = %s AND subject = %s AND relation = %s AND object = %s",
-            (zone, subject, relation, object),
-        )
-        return row is not None
-
-    def list_objects(
-        self, subject: str, relation: str, zone: str, prefix: str = TOOLS_PREFIX
-    ) -> list[str]:
-        """Objects the subject has ``relation`` on, filtered by prefix in SQL, sorted."""
-        if _has_nul(subject, relation, zone, prefix):
-            return []
-        query = "SELECT object FROM tuples WHERE zone = %s AND subject = %s AND relation = %s"
-        params: list[str] = [zone, subject, relation]
-        if prefix:
-            # The half-open range [prefix, successor) in the "C" collation scans the
-            # primary key; LIKE would need escaping and a pattern index.
-            upper = _prefix_successor(prefix)
-            if upper is None:
-                query += " AND object >= %s AND starts_with(object, %s)"
-                params += [prefix, prefix]
-            else:
-                query += " AND object >= %s AND object < %s"
-                params += [prefix, upper]
-        rows = self._all(query + ' ORDER BY object COLLATE "C"', params)
-        return [str(row[0]) for row in rows]
-
-    def revision(self, zone: str) -> int:
-        """The zone's current revision (0 before its first write); read from the database."""
-        if _has_nul(zone):
-            return 0
-        row = self._one("SELECT revision FROM zone_revisions WHERE zone = %s", (zone,))
-        return int(row[0]) if row is not None else 0
-
-    def get_assignment(self, subject: str, zone: str) -> str | None:
-        if _has_nul(subject, zone):
-            return None
-        row = self._one(
-            "SELECT profile FROM assignments WHERE zone = %s AND subject = %s", (zone, subject)
-        )
-        return str(row[0]) if row is not None else None
-
-    def list_subjects(self, zone: str) -> list[str]:
-        """Subjects with an assignment or at least one tuple in the zone, sorted."""
-        if _has_nul(zone):
-            return []
-        rows = self._all(
-            "SELECT subject FROM assignments WHERE zone = %s"
-            " UNION SELECT subject FROM tuples WHERE zone = %s ORDER BY subject",
-            (zone, zone),
-        )
-        return [str(row[0]) for row in rows]
-
-    # --- export / import (``nexus-mcp state export|import``) ---------------------------
-
-    def zones(self) -> list[str]:
-        """Every zone with tuples, assignments or a revision, sorted."""
-        rows = self._all(
-            "SELECT zone FROM tuples UNION SELECT zone FROM assignments"
-            " UNION SELECT zone FROM zone_revisions ORDER BY zone",
-            (),
-        )
-        return [str(row[0]) for row in rows]
-
-    def export_zone(self, zone: str) -> dict[str, Any]:
-        """The zone as a JSON-able dict (``grants.export_document``), one snapshot."""
-        if _has_nul(zone):
-            return export_document(zone, 0, [], [])
-        with self._transaction() as conn:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            row = conn.execute(
-                "SELECT revision FROM zone_revisions WHERE zone = %s", (zone,)
-            ).fetchone()
-            tuples = conn.execute(
-                "SELECT subject, relation, object FROM tuples WHERE zone = %s", (zone,)
-            ).fetchall()
-            assignments = conn.execute(
-                "SELECT subject, profile FROM assignments WHERE zone = %s", (zone,)
-            ).fetchall()
-        return export_document(zone, int(row[0]) if row is not None else 0, tuples, assignments)
-
-    def import_zone(self, data: Mapping[str, Any], zone: str) -> int:
-        """Replace the zone's tuples and assignments with ``data`` (an ``export_zone``
-        dict) in one transaction; returns the new revision, above both the current and
-        the exported one, so caches keyed by revision notice."""
-        exported, tuples, assignments = parse_export(data)
-        _check_text(zone, "zone")
-        with self._transaction() as conn:
-            row = conn.execute(_RAISE_REVISION, (zone, exported + 1)).fetchone()
-            assert row is not None  # RETURNING always yields the row
-            conn.execute("DELETE FROM tuples WHERE zone = %s", (zone,))
-            conn.execute("DELETE FROM assignments WHERE zone = %s", (zone,))
-            with conn.cursor() as cursor:
-                if tuples:
-                    cursor.executemany(_INSERT_TUPLE, [(zone, *t) for t in tuples])
-                if assignments:
-                    cursor.executemany(
-                        _INSERT_ASSIGNMENT, [(zone, s, p) for s, p in assignments.items()]
-                    )
-            self._notify(conn, zone)
-            return int(row[0])
-
-    def close(self) -> None:
-        """Refuse further calls; the shared pool is closed by its owner."""
-        self._closed = True
-
-    # --- plumbing --------------------------------------------------------------------
-
-    @contextmanager
-    def _connection(self) -> Iterator[Connection]:
-        if self._closed:
-            raise UnavailableError(store=STORE_GRANTS)
-        with self._pool.connection(STORE_GRANTS) as conn:
-            yield conn
-
-    @contextmanager
-    def _transaction(self) -> Iterator[Connection]:
-        with self._connection() as conn, conn.transaction():
-            yield conn
-
-    def _one(self, query: str, params: Iterable[object]) -> TupleRow | None:
-        with self._connection() as conn:
-            return conn.execute(query, tuple(params)).fetchone()
-
-    def _all(self, query: str, params: Iterable[object]) -> list[TupleRow]:
-        with self._connection() as conn:
-            return conn.execute(query, tuple(params)).fetchall()
-
-    def _notify(self, conn: Connection, zone: str) -> None:
-        if self._channel is None:
-            return
-        payload = zone if len(zone.encode("utf-8")) <= _MAX_NOTIFY_PAYLOAD_BYTES else ALL_ZONES
-        conn.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
-
-
-def _check_channel(channel: str) -> None:
+def check_channel(channel: str) -> None:
+    """``ConfigError`` unless ``channel`` is a name both ``pg_notify`` and ``LISTEN`` take."""
     # pg_notify refuses a longer name (every write would fail); LISTEN would truncate it.
     if not channel or "\x00" in channel or len(channel.encode("utf-8")) > _MAX_CHANNEL_BYTES:
         raise ConfigError(
             f"PostgreSQL notification channel name must be 1 to {_MAX_CHANNEL_BYTES} bytes"
         )
-
-
-def _bump(conn: Connection, zone: str) -> int:
-    row = conn.execute(_BUMP_REVISION, (zone,)).fetchone()
-    assert row is not None  # RETURNING always yields the row
-    return int(row[0])
-
-
-# --- grant change notifications ------------------------------------------------------------
 
 
 class GrantsListener:
@@ -610,7 +380,7 @@ class GrantsListener:
         # Notice a silently dead peer (no FIN, e.g. a failover) within seconds.
         self._kwargs.update(keepalives=1, keepalives_idle=5, keepalives_interval=2)
         self._kwargs.update(keepalives_count=3)
-        _check_channel(channel)
+        check_channel(channel)
         self._channel = channel
         self._on_change = on_change
         self._max_backoff = max_backoff
@@ -689,158 +459,12 @@ class GrantsListener:
             log.warning("grants_listener_callback_failed", exc_type=type(exc).__name__)
 
 
-# --- idempotency records -----------------------------------------------------------------
-
-_DATABASE_NOW = "SELECT extract(epoch FROM clock_timestamp())::float8"
-
-
-class PostgresIdempotencyStore:
-    """``IdempotencyStore`` in PostgreSQL (the life cycle of ``stores/idempotency.py``).
-
-    ``begin`` is one transaction: lock the key's row (``FOR UPDATE``), forget it if
-    expired, else claim the key with ``INSERT .. ON CONFLICT DO NOTHING``; when another
-    replica claimed the same new key at the same moment, the insert waits for it and
-    does nothing, and its claim is read back: exactly one caller gets NEW.
-
-    Leases and expiry are judged by the database's clock (``clock_timestamp()``), the one
-    clock every replica shares: a replica whose own clock runs ahead can neither take
-    over a live claim nor forget a record early. ``clock`` replaces it in tests.
-    """
-
-    def __init__(
-        self,
-        pool: PostgresPool,
-        *,
-        ttl_seconds: float = DEFAULT_TTL_SECONDS,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        if ttl_seconds <= 0 or lease_seconds <= 0 or lease_seconds > ttl_seconds:
-            raise ValueError("need 0 < lease_seconds <= ttl_seconds")
-        self._pool = pool
-        self._ttl = ttl_seconds
-        self._lease = lease_seconds
-        self._clock = clock
-        self._closed = False
-
-    def begin(self, scope: IdempotencyScope, args_digest: str) -> Claim:
-        key = scope.digest()
-        with self._transaction() as conn:
-            now = self._now(conn)
-            for _ in range(3):
-                row = conn.execute(
-                    "SELECT args_digest, state, result_json, lease_until, expires_at"
-                    " FROM idempotency_records WHERE scope_key = %s FOR UPDATE",
-                    (key,),
-                ).fetchone()
-                if row is not None and row[4] <= now:
-                    conn.execute("DELETE FROM idempotency_records WHERE scope_key = %s", (key,))
-                    row = None
-                if row is not None:
-                    stored_digest, state, result_json, lease_until, _ = row
-                    return existing_claim(
-                        scope, args_digest, stored_digest, state, result_json, lease_until, now
-                    )
-                token = os.urandom(16).hex()
-                inserted = conn.execute(
-                    "INSERT INTO idempotency_records (scope_key, args_digest, state, owner,"
-                    " result_json, created_at, lease_until, expires_at)"
-                    " VALUES (%s, %s, %s, %s, NULL, %s, %s, %s)"
-                    " ON CONFLICT (scope_key) DO NOTHING RETURNING 1",
-                    (
-                        key,
-                        args_digest,
-                        STATE_PENDING,
-                        token,
-                        now,
-                        now + self._lease,
-                        now + self._ttl,
-                    ),
-                ).fetchone()
-                if inserted is not None:
-                    return Claim(ClaimStatus.NEW, scope, args_digest, token=token)
-                # Another caller committed a claim on this key meanwhile: read theirs.
-        # Claimed and released repeatedly under us: someone is working on the key.
-        return Claim(ClaimStatus.IN_PROGRESS, scope, args_digest)
-
-    def complete(self, claim: Claim, result_json: str) -> bool:
-        """Record the success of an owned claim; False when the claim is no longer ours."""
-        return self._update_owned(
-            claim,
-            "UPDATE idempotency_records SET state = %s, result_json = %s, owner = NULL"
-            " WHERE scope_key = %s AND owner = %s AND state = %s",
-            (STATE_SUCCEEDED, result_json),
-        )
-
-    def abandon(self, claim: Claim) -> bool:
-        """Delete an owned pending claim: the call had no effect, so a retry may run."""
-        return self._update_owned(
-            claim,
-            "DELETE FROM idempotency_records WHERE scope_key = %s AND owner = %s AND state = %s",
-        )
-
-    def mark_unknown(self, claim: Claim) -> bool:
-        """The tool may have acted without a recorded result: retries are refused."""
-        return self._update_owned(
-            claim,
-            "UPDATE idempotency_records SET state = %s, owner = NULL"
-            " WHERE scope_key = %s AND owner = %s AND state = %s",
-            (STATE_UNKNOWN,),
-        )
-
-    async def wait(self, scope: IdempotencyScope, args_digest: str, timeout: float) -> Claim:
-        """Poll ``begin`` until the key is no longer IN_PROGRESS or ``timeout`` passes.
-
-        A waiter may come back NEW (the owner abandoned): it then owns the claim. Each
-        poll runs in a worker thread: it is a round trip to the database.
-        """
-        return await wait_for_claim(self.begin, scope, args_digest, timeout, in_thread=True)
-
-    def purge_expired(self, now: float | None = None) -> int:
-        with self._connection() as conn:
-            moment = self._now(conn) if now is None else now
-            cursor = conn.execute(
-                "DELETE FROM idempotency_records WHERE expires_at <= %s", (moment,)
-            )
-            return cursor.rowcount
-
-    def _now(self, conn: Connection) -> float:
-        if self._clock is not None:
-            return self._clock()
-        row = conn.execute(_DATABASE_NOW).fetchone()
-        assert row is not None
-        return float(row[0])
-
-    def close(self) -> None:
-        """Refuse further calls; the shared pool is closed by its owner."""
-        self._closed = True
-
-    def _update_owned(self, claim: Claim, query: str, leading: tuple[str, ...] = ()) -> bool:
-        if claim.status is not ClaimStatus.NEW or claim.token is None:
-            return False
-        with self._connection() as conn:
-            params = (*leading, claim.scope.digest(), claim.token, STATE_PENDING)
-            return conn.execute(query, params).rowcount == 1
-
-    @contextmanager
-    def _connection(self) -> Iterator[Connection]:
-        if self._closed:
-            raise UnavailableError(store=STORE_IDEMPOTENCY)
-        with self._pool.connection(STORE_IDEMPOTENCY) as conn:
-            yield conn
-
-    @contextmanager
-    def _transaction(self) -> Iterator[Connection]:
-        with self._connection() as conn, conn.transaction():
-            yield conn
-
-
 __all__ = [
     "ALL_ZONES",
     "GrantsListener",
-    "PostgresIdempotencyStore",
     "PostgresPool",
-    "PostgresTupleStore",
+    "PostgresSession",
+    "check_channel",
     "check_schema",
     "latest_version",
     "migrate",

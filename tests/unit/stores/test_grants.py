@@ -13,7 +13,7 @@ import pytest
 
 from nexus_mcp.errors import Code, ConfigError, InvalidInputError, UnavailableError
 from nexus_mcp.stores.grants import RelationTuple, SqliteTupleStore, TupleStore
-from nexus_mcp.stores.postgres import PostgresTupleStore
+from nexus_mcp.stores.postgres_grants import PostgresTupleStore
 from tests.unit.stores.conftest import BACKENDS, PoolFactory
 
 ZONE = "default"

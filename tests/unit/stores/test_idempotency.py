@@ -24,7 +24,8 @@ from nexus_mcp.stores.idempotency import (
     SqliteIdempotencyStore,
     to_refusal,
 )
-from nexus_mcp.stores.postgres import PostgresIdempotencyStore, PostgresPool
+from nexus_mcp.stores.postgres import PostgresPool
+from nexus_mcp.stores.postgres_idempotency import PostgresIdempotencyStore
 from tests.unit.stores.conftest import BACKENDS, PoolFactory
 
 REPO = Path(__file__).resolve().parents[3]

@@ -27,14 +27,14 @@ from nexus_mcp.stores.grants import RelationTuple, SqliteTupleStore
 from nexus_mcp.stores.idempotency import ClaimStatus, IdempotencyScope
 from nexus_mcp.stores.postgres import (
     GrantsListener,
-    PostgresIdempotencyStore,
     PostgresPool,
-    PostgresTupleStore,
     check_schema,
     migrate,
     migrations,
     schema_status,
 )
+from nexus_mcp.stores.postgres_grants import PostgresTupleStore
+from nexus_mcp.stores.postgres_idempotency import PostgresIdempotencyStore
 from tests.support.shared_state import PrivatePostgres
 from tests.unit.stores.conftest import PoolFactory
 

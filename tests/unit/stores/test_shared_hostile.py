@@ -22,7 +22,8 @@ import redis
 from nexus_mcp.errors import InvalidInputError, UnavailableError
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.grants import RelationTuple, SqliteTupleStore
-from nexus_mcp.stores.postgres import PostgresPool, PostgresTupleStore, migrate
+from nexus_mcp.stores.postgres import PostgresPool, migrate
+from nexus_mcp.stores.postgres_grants import PostgresTupleStore
 from nexus_mcp.stores.redis_state import (
     RedisNonceStore,
     RedisRateLimiter,
