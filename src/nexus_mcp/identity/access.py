@@ -33,10 +33,10 @@ from nexus_mcp.policy.grants import (
     to_tool_name,
 )
 from nexus_mcp.policy.profiles import ToolProfileConfig, select_profile
+from nexus_mcp.policy.tuples import TOOLS_PREFIX, TupleStore
 from nexus_mcp.policy.upstreams import name_key
 from nexus_mcp.policy.visibility import VisibleToolsCache
 from nexus_mcp.principal import Principal
-from nexus_mcp.stores.grants import TOOLS_PREFIX, TupleStore
 
 log = get_logger(__name__)
 

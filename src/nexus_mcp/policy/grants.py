@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from nexus_mcp.errors import InvalidInputError, NotFoundError
 from nexus_mcp.policy.profiles import TOOL_NAME_RE, ToolProfile, ToolProfileConfig
-from nexus_mcp.stores.grants import TOOLS_PREFIX, RelationTuple, TupleStore
+from nexus_mcp.policy.tuples import TOOLS_PREFIX, RelationTuple, TupleStore
 
 PROFILE_RELATION = "viewer"
 DIRECT_RELATION = "direct_viewer"

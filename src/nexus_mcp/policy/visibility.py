@@ -27,7 +27,7 @@ from cachetools import TTLCache
 
 from nexus_mcp.errors import InternalError
 from nexus_mcp.policy.grants import visible_tools
-from nexus_mcp.stores.grants import TupleStore
+from nexus_mcp.policy.tuples import TupleStore
 
 DEFAULT_TTL_SECONDS = 300.0
 DEFAULT_REVISION_WINDOW = 10

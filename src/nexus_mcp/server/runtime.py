@@ -34,6 +34,7 @@ from nexus_mcp.policy.registry import (
 )
 from nexus_mcp.policy.repos import ReposConfig
 from nexus_mcp.policy.targets import ToolTargets
+from nexus_mcp.policy.tuples import TupleStore
 from nexus_mcp.policy.upstreams import (
     UpstreamWrites,
 )
@@ -45,7 +46,6 @@ from nexus_mcp.providers.upstream.gateway import UpstreamGateway
 from nexus_mcp.repos.writes import RepoWrites
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.backends import StateStores
-from nexus_mcp.stores.grants import TupleStore
 from nexus_mcp.stores.idempotency import IdempotencyStore
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.workspace.files import Workspace

@@ -1,11 +1,12 @@
 """The ReBAC tuple store: (subject, relation, object) grants and profile assignments per zone.
 
-``TupleStore`` is the small protocol policy code depends on. ``SqlTupleStore`` is its one
-implementation: validation, revisions, ordering, export and import, written once in
-``?``-placeholder SQL (``stores/sql.py``). A ``GrantsBackend`` adapter brings what differs
-between databases: connections and transactions, a few SQL spellings, change
-announcements, and whether text can hold NUL. ``SqliteTupleStore`` is the embedded
-default (its adapter is here); ``postgres_grants.PostgresTupleStore`` the shared one.
+``TupleStore`` is the small protocol policy code depends on (``policy/tuples.py``).
+``SqlTupleStore`` is its one implementation: validation, revisions, ordering, export and
+import, written once in ``?``-placeholder SQL (``stores/sql.py``). A ``GrantsBackend``
+adapter brings what differs between databases: connections and transactions, a few SQL
+spellings, change announcements, and whether text can hold NUL. ``SqliteTupleStore`` is
+the embedded default (its adapter is here); ``postgres_grants.PostgresTupleStore`` the
+shared one.
 
 Every zone has a revision number stored in the database: each write, delete or
 assignment batch commits in one transaction that first bumps it by one, so another
@@ -24,12 +25,14 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from nexus_mcp.errors import ConfigError, InvalidInputError
+
+# The store as policy sees it is policy's (policy/tuples.py); this module implements it.
+from nexus_mcp.policy.tuples import TOOLS_PREFIX, RelationTuple, TupleStore
 from nexus_mcp.stores.sql import Session, SqliteSession, immediate
 
-TOOLS_PREFIX = "/tools/"
 # Revisions are 64-bit signed in PostgreSQL; an import bumps past the exported one.
 MAX_REVISION = 2**63 - 2
 DEFAULT_ZONE = "default"
@@ -73,58 +76,6 @@ _SELECT_REVISION = "SELECT revision FROM zone_revisions WHERE zone = ?"
 _SELECT_ASSIGNMENT = "SELECT profile FROM assignments WHERE zone = ? AND subject = ?"
 _ZONES = """SELECT zone FROM tuples UNION SELECT zone FROM assignments
     UNION SELECT zone FROM zone_revisions ORDER BY zone"""
-
-
-class RelationTuple(NamedTuple):
-    """One grant: ``subject`` has ``relation`` on ``object`` (e.g. viewer on /tools/x)."""
-
-    subject: str
-    relation: str
-    object: str
-
-
-class TupleStore(Protocol):
-    """What policy needs from a grants backend (SQLite embedded, PostgreSQL shared).
-
-    ``zones``, ``export_zone`` and ``import_zone`` move grants between backends
-    (``nexus-mcp state export|import``); their format is ``export_document``'s.
-    """
-
-    def write(self, tuples: Iterable[RelationTuple], zone: str) -> int: ...
-
-    def delete(self, tuples: Iterable[RelationTuple], zone: str) -> int: ...
-
-    def update(
-        self,
-        zone: str,
-        *,
-        write: Iterable[RelationTuple] = (),
-        delete: Iterable[RelationTuple] = (),
-    ) -> int: ...
-
-    def check(self, subject: str, relation: str, object: str, zone: str) -> bool: ...
-
-    def list_objects(
-        self, subject: str, relation: str, zone: str, prefix: str = TOOLS_PREFIX
-    ) -> list[str]: ...
-
-    def revision(self, zone: str) -> int: ...
-
-    def set_assignment(self, subject: str, profile: str, zone: str) -> int: ...
-
-    def get_assignment(self, subject: str, zone: str) -> str | None: ...
-
-    def clear_assignment(self, subject: str, zone: str) -> int: ...
-
-    def list_subjects(self, zone: str) -> list[str]: ...
-
-    def zones(self) -> list[str]: ...
-
-    def export_zone(self, zone: str) -> dict[str, Any]: ...
-
-    def import_zone(self, data: Mapping[str, Any], zone: str) -> int: ...
-
-    def close(self) -> None: ...
 
 
 class TupleBatches:
