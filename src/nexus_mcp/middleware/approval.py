@@ -17,7 +17,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState, chained_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
-from nexus_mcp.errors import ApprovalRequiredError, DocEncodingInvalidError, WritePolicyDeniedError
+from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
 from nexus_mcp.identity.resolver import MODERN_PROTOCOL
 from nexus_mcp.policy.approvals import (
     ApprovalKeys,
@@ -34,44 +34,13 @@ from nexus_mcp.policy.write_policy import (
     WritePolicy,
     WritePolicyConfig,
     check_write,
-    count_changed_lines,
+    measure_write,
 )
 from nexus_mcp.principal import Principal
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.workspace.files import Workspace
-from nexus_mcp.workspace.paths import normalize_relative
+from nexus_mcp.workspace.paths import target_paths
 from nexus_mcp.workspace.replay import LexicalPaths
-
-
-def target_paths(operation: str, arguments: dict[str, Any]) -> list[str]:
-    """The workspace paths a write names, normalized (``INVALID_PATH`` when hostile).
-
-    As the caller wrote them: for messages. Policy is decided on ``Workspace.touched_paths``.
-    """
-    keys = ("source", "destination") if operation == "rename" else ("path",)
-    return [normalize_relative(arguments[k]) for k in keys if isinstance(arguments.get(k), str)]
-
-
-def utf8_size(value: str, pointer: str) -> int:
-    """Exact UTF-8 size; text that has no UTF-8 form (a lone surrogate) is refused."""
-    try:
-        return len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise DocEncodingInvalidError(encoding="utf8", pointer=pointer) from None
-
-
-def measure_write(operation: str, arguments: dict[str, Any]) -> tuple[int | None, int | None]:
-    """``(size_bytes, changed_lines)`` of a write before it runs, for the policy limits."""
-    if operation == "write":
-        content = arguments.get("content")
-        return (utf8_size(content, "/content") if isinstance(content, str) else None), None
-    if operation == "edit":
-        old, new = arguments.get("old_text"), arguments.get("new_text")
-        times = arguments.get("expected_occurrences", 1)
-        if isinstance(old, str) and isinstance(new, str) and isinstance(times, int):
-            utf8_size(old, "/old_text")
-            return utf8_size(new, "/new_text") * times, count_changed_lines(old, new) * times
-    return None, None
 
 
 class WriteGate(Protocol):
@@ -293,4 +262,4 @@ class ApprovalMiddleware(Middleware):
         }
 
 
-__all__ = ["ApprovalMiddleware", "WriteGate", "measure_write", "target_paths"]
+__all__ = ["ApprovalMiddleware", "WriteGate"]

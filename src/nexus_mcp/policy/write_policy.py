@@ -45,7 +45,7 @@ from pydantic import (
     ValidationError,
 )
 
-from nexus_mcp.errors import ConfigError, WritePolicyDeniedError
+from nexus_mcp.errors import ConfigError, DocEncodingInvalidError, WritePolicyDeniedError
 
 Operation = Literal["write", "edit", "delete", "mkdir", "rmdir", "rename"]
 OPERATIONS: frozenset[Operation] = frozenset(get_args(Operation))
@@ -465,6 +465,28 @@ def _describe_validation_error(exc: ValidationError) -> str:
     return "invalid write policy configuration: " + "; ".join(problems)
 
 
+def utf8_size(value: str, pointer: str) -> int:
+    """Exact UTF-8 size; text that has no UTF-8 form (a lone surrogate) is refused."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise DocEncodingInvalidError(encoding="utf8", pointer=pointer) from None
+
+
+def measure_write(operation: str, arguments: dict[str, Any]) -> tuple[int | None, int | None]:
+    """``(size_bytes, changed_lines)`` of a write before it runs, for the policy limits."""
+    if operation == "write":
+        content = arguments.get("content")
+        return (utf8_size(content, "/content") if isinstance(content, str) else None), None
+    if operation == "edit":
+        old, new = arguments.get("old_text"), arguments.get("new_text")
+        times = arguments.get("expected_occurrences", 1)
+        if isinstance(old, str) and isinstance(new, str) and isinstance(times, int):
+            utf8_size(old, "/old_text")
+            return utf8_size(new, "/new_text") * times, count_changed_lines(old, new) * times
+    return None, None
+
+
 __all__ = [
     "DEFAULT_DISALLOWED_PATHS",
     "DEV_POLICY_WARNING",
@@ -495,5 +517,7 @@ __all__ = [
     "is_path_disallowed",
     "load_write_policy_config",
     "matches_disallowed",
+    "measure_write",
+    "utf8_size",
     "with_default_disallowed",
 ]

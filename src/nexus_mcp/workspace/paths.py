@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import Any, Protocol
 
 from nexus_mcp.errors import InvalidPathError
 from nexus_mcp.workspace.confinement import REASON_NOT_UNICODE, is_unicode_text
@@ -97,6 +97,15 @@ def is_below(parts: Sequence[str], folder: Sequence[str]) -> bool:
     return len(parts) >= len(folder) and tuple(parts[: len(folder)]) == tuple(folder)
 
 
+def target_paths(operation: str, arguments: dict[str, Any]) -> list[str]:
+    """The workspace paths a write names, normalized (``INVALID_PATH`` when hostile).
+
+    As the caller wrote them: for messages. Policy is decided on ``Workspace.touched_paths``.
+    """
+    keys = ("source", "destination") if operation == "rename" else ("path",)
+    return [normalize_relative(arguments[k]) for k in keys if isinstance(arguments.get(k), str)]
+
+
 __all__ = [
     "MAX_PATH_LENGTH",
     "PathAdmission",
@@ -105,4 +114,5 @@ __all__ = [
     "is_below",
     "is_within",
     "normalize_relative",
+    "target_paths",
 ]
