@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from nexus_mcp.observability.telemetry import logs
+from nexus_mcp.observability import logs
 
 
 @contextmanager

@@ -158,7 +158,7 @@ def test_the_composition_root_is_only_imported_from_above() -> None:
     # Nothing on a call's path (providers, middleware, the connector, policy...) imports
     # the server package: only the transports and the commands that start one.
     graph = import_graph()
-    allowed = ("nexus_mcp.server", "nexus_mcp.transport.serve", "nexus_mcp.commands", ROOT)
+    allowed = ("nexus_mcp.server", "nexus_mcp.transport", "nexus_mcp.commands", ROOT)
     importers = {
         name
         for name, imported in graph.items()

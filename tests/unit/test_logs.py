@@ -25,7 +25,7 @@ from nexus_mcp.observability.logs import (
     configure_logging,
     enforce_one_handler,
 )
-from nexus_mcp.observability.telemetry import logs
+from nexus_mcp.observability import logs
 from tests.support.logging_state import isolated_logging
 
 CANARY = "CANARY-LOG-7f3e"
