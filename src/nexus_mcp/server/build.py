@@ -238,6 +238,21 @@ def _build_server(
     approval_keys, approval_settings = load_approvals(
         sections, environ, settings, write_policies, repos_config
     )
+    # Checked before any state is opened, as the rest of the configuration.
+    upstream_plan = (
+        UpstreamGateway.plan(
+            upstream_config,
+            settings=settings,
+            registry=registry,
+            registry_dir=upstream_registry_dir(
+                settings.registry.directory, settings.registry.upstream_directory
+            ),
+            native_tools=native_catalog(settings, registry, native_contracts),
+            environ=environ,
+        )
+        if upstream_config.servers and replay is None
+        else None
+    )
     recorder = (
         Recorder(
             FixtureWriter(
@@ -274,20 +289,13 @@ def _build_server(
         )
         upstreams = (
             UpstreamGateway.build(
-                upstream_config,
-                settings=settings,
-                registry=registry,
-                registry_dir=upstream_registry_dir(
-                    settings.registry.directory, settings.registry.upstream_directory
-                ),
-                native_tools=native_catalog(settings, registry, native_contracts),
-                environ=environ,
+                upstream_plan,
                 connector=connector,
                 audit=audit_log,
                 recorder=recorder,
                 **quarantine_evidence(settings, state),
             )
-            if upstream_config.servers and replay is None
+            if upstream_plan is not None
             else None
         )
         profiles = load_profiles(

@@ -27,6 +27,7 @@ from nexus_mcp.policy.quarantine import PersistedEvidence, SeenDigests
 from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.targets import TargetOf, identify_upstream
 from nexus_mcp.policy.upstreams import (
+    ResolvedSecrets,
     UpstreamConfig,
     UpstreamsConfig,
     name_key,
@@ -47,6 +48,19 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class UpstreamPlan:
+    """The upstreams as checked at start-up, before any store is open (``plan``)."""
+
+    config: UpstreamsConfig
+    registry: RegistrySet
+    registry_dir: Path
+    native_tools: frozenset[str]
+    mode: str
+    max_result_bytes: int
+    secrets: Mapping[str, ResolvedSecrets]
+
+
 @dataclass
 class UpstreamGateway:
     config: UpstreamsConfig
@@ -63,7 +77,7 @@ class UpstreamGateway:
     recorder: Recorder | None = None  # serve --record: the tools as they are published
 
     @classmethod
-    def build(
+    def plan(
         cls,
         config: UpstreamsConfig,
         *,
@@ -72,6 +86,28 @@ class UpstreamGateway:
         registry_dir: Path,
         native_tools: Collection[str],
         environ: Mapping[str, str],
+    ) -> UpstreamPlan:
+        """What start-up can know before anything is opened: the configuration holds (see
+        the module docstring) and every upstream's secrets resolve. ``build`` then makes the
+        servers from it once the stores they need are open."""
+        check_upstreams(config, registry, registry_dir, native_tools, mode=settings.mode)
+        for warning in config.warnings:
+            log.warning("upstream_config", message=warning)
+        return UpstreamPlan(
+            config=config,
+            registry=registry,
+            registry_dir=registry_dir,
+            native_tools=frozenset(native_tools),
+            mode=settings.mode,
+            max_result_bytes=settings.limits.max_read_bytes,
+            secrets={s.server_id: resolve_secrets(s, environ) for s in config.servers},
+        )
+
+    @classmethod
+    def build(
+        cls,
+        plan: UpstreamPlan,
+        *,
         connector: Connector,
         audit: AuditLog,
         seen: SeenDigests | None = None,
@@ -84,9 +120,7 @@ class UpstreamGateway:
         in process memory (one server process), and against its pins in ``persisted``
         (embedded backend: a file in the data directory, read back here). ``recorder``:
         ``serve --record``, which records each upstream's tools as they are published."""
-        check_upstreams(config, registry, registry_dir, native_tools, mode=settings.mode)
-        for warning in config.warnings:
-            log.warning("upstream_config", message=warning)
+        config, registry = plan.config, plan.registry
         servers: dict[str, UpstreamServer] = {}
         gateway_ref: list[UpstreamGateway] = []
 
@@ -97,12 +131,12 @@ class UpstreamGateway:
         for upstream in config.servers:
             servers[upstream.server_id] = UpstreamServer(
                 upstream,
-                secrets=resolve_secrets(upstream, environ),
+                secrets=plan.secrets[upstream.server_id],
                 registry=registry,
-                registry_dir=registry_dir,
-                mode=settings.mode,
+                registry_dir=plan.registry_dir,
+                mode=plan.mode,
                 on_change=on_change,
-                max_result_bytes=settings.limits.max_read_bytes,
+                max_result_bytes=plan.max_result_bytes,
                 seen=seen,
                 connector=connector,
                 audit=audit,
@@ -113,11 +147,11 @@ class UpstreamGateway:
             config=config,
             servers=servers,
             provider=UpstreamProvider(servers.values()),
-            mode=settings.mode,
+            mode=plan.mode,
             registry=registry,
             recorder=recorder,
         )
-        gateway.reserve_native_names(native_tools)
+        gateway.reserve_native_names(plan.native_tools)
         gateway_ref.append(gateway)
         return gateway
 
