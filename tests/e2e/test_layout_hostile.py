@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastmcp import Client
+from fastmcp import Client, FastMCP
 
+from .conftest import ServerFactory, snapshot, wire
 from .hostile_harness import hostile_stdio
+from .test_fail_closed import LAYER_TYPES, chain_of
 from .upstream_harness import Gateway, make_gateway
 
 CLASSES = {"echo": "read", "add": "read"}
+WRITE_ARGS = {"path": "layout.txt", "content": "CANARY-LAYOUT-91c"}
 
 
 def _gateway(tmp_path: Path, upstreams: list[dict[str, Any]]) -> Gateway:
@@ -49,3 +52,60 @@ async def test_a_damaged_lock_file_is_audited_once_per_start(tmp_path: Path) -> 
     async with Client(server.mcp) as client:
         await client.list_tools()
     assert len(gw.events("upstream_pins_invalid")) == 1
+
+
+# -- the unknown-tool answer, wherever it is given (envelope.unknown_tool) ----------------
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+@pytest.mark.parametrize(
+    "kept",
+    [
+        # Only the connector: no call state at all.
+        (),
+        # The envelope and the audit open and record the call, no identity: the connector
+        # (not a layer) is the one that must refuse.
+        ("envelope", "audit"),
+    ],
+    ids=["connector-alone", "no-identity"],
+)
+async def test_the_connector_refuses_as_fastmcp_answers_a_missing_tool(
+    make_server: ServerFactory, workspace: Path, mode: str, kept: tuple[str, ...]
+) -> None:
+    """The connector's fail-closed answer is byte for byte FastMCP's own for a tool that
+    does not exist (never a masked internal error that would tell the tool exists)."""
+    bare: FastMCP[Any] = FastMCP("nexus", version="0.1.0")
+    async with Client(bare, mode=mode) as client:
+        expected = wire(await client.call_tool_mcp("nexus_write_file", dict(WRITE_ARGS)))
+    server = make_server(read_only=False)
+    before = snapshot(workspace)
+    chain = chain_of(server)
+    chain.replace_layers(
+        [m for m in chain.layers if any(isinstance(m, LAYER_TYPES[s]) for s in kept)]
+    )
+    async with Client(server.mcp, mode=mode) as client:
+        actual = wire(await client.call_tool_mcp("nexus_write_file", dict(WRITE_ARGS)))
+    assert actual == expected
+    assert snapshot(workspace) == before
+
+
+# -- start-up order: a refused upstream configuration touches nothing --------------------
+
+
+def test_a_refused_upstream_configuration_opens_no_state(tmp_path: Path) -> None:
+    """Before the refactor the gateway was built (its configuration checked, its secrets
+    resolved) before the data directory, the state stores and the audit log were opened:
+    a configuration refused for its upstreams left nothing behind and named that problem,
+    not a store's. The gateway now takes the state's quarantine evidence, so it could be
+    built after them."""
+    gw = _gateway(tmp_path, [hostile_stdio("h", "plain", tmp_path / "r.jsonl")])
+    (gw.registry_dir / "h.json").unlink()  # prod: every upstream tool would be unclassified
+    from nexus_mcp.errors import ConfigError
+    from nexus_mcp.settings import load_settings
+
+    settings = load_settings(gw.config_file, {"workspace": gw.workspace, "data_dir": gw.data_dir})
+    from nexus_mcp.server import build_server
+
+    with pytest.raises(ConfigError, match="no registry file"):
+        build_server(settings, config_file=gw.config_file)
+    assert not gw.data_dir.exists()

@@ -57,7 +57,7 @@ from nexus_mcp.providers.fixtures import FixtureProvider, ReplaySet
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.providers.recording import Recorder
 from nexus_mcp.providers.tool_index import ToolIndex
-from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+from nexus_mcp.providers.upstream.gateway import UpstreamGateway, check_gateway
 from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
@@ -238,6 +238,24 @@ def _build_server(
     approval_keys, approval_settings = load_approvals(
         sections, environ, settings, write_policies, repos_config
     )
+    # The upstreams' configuration is refused (and their secrets resolved) here, before
+    # the recording, the data directory, the stores or the audit log are opened, as when
+    # the gateway was built at this point; it is built once the stores it needs are open.
+    upstream_dir = upstream_registry_dir(
+        settings.registry.directory, settings.registry.upstream_directory
+    )
+    native_names: frozenset[str] = frozenset()
+    upstream_secrets = None
+    if upstream_config.servers and replay is None:
+        native_names = native_catalog(settings, registry, native_contracts)
+        upstream_secrets = check_gateway(
+            upstream_config,
+            settings=settings,
+            registry=registry,
+            registry_dir=upstream_dir,
+            native_tools=native_names,
+            environ=environ,
+        )
     recorder = (
         Recorder(
             FixtureWriter(
@@ -277,17 +295,16 @@ def _build_server(
                 upstream_config,
                 settings=settings,
                 registry=registry,
-                registry_dir=upstream_registry_dir(
-                    settings.registry.directory, settings.registry.upstream_directory
-                ),
-                native_tools=native_catalog(settings, registry, native_contracts),
+                registry_dir=upstream_dir,
+                native_tools=native_names,
                 environ=environ,
                 connector=connector,
                 audit=audit_log,
                 recorder=recorder,
+                secrets=upstream_secrets,
                 **quarantine_evidence(settings, state),
             )
-            if upstream_config.servers and replay is None
+            if upstream_secrets is not None
             else None
         )
         profiles = load_profiles(

@@ -1,13 +1,13 @@
 """The upstream gateway: every configured upstream server, wired into the one chain.
 
-``UpstreamGateway.build`` validates what start-up can know (secrets resolve, each
-upstream has its registry file in prod, prefixes cannot shadow native tools, policies
-name tools that exist) and creates one ``UpstreamServer`` per upstream. Every server
-runs its calls through the one ``Connector`` (``connector.py``), as native tools do.
-``bind`` makes each upstream's tools known to the chain's shared objects as they appear
-or go: their contract (audit, approval), their route in the registry enforcer
-(``{server_id, tool_name}``), their idempotency target, their catalog entry (discovery),
-and the set of tools that exist (namespace).
+``check_gateway`` validates what start-up can know (secrets resolve, each upstream has
+its registry file in prod, prefixes cannot shadow native tools, policies name tools that
+exist) before anything is opened; ``UpstreamGateway.build`` creates one ``UpstreamServer``
+per upstream. Every server runs its calls through the one ``Connector``
+(``connector.py``), as native tools do. ``bind`` makes each upstream's tools known to the
+chain's shared objects as they appear or go: their contract (audit, approval), their
+route in the registry enforcer (``{server_id, tool_name}``), their idempotency target,
+their catalog entry (discovery), and the set of tools that exist (namespace).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from nexus_mcp.policy.quarantine import PersistedEvidence, SeenDigests
 from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.targets import TargetOf, identify_upstream
 from nexus_mcp.policy.upstreams import (
+    ResolvedSecrets,
     UpstreamConfig,
     UpstreamsConfig,
     name_key,
@@ -77,16 +78,25 @@ class UpstreamGateway:
         seen: SeenDigests | None = None,
         persisted: PersistedEvidence | None = None,
         recorder: Recorder | None = None,
+        secrets: Mapping[str, ResolvedSecrets] | None = None,
     ) -> UpstreamGateway:
         """``connector``: the one connector sequence every upstream call runs through;
         ``audit``: the server's audit log. ``seen``: the quarantine evidence store
         every replica shares (``policy/quarantine.py``); None: each upstream keeps its own
         in process memory (one server process), and against its pins in ``persisted``
         (embedded backend: a file in the data directory, read back here). ``recorder``:
-        ``serve --record``, which records each upstream's tools as they are published."""
-        check_upstreams(config, registry, registry_dir, native_tools, mode=settings.mode)
-        for warning in config.warnings:
-            log.warning("upstream_config", message=warning)
+        ``serve --record``, which records each upstream's tools as they are published.
+        ``secrets``: what ``check_gateway`` returned, when the composition root ran it
+        before opening anything (otherwise it runs here)."""
+        if secrets is None:
+            secrets = check_gateway(
+                config,
+                settings=settings,
+                registry=registry,
+                registry_dir=registry_dir,
+                native_tools=native_tools,
+                environ=environ,
+            )
         servers: dict[str, UpstreamServer] = {}
         gateway_ref: list[UpstreamGateway] = []
 
@@ -97,7 +107,7 @@ class UpstreamGateway:
         for upstream in config.servers:
             servers[upstream.server_id] = UpstreamServer(
                 upstream,
-                secrets=resolve_secrets(upstream, environ),
+                secrets=secrets[upstream.server_id],
                 registry=registry,
                 registry_dir=registry_dir,
                 mode=settings.mode,
@@ -227,6 +237,25 @@ class UpstreamGateway:
             await self.provider.close()
 
 
+def check_gateway(
+    config: UpstreamsConfig,
+    *,
+    settings: Settings,
+    registry: RegistrySet,
+    registry_dir: Path,
+    native_tools: Collection[str],
+    environ: Mapping[str, str],
+) -> dict[str, ResolvedSecrets]:
+    """What building the gateway refuses (``ConfigError``) and resolves, with nothing
+    opened: the composition root runs it before the data directory, the state stores and
+    the audit log, so a refused upstream configuration leaves nothing behind and is the
+    error reported. Each upstream's resolved secrets, by server id."""
+    check_upstreams(config, registry, registry_dir, native_tools, mode=settings.mode)
+    for warning in config.warnings:
+        log.warning("upstream_config", message=warning)
+    return {upstream.server_id: resolve_secrets(upstream, environ) for upstream in config.servers}
+
+
 def _constant_target(target: str) -> TargetOf:
     return lambda _principal, _arguments: target
 
@@ -296,4 +325,4 @@ def _policy_problems(where: str, server: UpstreamConfig, entries: Any) -> list[s
     return problems
 
 
-__all__ = ["UpstreamGateway", "check_upstreams"]
+__all__ = ["UpstreamGateway", "check_gateway", "check_upstreams"]
