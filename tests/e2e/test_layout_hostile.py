@@ -109,3 +109,55 @@ def test_a_refused_upstream_configuration_opens_no_state(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="no registry file"):
         build_server(settings, config_file=gw.config_file)
     assert not gw.data_dir.exists()
+
+
+# -- a replayed tool behind a chain missing layers ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kept", [(), ("envelope", "audit")], ids=["connector-alone", "no-identity"]
+)
+async def test_a_replayed_tool_without_the_chain_answers_as_a_missing_one(
+    tmp_path: Path, kept: tuple[str, ...]
+) -> None:
+    """A replay runs through the same connector: reached without the call state (or its
+    principal) it gives the unknown-tool answer, never the recorded content."""
+    from nexus_mcp.observability.audit import MemoryAuditSink
+    from nexus_mcp.server import build_server
+    from nexus_mcp.settings import Settings
+
+    canary = "CANARY-REPLAY-LAYOUT-5d1"
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "private.txt").write_text(canary)
+    fixtures = tmp_path / "fixtures"
+    args = {"path": "private.txt"}
+    live = build_server(
+        Settings(mode="dev", workspace=workspace, data_dir=tmp_path / "d1", record=fixtures),
+        audit_sinks=[MemoryAuditSink()],
+    )
+    try:
+        async with Client(live.mcp) as client:
+            recorded = wire(await client.call_tool_mcp("nexus_read_file", args))
+    finally:
+        live.close()
+    assert canary in json.dumps(recorded)  # the recording holds it
+    bare: FastMCP[Any] = FastMCP("nexus", version="0.1.0")
+    async with Client(bare) as client:
+        expected = wire(await client.call_tool_mcp("nexus_read_file", args))
+    replay = build_server(
+        Settings(mode="dev", workspace=workspace, data_dir=tmp_path / "d2", replay=fixtures),
+        audit_sinks=[MemoryAuditSink()],
+    )
+    try:
+        async with Client(replay.mcp) as client:  # the whole chain: the recorded answer
+            assert canary in json.dumps(wire(await client.call_tool_mcp("nexus_read_file", args)))
+        chain = chain_of(replay)
+        chain.replace_layers(
+            [m for m in chain.layers if any(isinstance(m, LAYER_TYPES[s]) for s in kept)]
+        )
+        async with Client(replay.mcp) as client:
+            actual = wire(await client.call_tool_mcp("nexus_read_file", args))
+    finally:
+        replay.close()
+    assert actual == expected
