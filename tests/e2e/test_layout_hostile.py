@@ -161,3 +161,72 @@ async def test_a_replayed_tool_without_the_chain_answers_as_a_missing_one(
     finally:
         replay.close()
     assert actual == expected
+
+
+# -- a connector check that fails with something that is not a refusal --------------------
+
+
+class _Broken:
+    """A connector check that crashes (not a typed refusal) before or after the tool."""
+
+    def __init__(self, when: str) -> None:
+        self.when = when
+
+    def before(self, contract: Any, state: Any, arguments: Any) -> None:
+        if self.when == "before":
+            raise RuntimeError("CANARY-CHECK-CRASH")
+
+    def after(self, contract: Any, state: Any, structured: Any) -> None:
+        if self.when == "after":
+            raise RuntimeError("CANARY-CHECK-CRASH")
+
+
+def _checks_of(server: Any) -> list[Any]:
+    runtime = server.runtime
+    connector = getattr(runtime, "connector", None)
+    checks: list[Any] = connector.checks if connector is not None else runtime.connector_checks
+    return checks
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_a_crashing_connector_check_is_an_internal_error_recorded_as_live(
+    tmp_path: Path, when: str
+) -> None:
+    """What the caller, the audit and the recording see when a connector check raises a
+    plain exception: as before the refactor, an INTERNAL_ERROR envelope (never the text),
+    the audit's outcome, and a recorded line only for a call that reached the tool."""
+    from nexus_mcp.observability.audit import MemoryAuditSink
+    from nexus_mcp.server import build_server
+    from nexus_mcp.settings import Settings
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("hello")
+    fixtures = tmp_path / "fixtures"
+    audit = MemoryAuditSink()
+    server = build_server(
+        Settings(mode="dev", workspace=workspace, data_dir=tmp_path / "d", record=fixtures),
+        audit_sinks=[audit],
+    )
+    try:
+        _checks_of(server).append(_Broken(when))
+        async with Client(server.mcp) as client:
+            result = wire(await client.call_tool_mcp("nexus_read_file", {"path": "a.txt"}))
+    finally:
+        server.close()
+    text = json.dumps(result)
+    assert "CANARY-CHECK-CRASH" not in text and "hello" not in text
+    assert json.loads(result["content"][0]["text"])["code"] == "INTERNAL_ERROR"
+    events = [(r["event"], r.get("outcome")) for r in audit.records()]
+    calls = [
+        json.loads(line)
+        for line in (fixtures / "nexus.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "call"
+    ]
+    if when == "before":  # refused before it ran: blocked, and nothing to record
+        assert events == [("tool_call_blocked", "INTERNAL_ERROR")]
+        assert calls == []
+    else:  # it ran: started, finished as an internal error, recorded as one
+        assert events == [("tool_call_started", None), ("tool_call_finished", "INTERNAL_ERROR")]
+        assert [c["error"]["code"] for c in calls] == ["INTERNAL_ERROR"]
+        assert "CANARY-CHECK-CRASH" not in json.dumps(calls)
