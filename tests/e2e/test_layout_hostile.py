@@ -230,3 +230,119 @@ async def test_a_crashing_connector_check_is_an_internal_error_recorded_as_live(
         assert events == [("tool_call_started", None), ("tool_call_finished", "INTERNAL_ERROR")]
         assert [c["error"]["code"] for c in calls] == ["INTERNAL_ERROR"]
         assert "CANARY-CHECK-CRASH" not in json.dumps(calls)
+
+
+# -- the tool book as the gateway fills it (providers/upstream/gateway.publish) -----------
+
+
+class _Host:
+    """An upstream as the gateway and its tools see it, with the views it exposes now."""
+
+    server_id = "h"
+    max_result_bytes = 1_000_000
+    connector = None
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(endpoint=lambda: ("stdio", "cmd"))
+        self.tools: dict[str, Any] = {}
+
+    def expose(self, *views: Any) -> None:
+        from nexus_mcp.providers.upstream.tools import UpstreamTool
+
+        self.tools = {v.exposed_name: UpstreamTool.for_view(self, v) for v in views}
+
+    def visible_tools(self) -> dict[str, Any]:
+        return self.tools
+
+    def contract_for(self, view: Any) -> Any:
+        from nexus_mcp.contracts import ToolContract
+
+        return ToolContract(
+            name=view.exposed_name,
+            description=str(view.definition.get("description") or view.upstream_name),
+            risk=view.tool_class,
+            toolset="upstream:" + self.server_id,
+            version=view.digest[:12],
+        )
+
+
+def _view(name: str, schema: dict[str, Any], digest: str) -> Any:
+    from nexus_mcp.policy.pins import PinState
+    from nexus_mcp.policy.registry import ToolEntry
+    from nexus_mcp.providers.upstream.tools import ToolView
+
+    entry = (
+        ToolEntry.model_validate({"server_id": "h", "tool_name": name, "tool_class": "write"})
+        if hasattr(ToolEntry, "model_validate")
+        else None
+    )
+    return ToolView(
+        upstream_name=name,
+        exposed_name="h_" + name,
+        definition={"name": name, "description": f"{name} {digest}", "inputSchema": schema},
+        digest=digest * 64,
+        entry=entry,
+        pin_state=PinState.PINNED,
+        status="exposed",
+    )
+
+
+def test_the_book_follows_an_upstream_tool_republished_and_withdrawn() -> None:
+    """As f800fb1's publish wrote them: a re-published tool's route, argument check and
+    catalog entry are the new definition's; a withdrawn one leaves discovery only (its
+    contract, route, check and idempotency target stay for a call already past the
+    namespace). The idempotency target is the upstream's throughout."""
+    from nexus_mcp.book import ToolBook
+    from nexus_mcp.errors import InvalidInputError
+    from nexus_mcp.policy.targets import ToolTargets, identify_upstream
+    from nexus_mcp.principal import Principal
+    from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+
+    class Access:
+        write_tools: frozenset[str] = frozenset()
+
+        def set_tools(self, *args: Any, **kwargs: Any) -> None:
+            self.exposed = set(kwargs["upstream"])
+
+    host, book, access = _Host(), ToolBook(), Access()
+    targets = ToolTargets({}, book.toolsets)
+    gateway = UpstreamGateway(
+        config=None,  # type: ignore[arg-type]
+        servers={"h": host},  # type: ignore[dict-item]
+        provider=None,  # type: ignore[arg-type]
+        mode="prod",
+        registry=None,  # type: ignore[arg-type]
+    )
+    gateway.bind(book, access, targets)  # type: ignore[arg-type]
+    alice = Principal(subject="alice", role="admin")
+    upstream = identify_upstream("h", ("stdio", "cmd"))
+
+    number = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    text = {"type": "object", "properties": {"n": {"type": "string"}}}
+    host.expose(_view("add", number, "a"))
+    gateway.publish(host)  # type: ignore[arg-type]
+    assert book.routes["h_add"] == ("h", "add")
+    book.argument_checks["h_add"]({"n": 1})
+    with pytest.raises(InvalidInputError):
+        book.argument_checks["h_add"]({"n": "one"})
+    assert targets.target_of("h_add", alice, {}) == upstream
+    assert book.catalog.get("h_add") is not None
+
+    host.expose(_view("add", text, "b"))  # re-pinned with another schema
+    gateway.publish(host)  # type: ignore[arg-type]
+    book.argument_checks["h_add"]({"n": "one"})
+    with pytest.raises(InvalidInputError):
+        book.argument_checks["h_add"]({"n": 1})
+    assert book.contracts["h_add"].version == "b" * 12
+    entry = book.catalog.get("h_add")
+    assert entry is not None and entry.input_schema == text
+
+    host.expose()  # withdrawn (quarantined, or the upstream is down)
+    gateway.publish(host)  # type: ignore[arg-type]
+    assert book.catalog.get("h_add") is None
+    assert book.routes["h_add"] == ("h", "add")
+    assert "h_add" in book.contracts and "h_add" in book.argument_checks
+    assert targets.target_of("h_add", alice, {}) == upstream
+    assert access.exposed == set()
