@@ -251,7 +251,7 @@ class _Host:
     def expose(self, *views: Any) -> None:
         from nexus_mcp.providers.upstream.tools import UpstreamTool
 
-        self.tools = {v.exposed_name: UpstreamTool.for_view(self, v) for v in views}
+        self.tools = {v.exposed_name: UpstreamTool.for_view(self, v) for v in views}  # type: ignore[arg-type]
 
     def visible_tools(self) -> dict[str, Any]:
         return self.tools
@@ -270,20 +270,14 @@ class _Host:
 
 def _view(name: str, schema: dict[str, Any], digest: str) -> Any:
     from nexus_mcp.policy.pins import PinState
-    from nexus_mcp.policy.registry import ToolEntry
     from nexus_mcp.providers.upstream.tools import ToolView
 
-    entry = (
-        ToolEntry.model_validate({"server_id": "h", "tool_name": name, "tool_class": "write"})
-        if hasattr(ToolEntry, "model_validate")
-        else None
-    )
     return ToolView(
         upstream_name=name,
         exposed_name="h_" + name,
         definition={"name": name, "description": f"{name} {digest}", "inputSchema": schema},
         digest=digest * 64,
-        entry=entry,
+        entry=None,  # unclassified: a write, as live
         pin_state=PinState.PINNED,
         status="exposed",
     )
