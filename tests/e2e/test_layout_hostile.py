@@ -340,3 +340,20 @@ def test_the_book_follows_an_upstream_tool_republished_and_withdrawn() -> None:
     assert "h_add" in book.contracts and "h_add" in book.argument_checks
     assert targets.target_of("h_add", alice, {}) == upstream
     assert access.exposed == set()
+
+
+@pytest.mark.parametrize("arguments", [{}, {"path": 5}, {"path": "a.txt", "x": 1}])
+async def test_arguments_the_tool_refuses_do_not_reveal_it_without_the_chain(
+    make_server: ServerFactory, arguments: dict[str, Any]
+) -> None:
+    """Reached without the call state, a native tool is a missing tool whatever the
+    arguments: its own argument check must not answer first (``invalid arguments`` would
+    tell the tool exists, which a hidden tool never does)."""
+    bare: FastMCP[Any] = FastMCP("nexus", version="0.1.0")
+    async with Client(bare) as client:
+        expected = wire(await client.call_tool_mcp("nexus_read_file", arguments))
+    server = make_server()
+    chain_of(server).replace_layers([])
+    async with Client(server.mcp) as client:
+        actual = wire(await client.call_tool_mcp("nexus_read_file", arguments))
+    assert actual == expected
