@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import structlog
 
+from nexus_mcp.observability import logs
 from nexus_mcp.observability.logs import (
     LIBRARY_EVENT,
     UNCAUGHT_EVENT,
     configure_logging,
     enforce_one_handler,
 )
-from nexus_mcp.observability import logs
 from tests.support.logging_state import isolated_logging
 
 CANARY = "CANARY-LOG-7f3e"

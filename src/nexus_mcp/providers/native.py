@@ -19,7 +19,7 @@ from mcp_types import TextContent, ToolAnnotations
 from pydantic import BaseModel, PrivateAttr
 from pydantic import ValidationError as PydanticValidationError
 
-from nexus_mcp.calls import chained_call, current_call
+from nexus_mcp.calls import chained_call
 from nexus_mcp.connector import Connector, Outcome
 from nexus_mcp.contracts import ToolContract, contract_of
 from nexus_mcp.json_text import to_result_json
@@ -104,8 +104,10 @@ class NexusTool(FunctionTool):
         model = self._arguments_model
         if model is None:  # pragma: no cover - bind() always sets it
             return await super().run(arguments)
-        state = current_call()
-        checked = state.validated_arguments if state is not None else None
+        # Fail closed before the arguments are looked at: reached without the chain, a
+        # tool is a missing one, and "invalid arguments" would say it exists.
+        state = chained_call(self.name)
+        checked = state.validated_arguments
         if checked is not None and checked[0] is arguments:
             # The gateway validated this very object with this very model (chain step 5).
             kwargs = checked[1]

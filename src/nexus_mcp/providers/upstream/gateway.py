@@ -1,13 +1,13 @@
 """The upstream gateway: every configured upstream server, wired into the one chain.
 
-``UpstreamGateway.build`` validates what start-up can know (secrets resolve, each
-upstream has its registry file in prod, prefixes cannot shadow native tools, policies
-name tools that exist) and creates one ``UpstreamServer`` per upstream. Every server
-runs its calls through the one ``Connector`` (``connector.py``), as native tools do.
-``bind`` makes each upstream's tools known to the chain's shared objects as they appear
-or go: their contract (audit, approval), their route in the registry enforcer
-(``{server_id, tool_name}``), their idempotency target, their catalog entry (discovery),
-and the set of tools that exist (namespace).
+``UpstreamGateway.plan`` validates what start-up can know (secrets resolve, each upstream has
+its registry file in prod, prefixes cannot shadow native tools, policies name tools that
+exist) before anything is opened; ``UpstreamGateway.build`` creates one ``UpstreamServer``
+per upstream. Every server runs its calls through the one ``Connector``
+(``connector.py``), as native tools do. ``bind`` makes each upstream's tools known to the
+chain's shared objects as they appear or go: their contract (audit, approval), their
+route in the registry enforcer (``{server_id, tool_name}``), their idempotency target,
+their catalog entry (discovery), and the set of tools that exist (namespace).
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ class UpstreamGateway:
         seen: SeenDigests | None = None,
         persisted: PersistedEvidence | None = None,
         recorder: Recorder | None = None,
+        secrets: Mapping[str, ResolvedSecrets] | None = None,
     ) -> UpstreamGateway:
         """``connector``: the one connector sequence every upstream call runs through;
         ``audit``: the server's audit log. ``seen``: the quarantine evidence store
@@ -330,4 +331,4 @@ def _policy_problems(where: str, server: UpstreamConfig, entries: Any) -> list[s
     return problems
 
 
-__all__ = ["UpstreamGateway", "check_upstreams"]
+__all__ = ["UpstreamGateway", "UpstreamPlan", "check_upstreams"]

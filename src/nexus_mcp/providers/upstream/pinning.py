@@ -105,15 +105,16 @@ class PinnedTools(QuarantineEvidence):
         self._note_pins()
         return True
 
-    def _note_pins(self, *, logged: bool = True) -> None:
+    def _note_pins(self, *, logged: bool = True, audited: bool = True) -> None:
         """A lock file, or entries of it, that could not be used (``policy/pins.py``):
         logged and audited by position; the tools it cannot vouch for are quarantined.
-        (At construction the audit log is not bound yet: audited when started.)"""
+        (At construction only logged: audited once, when started.)"""
         problems = self.pins.problems()
         if problems:
             if logged:
                 log.warning("upstream_pins_invalid", server_id=self.server_id, problems=problems)
-            self._emit(EVENT_PINS_INVALID, problems=problems)
+            if audited:
+                self._emit(EVENT_PINS_INVALID, problems=problems)
 
     def pins_stale(self) -> bool:
         """The lock file changed since it was read (one stat)."""

@@ -152,7 +152,9 @@ class UpstreamServer(PinnedTools):
         self.max_result_bytes = max_result_bytes
         self._client_factory = client_factory or build_client
         self.pins: PinFile = load_pins(registry_dir, config.server_id)
-        self._note_pins()
+        # Audited when started (``_note_pins(logged=False)``), as when the audit log was
+        # bound after construction: one event per start, not one more per build.
+        self._note_pins(audited=False)
         self._pins_mtime = mtime_ns(lock_path(registry_dir, config.server_id))
         self._pins_unreadable: float | None = None  # the mtime a reload failed at
         self.state: ServerState = "starting"
