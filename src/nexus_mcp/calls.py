@@ -16,7 +16,6 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from nexus_mcp.envelope import unknown_tool
 from nexus_mcp.errors import Code
 from nexus_mcp.ids import new_id
 from nexus_mcp.observability.audit import AuditEvent
@@ -135,20 +134,6 @@ class _Bound(Generic[T]):
         self._var.reset(self._token)
 
 
-def chained_call(name: str, *, identified: bool = True) -> CallState:
-    """The state the envelope opened for this ``tools/call``, for a layer or the connector.
-
-    Fail closed: a call that reached a layer without it (the chain bypassed or mis-built),
-    or without an identity where ``identified`` (every layer after the identity layer, and
-    the connector), is refused with the answer a hidden or missing tool gets; it is never
-    passed on unchecked.
-    """
-    state = _current.get()
-    if state is None or (identified and state.principal is None):
-        raise unknown_tool(name)
-    return state
-
-
 def open_call(state: CallState) -> AbstractContextManager[CallState]:
     return _Bound(_current, state)
 
@@ -179,7 +164,6 @@ __all__ = [
     "PLUMBING_ARGS",
     "CallState",
     "bind_principal",
-    "chained_call",
     "current_call",
     "current_principal",
     "nexus_meta",

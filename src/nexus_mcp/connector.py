@@ -35,9 +35,9 @@ from typing import Any, Protocol
 from fastmcp.tools import ToolResult
 from mcp_types import ContentBlock
 
-from nexus_mcp.calls import META_TOOL_EFFECT, CallState
+from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
 from nexus_mcp.contracts import ToolContract
-from nexus_mcp.envelope import ConnectorRefusal
+from nexus_mcp.envelope import ConnectorRefusal, unknown_tool
 from nexus_mcp.errors import NexusError
 from nexus_mcp.policy.approvals import NonceStore, spend_approval
 
@@ -74,6 +74,20 @@ class Outcome:
     # What the checks after the call hash; None skips them (an upstream's error result).
     document: dict[str, Any] | None
     is_error: bool = False
+
+
+def chained_call(name: str, *, identified: bool = True) -> CallState:
+    """The state the envelope opened for this ``tools/call``, for a layer or the connector.
+
+    Fail closed: a call that reached a layer without it (the chain bypassed or mis-built),
+    or without an identity where ``identified`` (every layer after the identity layer, and
+    the connector), is refused with the answer a hidden or missing tool gets; it is never
+    passed on unchecked.
+    """
+    state = current_call()
+    if state is None or (identified and state.principal is None):
+        raise unknown_tool(name)
+    return state
 
 
 class Connector:
@@ -157,4 +171,5 @@ __all__ = [
     "FinishedHook",
     "Outcome",
     "StartedHook",
+    "chained_call",
 ]

@@ -20,7 +20,8 @@ import pytest
 from fastmcp import Client
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 
-from nexus_mcp.calls import CallState, chained_call, open_call
+from nexus_mcp.calls import CallState, open_call
+from nexus_mcp.connector import chained_call
 from nexus_mcp.envelope import UnknownTool
 from nexus_mcp.middleware.approval import ApprovalMiddleware
 from nexus_mcp.middleware.audit import AuditMiddleware

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState, chained_call
+from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState
+from nexus_mcp.connector import chained_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
 from nexus_mcp.identity.resolver import MODERN_PROTOCOL

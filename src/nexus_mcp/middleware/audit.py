@@ -22,7 +22,8 @@ from typing import Any
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import PLUMBING_ARGS, CallState, chained_call
+from nexus_mcp.calls import PLUMBING_ARGS, CallState
+from nexus_mcp.connector import chained_call
 from nexus_mcp.contracts import ToolContract
 from nexus_mcp.envelope import safe_facts, to_wire_error
 from nexus_mcp.errors import Code, NexusError

@@ -29,8 +29,8 @@ from nexus_mcp.calls import (
     META_TOOL_EFFECT,
     PLUMBING_ARGS,
     CallState,
-    chained_call,
 )
+from nexus_mcp.connector import chained_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.envelope import invalid_input_from, refusal_of
 from nexus_mcp.errors import (

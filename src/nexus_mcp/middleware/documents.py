@@ -19,7 +19,8 @@ from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import META_TOOL_EFFECT, chained_call
+from nexus_mcp.calls import META_TOOL_EFFECT
+from nexus_mcp.connector import chained_call
 from nexus_mcp.enforcement import RegistryEnforcer
 from nexus_mcp.errors import InternalError
 from nexus_mcp.policy.classification import Classification

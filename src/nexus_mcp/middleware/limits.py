@@ -10,7 +10,7 @@ from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import chained_call
+from nexus_mcp.connector import chained_call
 from nexus_mcp.errors import ToolTimeoutError
 from nexus_mcp.middleware.deadlines import DeadlineWatch
 from nexus_mcp.policy.budgets import CallLimits, ToolTimeouts

@@ -19,8 +19,7 @@ from mcp_types import TextContent, ToolAnnotations
 from pydantic import BaseModel, PrivateAttr
 from pydantic import ValidationError as PydanticValidationError
 
-from nexus_mcp.calls import chained_call
-from nexus_mcp.connector import Connector, Outcome
+from nexus_mcp.connector import Connector, Outcome, chained_call
 from nexus_mcp.contracts import ToolContract, contract_of
 from nexus_mcp.json_text import to_result_json
 from nexus_mcp.providers.tool_index import ToolIndex
