@@ -346,3 +346,49 @@ def test_print_in_a_real_subprocess_writes_nothing(tmp_path: Path, workspace: Pa
     assert entry_args(entry)[:3] == ["serve", "--workspace", str(workspace)]
     assert entry_args(entry)[-2:] == ["--role", "viewer"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]  # no .vscode/
+
+
+@pytest.mark.slow
+async def test_the_written_entry_starts_a_server_a_client_can_call(
+    tmp_path: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """init, then install, then start the entry exactly as a client would (from ``/``)."""
+    from fastmcp import Client
+    from fastmcp.client.transports import StdioTransport
+
+    (workspace / "notes").mkdir()
+    nexus_yaml = tmp_path / "nexus.yaml"
+    assert main(["init", str(nexus_yaml), "--workspace", str(workspace)]) == 0
+    config = tmp_path / ".mcp.json"
+    argv = ["install", "claude-code", "--workspace", str(workspace), "--subject", "alice",
+            "--role", "editor", "--config", str(nexus_yaml),
+            "--config-file", str(config)]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    entry = json.loads(config.read_text(encoding="utf-8"))["mcpServers"]["nexus-mcp"]
+    env = {
+        **os.environ,
+        **entry["env"],
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "NEXUS_MCP_DATA_DIR": str(tmp_path / "state"),
+    }
+    for name in ("NEXUS_MCP_SUBJECT", "NEXUS_MCP_ROLE", "NEXUS_MCP_MODE", "NEXUS_MCP_CONFIG"):
+        env.pop(name, None)
+    log = tmp_path / "server.log"  # the server's stderr (pytest's capture has no fileno)
+    transport = StdioTransport(entry["command"], entry["args"], env=env, cwd="/", log_file=log)
+    async with Client(transport) as client:
+        names = {tool.name for tool in await client.list_tools()}
+        assert "nexus_write_file" in names
+        allowed = await client.call_tool(
+            "nexus_write_file",
+            {"path": "notes/a.md", "content": "hi", "idempotency_key": "k1"},
+            raise_on_error=False,
+        )
+        assert not allowed.is_error
+        denied = await client.call_tool(
+            "nexus_write_file",
+            {"path": "elsewhere/a.md", "content": "hi", "idempotency_key": "k2"},
+            raise_on_error=False,
+        )
+        assert denied.is_error
+    assert (workspace / "notes" / "a.md").read_text(encoding="utf-8") == "hi"
