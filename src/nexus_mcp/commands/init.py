@@ -29,7 +29,7 @@ def add_parser(subparsers: Any) -> None:
         help=f"where to write it (default ./{DEFAULT_CONFIG_NAME})",
     )  # fmt: skip
     parser.add_argument(
-        "--workspace", type=Path, default=None,
+        "--workspace", type=Path, default=None, metavar="DIR",
         help="the folder the tools serve (default: the current folder)",
     )  # fmt: skip
     parser.add_argument(
@@ -100,6 +100,9 @@ def run_init(args: argparse.Namespace) -> int:
         return 0
     target: Path = args.path
     workspace = Path(os.path.abspath((args.workspace or Path.cwd()).expanduser()))
+    if target.is_dir():
+        sys.stderr.write(f"nexus-mcp: {target} is a folder; give the file to write\n")
+        return 1
     if target.exists() or target.is_symlink():
         sys.stderr.write(f"nexus-mcp: {target} already exists; not overwriting it\n")
         return 1

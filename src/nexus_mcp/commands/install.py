@@ -288,7 +288,7 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("client", choices=sorted(CLIENTS), help="which client")
     parser.add_argument(
-        "--workspace", required=True,
+        "--workspace", required=True, metavar="DIR",
         help="the folder the tools serve (written as an absolute path)",
     )  # fmt: skip
     parser.add_argument(
@@ -301,14 +301,15 @@ def add_parser(subparsers: Any) -> None:
     )  # fmt: skip
     parser.add_argument("--profile", default=None, help="a tool profile instead of a role")
     parser.add_argument(
-        "--config", default=None, help="a nexus.yaml for the server (passed as --config)"
-    )
+        "--config", default=None, metavar="FILE",
+        help="a nexus.yaml for the server (passed as --config)",
+    )  # fmt: skip
     parser.add_argument(
         "--name", default=DEFAULT_SERVER_NAME,
         help=f"the server's name in the client (default {DEFAULT_SERVER_NAME})",
     )  # fmt: skip
     parser.add_argument(
-        "--config-file", type=Path, default=None,
+        "--config-file", type=Path, default=None, metavar="FILE",
         help="the client's configuration file (default: where the client keeps it)",
     )  # fmt: skip
     parser.add_argument("--force", action="store_true", help="replace a server of the same name")

@@ -80,6 +80,12 @@ def test_an_existing_file_is_never_overwritten(
     assert path.read_text(encoding="utf-8") == "mode: dev\n"
 
 
+def test_a_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, ["init", str(tmp_path), "--workspace", str(tmp_path)])
+    assert code == 1 and "is a folder" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_dangling_link_is_not_followed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
