@@ -16,6 +16,8 @@ EXIT_BROKEN_PIPE = 141
 # Each module exposes add_parser(subparsers); its parsers set func(args) -> exit code.
 COMMAND_MODULES = (
     "nexus_mcp.commands.serve",
+    "nexus_mcp.commands.init",
+    "nexus_mcp.commands.install",
     "nexus_mcp.commands.registry",
     "nexus_mcp.commands.profiles",
     "nexus_mcp.commands.approvals",
