@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from nexus_mcp.config_schema import (
+from nexus_mcp.commands.config_schema import (
     ApprovalsSection,
     config_schema,
     schema_text,

@@ -93,7 +93,7 @@ write_policies:
 
 
 def run_init(args: argparse.Namespace) -> int:
-    from nexus_mcp.config_schema import schema_text, shipped_schema_path
+    from nexus_mcp.commands.config_schema import schema_text, shipped_schema_path
 
     if args.print_schema:
         sys.stdout.write(schema_text())

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from nexus_mcp.cli import main
-from nexus_mcp.config_schema import schema_text, shipped_schema_path
+from nexus_mcp.commands.config_schema import schema_text, shipped_schema_path
 from nexus_mcp.server import build_server
 from nexus_mcp.server.startup import load_approvals, load_write_policies
 from nexus_mcp.settings import config_sections, load_settings
