@@ -7,7 +7,7 @@ PORT   ?= 8765
 CLIENTS := tests/clients
 NPM    ?= npm
 
-.PHONY: run test clients check lint typecheck imports bench clean
+.PHONY: run test clients check lint typecheck imports docs bench clean
 
 # pip's own output is the install progress (a first install takes about a minute).
 $(BIN)/python:
@@ -26,7 +26,7 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(BIN)/python -m pip install -e ".[test]"
 	touch $@
 
-## run: serve the demo workspace over HTTP on 127.0.0.1 in dev mode
+## run: serve the demo workspace over HTTP on 127.0.0.1 in dev mode (make run PORT=9000: another port)
 run: $(VENV)/.installed
 	@mkdir -p $(DEMO)
 	@cp -Rn demo/workspace/. $(DEMO)/
@@ -51,8 +51,8 @@ test: $(VENV)/.installed-test
 		echo "==> npm ci failed: the TypeScript SDK and MCP Inspector tests will be skipped"; fi
 	$(BIN)/python -m pytest
 
-## check: lint, format check, strict type check and the package's import contracts
-check: lint typecheck imports
+## check: lint, format check, strict type check, the package's import contracts and the docs
+check: lint typecheck imports docs
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
@@ -61,6 +61,11 @@ typecheck: $(VENV)/.installed-test
 # The layers and boundaries of pyproject.toml's [tool.importlinter] (LAYOUT.md).
 imports: $(VENV)/.installed-test
 	$(BIN)/lint-imports
+
+# docs/ with MkDocs Material, strict (mkdocs.yml): a broken link, anchor or include, or a page
+# left out of the nav, fails. The site lands in .nexus-data/site; `mkdocs serve` previews it.
+docs: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 ## bench: the benchmark suite, ending with one table (BENCH_FLAGS=--strict: exit 1 on a miss)
 bench: $(VENV)/.installed-test

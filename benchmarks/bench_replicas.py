@@ -18,7 +18,7 @@ migrated with ``nexus-mcp state migrate``, dropped and deleted afterwards, also 
    and Redis share them: beside each result are the CPU seconds (per call, and as cores
    busy over the window) of the servers, the generator, PostgreSQL + Redis, and the whole
    machine (/proc/stat), so other work on the machine shows.
-3. **three replicas behind nginx vs one replica directly** (the README's nginx block with
+3. **three replicas behind nginx vs one replica directly** (the nginx block of docs/replicas.md with
    loopback ports; the direct side is replica r1 itself): calls/s and p99 latency, same
    load generator and rounds as part 2. Reported, no target.
 
@@ -484,7 +484,7 @@ http {{
 
 @contextlib.asynccontextmanager
 async def nginx(folder: Path, ports: list[int]) -> AsyncIterator[tuple[str, int]]:
-    """nginx in front of ``ports`` (the README's block, loopback); yields (url, pid)."""
+    """nginx in front of ``ports`` (docs/replicas.md's block, loopback); yields (url, pid)."""
     folder.mkdir()
     port = free_port()
     conf = folder / "nginx.conf"

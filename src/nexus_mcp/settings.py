@@ -217,7 +217,7 @@ class LimitSettings(_Section):
 
 
 class StateSettings(_Section):
-    """Where the chain's state lives (README "Running several replicas").
+    """Where the chain's state lives (docs/replicas.md).
 
     ``embedded`` (default): SQLite files in the data dir and process memory, for one server
     process. ``shared``: PostgreSQL (grants, assignments, idempotency records) and Redis
@@ -252,7 +252,7 @@ class StateSettings(_Section):
 
 
 class MetricsSettings(_Section):
-    """``/metrics`` (Prometheus text format) on the HTTP transport (README "Observability").
+    """``/metrics`` (Prometheus text format) on the HTTP transport (docs/observability.md).
 
     It answers under the same Host/Origin rules as the MCP endpoint; with ``bearer_token``
     set (inline, ``{env: NAME}`` or ``{file: path}``) a scrape must send it as a bearer.
@@ -263,14 +263,14 @@ class MetricsSettings(_Section):
 
 
 class HealthSettings(_Section):
-    """``/readyz`` detail for the operator (README "Observability"): without this bearer
+    """``/readyz`` detail for the operator (docs/observability.md): without this bearer
     token the route says only ready or not and which component."""
 
     bearer_token: SecretStr | SecretRef | None = None
 
 
 class Settings(BaseSettings):
-    """Every setting of a nexus-mcp process. See the configuration table in README.md."""
+    """Every setting of a nexus-mcp process: the table in docs/configuration.md."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,

@@ -1,11 +1,11 @@
 """Issue 15 end to end: three real replicas on the shared state backend behind nginx.
 
-The harness is what README "Running several replicas" tells an operator to run: one
+The harness is what docs/replicas.md tells an operator to run: one
 database migrated with ``nexus-mcp state migrate``, one Redis key prefix, three
 ``nexus-mcp serve --transport http`` processes (``state.backend: shared``, store URLs and
 ``request_state_keys`` by reference, ``instance_id`` r1/r2/r3, one workspace folder) and
-nginx in front of them running the README's own ``nginx`` block, with only its example
-addresses and listen port replaced by loopback ones. So the README example is proven too.
+nginx in front of them running the ``nginx`` block of docs/replicas.md, with only its example
+addresses and listen port replaced by loopback ones. So the documented example is proven too.
 
 Every guarantee is checked through what a client sees, and against the stores and the
 workspace behind it: an approval token spent once in the fleet, a keyed write run once,
@@ -65,7 +65,7 @@ from .test_approvals import code_of, envelope
 
 pytestmark = pytest.mark.slow
 
-README = REPO_ROOT / "README.md"
+REPLICAS_DOC = REPO_ROOT / "docs" / "replicas.md"
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 README_ADDRESSES = ("10.0.0.11:8765", "10.0.0.12:8765", "10.0.0.13:8765")
 README_LISTEN = "listen 8080;"
@@ -303,11 +303,10 @@ def find_nginx() -> str | None:
 
 
 def readme_nginx_block() -> str:
-    """The ``nginx`` code block of README "Running several replicas", verbatim."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("## Running several replicas", 1)[1].split("\n## ", 1)[0]
-    match = re.search(r"```nginx\n(.*?)```", section, re.DOTALL)
-    assert match is not None, "README 'Running several replicas' has no nginx block"
+    """The ``nginx`` code block of docs/replicas.md, verbatim."""
+    text = REPLICAS_DOC.read_text(encoding="utf-8")
+    match = re.search(r"```nginx\n(.*?)```", text, re.DOTALL)
+    assert match is not None, "docs/replicas.md has no nginx block"
     return match.group(1)
 
 
@@ -348,7 +347,7 @@ def nginx_temp_kinds() -> list[str]:
 
 @contextlib.contextmanager
 def nginx_in_front(root: Path, replicas: list[Replica]) -> Iterator[str]:
-    """nginx running the README block in front of ``replicas``; yields its base URL."""
+    """nginx running the docs/replicas.md block in front of ``replicas``; yields its base URL."""
     nginx = find_nginx()
     assert nginx is not None
     root.mkdir(parents=True, exist_ok=True)
@@ -484,7 +483,7 @@ def stores(
 
 @pytest.fixture(scope="module")
 def fleet(stores: Stores) -> Iterator[Fleet]:
-    """Three replicas r1, r2, r3 and nginx running the README block in front of them."""
+    """Three replicas r1, r2, r3 and nginx running the docs/replicas.md block in front of them."""
     require_nginx()
     replicas = make_replicas(
         stores.root,
@@ -999,7 +998,7 @@ async def outage_under_load(
 
 
 def assert_store_named(load: Load) -> None:
-    """README (Errors): UNAVAILABLE "names the store (grants, idempotency, nonces,
+    """docs/errors.md: UNAVAILABLE "names the store (grants, idempotency, nonces,
     limits), never its address"."""
     messages = {
         envelope(o)["error"]
@@ -1198,7 +1197,7 @@ def test_the_typescript_sdk_keeps_its_sessions_through_nginx(
             result = call["result"]
             assert result.get("isError") is not True, result
             assert result["structuredContent"]["content"] == HELLO
-        # FastMCP's own answer, as for a hidden tool (README, "Errors").
+        # FastMCP's own answer, as for a hidden tool (docs/errors.md).
         assert unknown["result"]["isError"] is True
         assert unknown["result"]["content"] == [
             {"type": "text", "text": "Unknown tool: 'no_such_tool'"}

@@ -43,7 +43,7 @@ def stores(
 
 @pytest.fixture(scope="module")
 def stateless(stores: Stores, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One replica as README's "Several workers on one host" runs it: --stateless-http,
+    """One replica as docs/replicas.md's "Several workers on one host" runs it: --stateless-http,
     a per-session call budget of BUDGET, no rate limit to speak of."""
     root = tmp_path_factory.mktemp("stateless")
     [replica] = make_replicas(

@@ -570,7 +570,7 @@ def enter_tools(
         )
 
 
-# --- observability (README "Observability"; observability/) -------------------------
+# --- observability (docs/observability.md; observability/) -------------------------
 
 
 __all__ = ["NexusServer", "Runtime", "build_layers", "build_server", "build_verifier"]

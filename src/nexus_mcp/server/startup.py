@@ -59,8 +59,7 @@ log = get_logger(__name__)
 APPROVAL_REPLICAS_WARNING = (
     "--stateless-http with approval tokens on the embedded state backend: a used token is "
     "remembered in this server's data directory only, so replicas that do not share it can "
-    "each accept the same token once; replicas need state.backend: shared (README, "
-    '"Running several replicas")'
+    "each accept the same token once; replicas need state.backend: shared (docs/replicas.md)"
 )
 
 

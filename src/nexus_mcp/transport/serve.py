@@ -77,8 +77,8 @@ class SessionAffinityMiddleware:
     The MCP SDK names sessions with a random id and keeps them in this process's memory,
     so every request of a session must reach the replica that opened it. This layer puts
     ``<instance_id>.`` in front of the id the SDK hands out and takes it off again on the
-    way in; a balancer maps that prefix to its replica (README, "Running several
-    replicas": an nginx ``map`` on the header). An id carrying another replica's prefix is
+    way in; a balancer maps that prefix to its replica (docs/replicas.md:
+    an nginx ``map`` on the header). An id carrying another replica's prefix is
     passed on unchanged, so the SDK answers it as the unknown session it is here (404)
     and the client starts a new one. Nothing else of the request is touched.
     """
