@@ -31,6 +31,7 @@ from nexus_mcp.errors import ConfigError
 
 MAX_KEY_CHARS = 64
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_REFERENCE_PATTERN = r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$"
 ENV_REFERENCE_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Written as text, a secret setting holds either this whole form or no "${" at all.
 ENV_REFERENCE_HINT = "name an environment variable as the whole value, ${NAME} (no text around it)"
@@ -403,6 +404,8 @@ def _names(owner: Any, known_extra: Iterable[str]) -> list[str]:
 
 __all__ = [
     "ENV_REFERENCE_HINT",
+    "ENV_REFERENCE_PATTERN",
+    "ENV_REFERENCE_RE",
     "MAX_KEY_CHARS",
     "Loc",
     "branches_of",

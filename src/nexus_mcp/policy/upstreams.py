@@ -32,6 +32,8 @@ from pydantic import (
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.policy.config_errors import (
+    ENV_REFERENCE_PATTERN,
+    ENV_REFERENCE_RE,
     Loc,
     env_reference,
     problem_line,
@@ -89,6 +91,9 @@ class SecretRef(_Model):
 
 
 SecretValue = SecretRef | StrictStr  # a plain string is an inline secret: dev only
+# ``${NAME}`` where only a reference is taken: load_upstreams turns it into {env: NAME}
+# before validation; the type is here so the JSON Schema (and an editor) accepts it.
+EnvReferenceText = Annotated[StrictStr, Field(pattern=ENV_REFERENCE_PATTERN)]
 
 
 class Credentials(_Model):
@@ -180,7 +185,7 @@ class UpstreamConfig(_Model):
     command: StrictStr | None = None
     args: tuple[StrictStr, ...] = ()
     env: dict[StrictStr, StrictStr] = Field(default_factory=dict)  # not for secrets
-    secret_env: dict[StrictStr, SecretRef] = Field(default_factory=dict)
+    secret_env: dict[StrictStr, SecretRef | EnvReferenceText] = Field(default_factory=dict)
     cwd: Path | None = None
     # http
     url: StrictStr | None = None
@@ -395,7 +400,12 @@ def _inline_secrets(server: UpstreamConfig) -> list[str]:
 def resolve_secret(value: SecretValue, environ: Mapping[str, str]) -> SecretStr:
     """The secret behind a reference; a missing one stops start-up, naming the reference."""
     if isinstance(value, str):
-        return SecretStr(value)
+        named = ENV_REFERENCE_RE.fullmatch(value.strip())
+        if named is None:
+            return SecretStr(value)
+        # ``${NAME}`` that did not pass through a loader: still a reference, never the
+        # secret itself.
+        value = SecretRef(env=named.group(1))
     if value.env is not None:
         found = environ.get(value.env)
         if not found:
