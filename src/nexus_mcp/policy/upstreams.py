@@ -305,7 +305,8 @@ def load_upstreams(
         where = render_key(here, label)
 
         def problem(field: str, words: str, here: Loc = here) -> tuple[Loc, str]:
-            return ((*here, field), problem_line("", render_key((*here, field), label), words))
+            loc = (*here, *field.split("."))
+            return (loc, problem_line("", render_key(loc, label), words))
 
         if server.server_id == native_server_id:
             problems.append(problem("server_id", ": the native server's id"))
