@@ -172,7 +172,8 @@ def test_an_environment_list_that_is_not_json_is_a_plain_line(tmp_path: Path, ws
     config.write_text("mode: dev\n")
     done = serve(config, ws, env={"NEXUS_MCP_ALLOWED_HOSTS": CANARY})
     assert refusal(done) == [
-        'nexus-mcp: NEXUS_MCP_ALLOWED_HOSTS: `allowed_hosts` should be a list (JSON, e.g. ["a", "b"])'
+        "nexus-mcp: NEXUS_MCP_ALLOWED_HOSTS: `allowed_hosts` should be a list "
+        '(JSON, e.g. ["a", "b"])'
     ]
     assert CANARY not in done.stderr
 
