@@ -40,6 +40,7 @@ from nexus_mcp.policy.config_errors import (
     file_origin,
     format_problems,
     problems_from,
+    unknown_key_words,
 )
 from nexus_mcp.policy.references import expand_references
 from nexus_mcp.policy.upstreams import SERVER_ID_RE, SecretRef, SecretValue
@@ -440,8 +441,12 @@ def load_settings(
     ``Settings`` validation and read by their own loaders through ``config_sections``.
     """
     data = read_config_file(config_file) if config_file is not None else {}
-    own = {k: v for k, v in data.items() if k not in EXTERNAL_SECTIONS}
+    # A key that is not text (``5: x``) can name no setting; pydantic-settings would fail
+    # on it with a TypeError, so it is reported here as the unknown key it is.
+    odd = [((k,), unknown_key_words(k, ())) for k in data if not isinstance(k, str)]
+    own = {k: v for k, v in data.items() if isinstance(k, str) and k not in EXTERNAL_SECTIONS}
     own, unresolved = expand_references(own, Settings, os.environ)
+    unresolved = [*odd, *unresolved]
     clean_overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     given = {k: v for k, v in (flags or {}).items() if k in clean_overrides}
     token = _yaml_data.set(own)
@@ -543,8 +548,9 @@ def _origin(
 
 
 def _holds(data: Mapping[str, Any], loc: tuple[str | int, ...]) -> bool:
-    """Whether the YAML ``data`` sets the top-level key of ``loc``."""
-    return bool(loc) and isinstance(loc[0], str) and loc[0] in data
+    """Whether the YAML ``data`` sets the top-level key of ``loc`` (a key that is not
+    text can only come from the file)."""
+    return bool(loc) and (not isinstance(loc[0], str) or loc[0] in data)
 
 
 def _config_text(source: Path | None) -> str | None:

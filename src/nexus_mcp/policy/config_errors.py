@@ -227,7 +227,7 @@ def problems_from(
         if not real and loc in deeper:
             continue  # a union branch failed further in; that failure is the problem
         first, annotation, owner = (real or errors)[0]
-        if first["type"] == "extra_forbidden" and full:
+        if first["type"] in ("extra_forbidden", "invalid_key") and full:
             names = _names(owner, known_extra if len(loc) == 1 else ())
             at = render_key(full[:-1], label)
             problems.append((full, unknown_key_words(full[-1], names, at=at)))
@@ -283,7 +283,7 @@ def yaml_line(text: str, loc: Loc) -> int | None:
     line = None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            match = next((kv for kv in node.value if kv[0].value == str(part)), None)
+            match = next((kv for kv in node.value if _is_key(kv[0], part)), None)
             if match is None:
                 return line
             line, node = match[0].start_mark.line + 1, match[1]
@@ -319,6 +319,17 @@ def located_lines(problems: Iterable[tuple[Loc, str]], source: Path | None) -> l
 def refuse(problems: Sequence[tuple[Loc, str]], source: Path | None) -> ConfigError:
     """The ``ConfigError`` that lists ``problems``, located in ``source``."""
     return ConfigError(format_problems(located_lines(problems, source)))
+
+
+def _is_key(node: Any, part: str | int) -> bool:
+    if node.value == str(part):
+        return True
+    if isinstance(part, str) or not isinstance(node, yaml.ScalarNode):
+        return False
+    try:  # a key that is not text (``5``, ``null``, ``true``): compare what it reads as
+        return bool(yaml.safe_load(node.value) == part)
+    except yaml.YAMLError:
+        return False
 
 
 def _number(value: Any) -> str:

@@ -14,7 +14,7 @@ problem naming the key and the variable, never a value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, SecretStr
@@ -32,12 +32,18 @@ from nexus_mcp.policy.config_errors import (
 
 
 def expand_references(
-    data: Any, annotation: Any, environ: Mapping[str, str], loc: Loc = ()
+    data: Any,
+    annotation: Any,
+    environ: Mapping[str, str],
+    loc: Loc = (),
+    label: Callable[[Loc], str | None] | None = None,
 ) -> tuple[Any, list[tuple[Loc, str]]]:
     """``data`` (YAML, read against ``annotation``) with every ``${NAME}`` secret replaced,
-    and the problems found (``(location, words)``, as ``problems_from`` gives them)."""
+    and the problems found (``(location, words)``, as ``problems_from`` gives them, with
+    the same ``label``)."""
     problems: list[tuple[Loc, str]] = []
-    return _expand(data, annotation, environ, loc, problems), problems
+    found = _expand(data, annotation, environ, loc, problems)
+    return found, [(at, problem_line("", render_key(at, label), words)) for at, words in problems]
 
 
 def is_secret_type(annotation: Any) -> bool:
@@ -61,16 +67,15 @@ def _expand(
     if isinstance(data, str):
         if not is_secret_type(annotation) or "${" not in data:
             return data
-        key = render_key(loc)
         try:
             name = env_reference(data)
         except ValueError:
-            problems.append((loc, problem_line("", key, f": {ENV_REFERENCE_HINT}")))
+            problems.append((loc, f": {ENV_REFERENCE_HINT}"))
             return data
         assert name is not None
         if name not in environ or not environ[name]:
             words = f"names the environment variable {safe_text(name)}, which is not set"
-            problems.append((loc, problem_line("", key, words)))
+            problems.append((loc, words))
             return data
         if _takes_reference(annotation):
             return {"env": name}

@@ -284,10 +284,10 @@ def load_upstreams(
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
         raise refuse([((CONFIG_LOCATION,), f"`{CONFIG_LOCATION}` should be a list")], source)
     items = [_env_references_as_secrets(item) for item in raw]
-    items, unresolved = expand_references(
-        items, tuple[UpstreamConfig, ...], os.environ, (CONFIG_LOCATION,)
-    )
     label = _labeller(items)
+    items, unresolved = expand_references(
+        items, tuple[UpstreamConfig, ...], os.environ, (CONFIG_LOCATION,), label
+    )
     try:
         document = _UpstreamsDocument.model_validate({"upstreams": items})
     except ValidationError as exc:
