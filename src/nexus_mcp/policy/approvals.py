@@ -157,13 +157,13 @@ class ApprovalSettings:
         for name in ("audience", "issuer"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value or len(value) > 256:
-                raise ConfigError(f"approvals.{name} must be a non-empty string")
+                raise ConfigError(f"`approvals.{name}` should be text (1 to 256 characters)")
         ttl = self.ttl_seconds
         if isinstance(ttl, bool) or not isinstance(ttl, int):
-            raise ConfigError("approvals.ttl_seconds must be an integer")
+            raise ConfigError("`approvals.ttl_seconds` should be a whole number")
         if not MIN_APPROVAL_TTL_SECONDS <= ttl <= MAX_APPROVAL_TTL_SECONDS:
             raise ConfigError(
-                f"approvals.ttl_seconds must be between {MIN_APPROVAL_TTL_SECONDS} and "
+                f"`approvals.ttl_seconds` should be between {MIN_APPROVAL_TTL_SECONDS} and "
                 f"{MAX_APPROVAL_TTL_SECONDS}"
             )
 
@@ -417,7 +417,9 @@ def load_approval_settings(
         try:
             ttl = int(env[ENV_TTL])
         except ValueError:
-            raise ConfigError(f"{ENV_TTL} must be an integer") from None
+            raise ConfigError(
+                f"{ENV_TTL}: `approvals.ttl_seconds` should be a whole number"
+            ) from None
     return ApprovalSettings(audience=audience, issuer=issuer, ttl_seconds=ttl)
 
 
@@ -504,7 +506,7 @@ def _approvals_section(config: Mapping[str, Any] | None) -> Mapping[str, Any]:
     if section is None:
         return {}
     if not isinstance(section, Mapping):
-        raise ConfigError(f"{CONFIG_SECTION} must be a mapping")
+        raise ConfigError(f"`{CONFIG_SECTION}` should be a mapping (key: value)")
     unknown = [key for key in section if key not in SECTION_KEYS]
     if unknown:
         words = [unknown_key_words(key, SECTION_KEYS, at=CONFIG_SECTION) for key in unknown]
