@@ -7,7 +7,9 @@ Nested sections use ``__`` in environment names (``NEXUS_MCP_AUTH__AUDIENCE``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -25,9 +27,22 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.config_errors import (
+    describe_type,
+    file_origin,
+    format_problems,
+    problems_from,
+    unknown_key_words,
+)
+from nexus_mcp.policy.references import expand_references
 from nexus_mcp.policy.upstreams import SERVER_ID_RE, SecretRef, SecretValue
 
 MIB = 1024 * 1024
@@ -426,14 +441,27 @@ def load_settings(
     ``Settings`` validation and read by their own loaders through ``config_sections``.
     """
     data = read_config_file(config_file) if config_file is not None else {}
-    own = {k: v for k, v in data.items() if k not in EXTERNAL_SECTIONS}
+    # A key that is not text (``5: x``) can name no setting; pydantic-settings would fail
+    # on it with a TypeError, so it is reported here as the unknown key it is.
+    odd = [((k,), unknown_key_words(k, ())) for k in data if not isinstance(k, str)]
+    own = {k: v for k, v in data.items() if isinstance(k, str) and k not in EXTERNAL_SECTIONS}
+    own, unresolved = expand_references(own, Settings, os.environ)
+    unresolved = [*odd, *unresolved]
     clean_overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    given = {k: v for k, v in (flags or {}).items() if k in clean_overrides}
     token = _yaml_data.set(own)
     try:
         settings = Settings(**clean_overrides)
     except ValidationError as exc:
-        given = {k: v for k, v in (flags or {}).items() if k in clean_overrides}
-        raise ConfigError(describe_validation_error(exc, source=config_file, flags=given)) from None
+        message = describe_validation_error(exc, source=config_file, flags=given, found=unresolved)
+        raise ConfigError(message) from None
+    except SettingsError as exc:
+        raise ConfigError(_describe_settings_error(exc)) from None
+    else:
+        if unresolved:
+            text = _config_text(config_file)
+            lines = [_origin(loc, config_file, text, own, {}) + w for loc, w in unresolved]
+            raise ConfigError(format_problems(lines))
     finally:
         _yaml_data.reset(token)
     return trust_files(settings, config_file, data)
@@ -474,27 +502,83 @@ EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals", "upstreams", "repo
 
 
 def describe_validation_error(
-    exc: ValidationError, *, source: Path | None, flags: Mapping[str, str] | None = None
+    exc: ValidationError,
+    *,
+    source: Path | None,
+    flags: Mapping[str, str] | None = None,
+    found: Sequence[tuple[tuple[str | int, ...], str]] = (),
 ) -> str:
-    """One line per bad setting, naming the setting and its environment variable, or the
-    command-line flag when the value came from one (``flags``: setting -> flag given)."""
-    lines, from_flags = [], 0
-    for err in exc.errors(include_url=False, include_input=False):
-        loc = [str(part) for part in err["loc"]]
-        name = ".".join(loc) or "settings"
-        env_name = ENV_PREFIX + "__".join(part.upper() for part in loc)
-        flag = (flags or {}).get(loc[0]) if loc else None
-        if flag is not None:
-            from_flags += 1
-            lines.append(f"invalid value for {flag}: {err['msg']}")
-        elif err["type"] == "extra_forbidden":
-            lines.append(f"unknown setting '{name}'")
-        else:
-            lines.append(f"invalid setting '{name}' ({env_name}): {err['msg']}")
-    if from_flags == len(lines):
-        return "; ".join(lines)
-    where = f" in {source}" if source is not None else ""
-    return f"invalid configuration{where}: " + "; ".join(lines)
+    """One line per bad setting, in plain words, naming the key and where its value came
+    from: the command-line flag (``flags``: setting -> flag given), else the environment
+    variable that set it, else the file and line. Never the value itself. ``found``:
+    problems already found at some locations (``${NAME}`` references); they win there."""
+    text = _config_text(source)
+    data = _yaml_data.get() or {}
+    known = {loc for loc, _ in found}
+    problems = [*found]
+    for loc, words in problems_from(exc, Settings, known_extra=EXTERNAL_SECTIONS):
+        if loc not in known:
+            problems.append((loc, words))
+    return format_problems(
+        [_origin(loc, source, text, data, flags or {}) + w for loc, w in problems]
+    )
+
+
+def _origin(
+    loc: tuple[str | int, ...],
+    source: Path | None,
+    text: str | None,
+    data: Mapping[str, Any],
+    flags: Mapping[str, str],
+) -> str:
+    """Where the value at ``loc`` came from, as the start of a problem line."""
+    if loc and isinstance(loc[0], str) and loc[0] in flags:
+        return f"{flags[loc[0]]}: "
+    names = [str(part).upper() for part in loc if isinstance(part, str)]
+    environ = {key.upper() for key in os.environ}
+    for end in range(len(names), 0, -1):
+        name = ENV_PREFIX + "__".join(names[:end])
+        if name in environ:
+            return f"{name}: "
+    if source is not None and _holds(data, loc):
+        return f"{file_origin(source, text, loc)}: "
+    if names:
+        return f"{ENV_PREFIX}{'__'.join(names)}: "
+    return ""
+
+
+def _holds(data: Mapping[str, Any], loc: tuple[str | int, ...]) -> bool:
+    """Whether the YAML ``data`` sets the top-level key of ``loc`` (a key that is not
+    text can only come from the file)."""
+    return bool(loc) and (not isinstance(loc[0], str) or loc[0] in data)
+
+
+def _config_text(source: Path | None) -> str | None:
+    if source is None:
+        return None
+    try:
+        return source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+_SETTINGS_ERROR_FIELD = re.compile(
+    r'field "([A-Za-z_][A-Za-z0-9_]*)" from source "EnvSettingsSource"'
+)
+
+
+def _describe_settings_error(exc: SettingsError) -> str:
+    """pydantic-settings could not read an environment variable as JSON (a list or a
+    section given whole): name the variable and the form, never the value."""
+    found = _SETTINGS_ERROR_FIELD.search(str(exc))
+    if found is None:
+        return format_problems(["an environment variable could not be read"])
+    name = found.group(1)
+    field = Settings.model_fields.get(name)
+    words = describe_type(field.annotation if field is not None else None) or "JSON"
+    example = ' (JSON, e.g. ["a", "b"])' if words == "a list" else " (as JSON)"
+    env = ENV_PREFIX + name.upper()
+    return format_problems([f"{env}: `{name}` should be {words}{example}"])
 
 
 def config_sections(config_file: Path | None) -> dict[str, Any]:

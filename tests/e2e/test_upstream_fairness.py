@@ -194,7 +194,7 @@ async def test_the_default_recheck_is_bounded_and_configurable(tmp_path: Path) -
                 [stdio_upstream(recheck_seconds=bad)], mode="prod", native_server_id="nexus"
             )
         except ConfigError as exc:
-            assert "upstreams[0].recheck_seconds" in str(exc)
+            assert "`upstreams.up.recheck_seconds`" in str(exc)
             assert "soon" not in str(exc)  # the location, never the value
         else:
             raise AssertionError(f"recheck_seconds={bad!r} was accepted")

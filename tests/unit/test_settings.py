@@ -54,10 +54,10 @@ def test_launch_principal_comes_from_the_environment(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(
     ("env", "value", "named"),
     [
-        ("NEXUS_MCP_PORT", "eighty", "'port' (NEXUS_MCP_PORT)"),
-        ("NEXUS_MCP_MODE", "staging", "'mode' (NEXUS_MCP_MODE)"),
-        ("NEXUS_MCP_AUTH__JWT_SECRET", "short", "'auth.jwt_secret' (NEXUS_MCP_AUTH__JWT_SECRET)"),
-        ("NEXUS_MCP_READ_ONLY", "maybe", "'read_only' (NEXUS_MCP_READ_ONLY)"),
+        ("NEXUS_MCP_PORT", "eighty", "NEXUS_MCP_PORT: `port`"),
+        ("NEXUS_MCP_MODE", "staging", "NEXUS_MCP_MODE: `mode`"),
+        ("NEXUS_MCP_AUTH__JWT_SECRET", "short", "NEXUS_MCP_AUTH__JWT_SECRET: `auth.jwt_secret`"),
+        ("NEXUS_MCP_READ_ONLY", "maybe", "NEXUS_MCP_READ_ONLY: `read_only`"),
     ],
 )
 def test_bad_values_name_the_setting_and_not_the_value(
@@ -73,7 +73,7 @@ def test_bad_values_name_the_setting_and_not_the_value(
 def test_unknown_file_keys_and_bad_yaml_are_reported_with_the_file(tmp_path: Path) -> None:
     bad_key = tmp_path / "k.yaml"
     bad_key.write_text("prot: 1\n")
-    with pytest.raises(ConfigError, match="unknown setting 'prot'"):
+    with pytest.raises(ConfigError, match="unknown key `prot`; did you mean `port`"):
         load_settings(bad_key)
     bad_yaml = tmp_path / "y.yaml"
     bad_yaml.write_text("port: [1,\n")
@@ -88,7 +88,7 @@ def test_a_bad_token_leeway_names_its_setting(monkeypatch: pytest.MonkeyPatch, v
     monkeypatch.setenv("NEXUS_MCP_AUTH__LEEWAY_SECONDS", value)
     with pytest.raises(ConfigError) as info:
         load_settings()
-    assert "'auth.leeway_seconds' (NEXUS_MCP_AUTH__LEEWAY_SECONDS)" in str(info.value)
+    assert "NEXUS_MCP_AUTH__LEEWAY_SECONDS: `auth.leeway_seconds`" in str(info.value)
 
 
 def test_tokens_need_exp_and_get_thirty_seconds_of_leeway_by_default(
@@ -129,7 +129,7 @@ def test_a_canister_deadline_shorter_than_its_parts_names_its_setting(
         monkeypatch.setenv(key, value)
     with pytest.raises(ConfigError) as info:
         load_settings()
-    named = "'notes.total_timeout_seconds' (NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS)"
+    named = "NEXUS_MCP_NOTES__TOTAL_TIMEOUT_SECONDS: `notes.total_timeout_seconds`"
     assert named in str(info.value)
 
 

@@ -162,10 +162,12 @@ def registry_tool_class(config: str | None, tool: str) -> str | None:
     )
     server_id, name = settings.registry.server_id, tool
     # A tool of an upstream server is named by its exposed name (prefix + its own name).
+    source = Path(config) if config else None
     upstreams = load_upstreams(
-        config_sections(Path(config) if config else None).get("upstreams"),
+        config_sections(source).get("upstreams"),
         mode=settings.mode,
         native_server_id=settings.registry.server_id,
+        source=source,
     )
     for upstream in upstreams.servers:
         prefix = upstream.name_prefix
@@ -175,7 +177,7 @@ def registry_tool_class(config: str | None, tool: str) -> str | None:
     if server_id == settings.registry.server_id and name in REPO_WRITE_TOOLS:
         # Mounted only where repositories are configured, as ``serve`` does.
         repos = load_repos_config(
-            config_sections(Path(config) if config else None).get("repos"), mode=settings.mode
+            config_sections(source).get("repos"), mode=settings.mode, source=source
         )
         if not repos.enabled:
             return None

@@ -241,6 +241,7 @@ def _load(args: argparse.Namespace, server_id: str | None = None) -> _Context:
         config_sections(args.config).get("upstreams"),
         mode=settings.mode,
         native_server_id=settings.registry.server_id,
+        source=args.config,
     )
     if server_id is not None and config.get(server_id) is None:
         raise ConfigError(f"no upstream {server_id!r} in the configuration")

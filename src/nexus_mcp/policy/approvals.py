@@ -38,6 +38,14 @@ from nexus_mcp.errors import (
     ConfigError,
     InvalidInputError,
 )
+from nexus_mcp.policy.config_errors import (
+    ENV_REFERENCE_HINT,
+    env_reference,
+    format_problems,
+    problem_line,
+    safe_text,
+    unknown_key_words,
+)
 from nexus_mcp.policy.hashing import digest_arguments, sha256_hex
 
 APPROVAL_TOKEN_VERSION = 1
@@ -82,6 +90,7 @@ ENV_AUDIENCE = "NEXUS_MCP_APPROVAL_AUDIENCE"
 ENV_ISSUER = "NEXUS_MCP_APPROVAL_ISSUER"
 ENV_TTL = "NEXUS_MCP_APPROVAL_TTL_SECONDS"
 CONFIG_SECTION = "approvals"
+SECTION_KEYS = ("secret", "keys", "active_kid", "audience", "issuer", "ttl_seconds")
 # Said by every minting path (POST /approvals/mint, ``nexus-mcp approvals mint``) alike.
 NOT_A_WRITE_TOOL_MESSAGE = "tool is not a write tool of this server"
 
@@ -148,13 +157,13 @@ class ApprovalSettings:
         for name in ("audience", "issuer"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value or len(value) > 256:
-                raise ConfigError(f"approvals.{name} must be a non-empty string")
+                raise ConfigError(f"`approvals.{name}` should be text (1 to 256 characters)")
         ttl = self.ttl_seconds
         if isinstance(ttl, bool) or not isinstance(ttl, int):
-            raise ConfigError("approvals.ttl_seconds must be an integer")
+            raise ConfigError("`approvals.ttl_seconds` should be a whole number")
         if not MIN_APPROVAL_TTL_SECONDS <= ttl <= MAX_APPROVAL_TTL_SECONDS:
             raise ConfigError(
-                f"approvals.ttl_seconds must be between {MIN_APPROVAL_TTL_SECONDS} and "
+                f"`approvals.ttl_seconds` should be between {MIN_APPROVAL_TTL_SECONDS} and "
                 f"{MAX_APPROVAL_TTL_SECONDS}"
             )
 
@@ -387,7 +396,7 @@ def load_approval_keys(env: Mapping[str, str], config: Mapping[str, Any] | None)
     elif env.get(ENV_KEYS):
         by_kid = _parse_key_list(env[ENV_KEYS])
     else:
-        by_kid, config_kid = _keys_from_section(section)
+        by_kid, config_kid = _keys_from_section(section, env)
         active_kid = active_kid or config_kid
     if active_kid is None:
         if len(by_kid) != 1:
@@ -408,7 +417,9 @@ def load_approval_settings(
         try:
             ttl = int(env[ENV_TTL])
         except ValueError:
-            raise ConfigError(f"{ENV_TTL} must be an integer") from None
+            raise ConfigError(
+                f"{ENV_TTL}: `approvals.ttl_seconds` should be a whole number"
+            ) from None
     return ApprovalSettings(audience=audience, issuer=issuer, ttl_seconds=ttl)
 
 
@@ -495,10 +506,11 @@ def _approvals_section(config: Mapping[str, Any] | None) -> Mapping[str, Any]:
     if section is None:
         return {}
     if not isinstance(section, Mapping):
-        raise ConfigError(f"{CONFIG_SECTION} must be a mapping")
-    unknown = set(section) - {"secret", "keys", "active_kid", "audience", "issuer", "ttl_seconds"}
+        raise ConfigError(f"`{CONFIG_SECTION}` should be a mapping (key: value)")
+    unknown = [key for key in section if key not in SECTION_KEYS]
     if unknown:
-        raise ConfigError(f"{CONFIG_SECTION}.{sorted(map(str, unknown))[0]} is not a known setting")
+        words = [unknown_key_words(key, SECTION_KEYS, at=CONFIG_SECTION) for key in unknown]
+        raise ConfigError(format_problems(words))
     return section
 
 
@@ -514,30 +526,52 @@ def _parse_key_list(raw: str) -> dict[str, bytes]:
     return by_kid
 
 
-def _keys_from_section(section: Mapping[str, Any]) -> tuple[dict[str, bytes], str | None]:
+def _keys_from_section(
+    section: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[dict[str, bytes], str | None]:
     secret = section.get("secret")
     keys = section.get("keys")
     active = section.get("active_kid")
     if active is not None and not isinstance(active, str):
-        raise ConfigError(f"{CONFIG_SECTION}.active_kid must be a string")
+        raise _problem("active_kid", "should be text")
     if secret is not None and keys is not None:
-        raise ConfigError(f"set only one of {CONFIG_SECTION}.secret and {CONFIG_SECTION}.keys")
+        raise _problem("", f"set only one of `{CONFIG_SECTION}.secret` and `{CONFIG_SECTION}.keys`")
     if isinstance(secret, str) and secret:
-        return {active or DEFAULT_KID: secret.encode("utf-8")}, active
+        return {active or DEFAULT_KID: _secret_text(secret, "secret", env)}, active
     if secret is not None:
-        raise ConfigError(f"{CONFIG_SECTION}.secret must be a non-empty string")
+        raise _problem("secret", "should be text (not empty)")
     if isinstance(keys, Mapping) and keys:
         by_kid: dict[str, bytes] = {}
         for kid, value in keys.items():
             if not isinstance(kid, str) or not isinstance(value, str) or not value:
-                raise ConfigError(f"{CONFIG_SECTION}.keys entries must be kid: secret strings")
-            by_kid[kid] = value.encode("utf-8")
+                raise _problem("keys", "should map each kid to its secret, as text")
+            by_kid[kid] = _secret_text(value, f"keys.{safe_text(kid)}", env)
         return by_kid, active
     if keys is not None:
-        raise ConfigError(f"{CONFIG_SECTION}.keys must be a non-empty mapping")
+        raise _problem("keys", "should be a mapping (kid: secret), not empty")
     raise ConfigError(
         f"no approval secret: set {ENV_SECRET} or {ENV_KEYS}, or {CONFIG_SECTION}.secret"
     )
+
+
+def _secret_text(value: str, key: str, env: Mapping[str, str]) -> bytes:
+    """A secret of the section, ``${NAME}`` read once from ``env`` (never read again)."""
+    try:
+        name = env_reference(value)
+    except ValueError:
+        raise _problem(key, f": {ENV_REFERENCE_HINT}") from None
+    if name is None:
+        return value.encode("utf-8")
+    found = env.get(name)
+    if not found:
+        raise _problem(key, f"names the environment variable {safe_text(name)}, which is not set")
+    return found.encode("utf-8")
+
+
+def _problem(key: str, words: str) -> ConfigError:
+    where = f"{CONFIG_SECTION}.{key}" if key else ""
+    line = problem_line("", where, words) if where else words
+    return ConfigError(format_problems([line]))
 
 
 __all__ = [

@@ -23,6 +23,7 @@ entry stops it with a ``ConfigError`` naming its location, never its value.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,8 +45,9 @@ from pydantic import (
     model_validator,
 )
 
-from nexus_mcp.errors import ConfigError
-from nexus_mcp.policy.upstreams import SecretValue, describe_errors
+from nexus_mcp.policy.config_errors import Loc, problem_line, problems_from, refuse, render_key
+from nexus_mcp.policy.references import expand_references
+from nexus_mcp.policy.upstreams import SecretValue
 from nexus_mcp.policy.write_policy import (
     DEFAULT_DISALLOWED_PATHS,
     Pattern,
@@ -265,55 +267,76 @@ def is_desktop_folder(path: Path, home: Path | None = None) -> bool:
     return len(parts) >= 3 and parts[1] == "root" and parts[2].casefold() == "desktop"
 
 
-def load_repos_config(raw: Any, *, mode: str, home: Path | None = None) -> ReposConfig:
-    """Validate the section (paths are checked against the disk by ``repos/catalog.py``)."""
+def load_repos_config(
+    raw: Any, *, mode: str, home: Path | None = None, source: Path | None = None
+) -> ReposConfig:
+    """Validate the section (paths are checked against the disk by ``repos/catalog.py``);
+    ``source``, the file it was read from, is named with the line in each problem."""
     if raw is None:
         return ReposConfig()
+    here: Loc = (CONFIG_LOCATION,)
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"invalid configuration: {CONFIG_LOCATION} must be a mapping")
+        raise refuse([(here, f"`{CONFIG_LOCATION}` should be a mapping (key: value)")], source)
+    data, unresolved = expand_references(dict(raw), _ReposDocument, os.environ, here)
     try:
-        document = _ReposDocument.model_validate(dict(raw))
+        document = _ReposDocument.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(describe_errors(exc, CONFIG_LOCATION)) from None
-    problems: list[str] = []
+        known = {loc for loc, _ in unresolved}
+        found = [p for p in problems_from(exc, _ReposDocument, prefix=here) if p[0] not in known]
+        raise refuse([*unresolved, *found], source) from None
+    if unresolved:
+        raise refuse(unresolved, source)
+    problems: list[tuple[Loc, str]] = []
+
+    def problem(loc: Loc, words: str) -> tuple[Loc, str]:
+        return (
+            (CONFIG_LOCATION, *loc),
+            problem_line("", render_key((CONFIG_LOCATION, *loc)), words),
+        )
+
     warnings: list[str] = []
     if document.dev_allow_all_repos:
         if mode != "dev":
-            problems.append(f"{CONFIG_LOCATION}.dev_allow_all_repos: dev mode only")
+            problems.append(problem(("dev_allow_all_repos",), ": dev mode only"))
         else:
             warnings.append(DEV_ALL_REPOS_WARNING)
             if not document.allowed_roots:
                 problems.append(
-                    f"{CONFIG_LOCATION}.allowed_roots: dev_allow_all_repos needs at least one"
+                    problem(("allowed_roots",), ": dev_allow_all_repos needs at least one")
                 )
     roots: list[Path] = []
     for position, root in enumerate(document.allowed_roots):
-        where = f"{CONFIG_LOCATION}.allowed_roots[{position}]"
         if not root.is_absolute():
-            problems.append(f"{where}: must be an absolute path")
+            problems.append(problem(("allowed_roots", position), "should be an absolute path"))
             continue
         resolved = root.resolve()
         if is_desktop_folder(resolved, home) or is_desktop_folder(root, home):
             if mode != "dev":
-                problems.append(f"{where}: a home Desktop folder is never an allowed root")
+                problems.append(
+                    problem(
+                        ("allowed_roots", position),
+                        ": a home Desktop folder is never an allowed root",
+                    )
+                )
                 continue
             warnings.append(DESKTOP_DEV_WARNING)
         roots.append(resolved)
     if document.repositories and mode != "dev" and not document.allowed_roots:
-        problems.append(f"{CONFIG_LOCATION}.allowed_roots: required in production")
+        problems.append(problem(("allowed_roots",), "is required in production"))
     repositories: dict[str, RepositoryConfig] = {}
     for name, config in document.repositories.items():
-        where = f"{CONFIG_LOCATION}.repositories.{name}"
         if not config.path.is_absolute():
-            problems.append(f"{where}.path: must be an absolute path")
+            problems.append(problem(("repositories", name, "path"), "should be an absolute path"))
         if config.forge is not None and isinstance(config.forge.token, str) and mode != "dev":
-            problems.append(f"{where}.forge.token: inline secrets are refused in prod")
+            problems.append(
+                problem(
+                    ("repositories", name, "forge", "token"),
+                    ": inline secrets are refused in prod (use ${NAME})",
+                )
+            )
         repositories[name] = config
     if problems:
-        count = f"{len(problems)} error" + ("s" if len(problems) > 1 else "")
-        raise ConfigError(
-            f"invalid {CONFIG_LOCATION} configuration ({count}):\n  " + "\n  ".join(problems)
-        )
+        raise refuse(problems, source)
     return ReposConfig(
         repositories=MappingProxyType(repositories),
         allowed_roots=tuple(roots),

@@ -11,6 +11,7 @@ No FastMCP here: ``providers/upstream/server.py`` turns a ``UpstreamConfig`` int
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +31,17 @@ from pydantic import (
 )
 
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.config_errors import (
+    ENV_REFERENCE_PATTERN,
+    ENV_REFERENCE_RE,
+    Loc,
+    env_reference,
+    problem_line,
+    problems_from,
+    refuse,
+    render_key,
+)
+from nexus_mcp.policy.references import expand_references
 from nexus_mcp.policy.write_policy import WriteDecision
 
 CONFIG_LOCATION = "upstreams"
@@ -79,6 +91,9 @@ class SecretRef(_Model):
 
 
 SecretValue = SecretRef | StrictStr  # a plain string is an inline secret: dev only
+# ``${NAME}`` where only a reference is taken: load_upstreams turns it into {env: NAME}
+# before validation; the type is here so the JSON Schema (and an editor) accepts it.
+EnvReferenceText = Annotated[StrictStr, Field(pattern=ENV_REFERENCE_PATTERN)]
 
 
 class Credentials(_Model):
@@ -170,7 +185,7 @@ class UpstreamConfig(_Model):
     command: StrictStr | None = None
     args: tuple[StrictStr, ...] = ()
     env: dict[StrictStr, StrictStr] = Field(default_factory=dict)  # not for secrets
-    secret_env: dict[StrictStr, SecretRef] = Field(default_factory=dict)
+    secret_env: dict[StrictStr, SecretRef | EnvReferenceText] = Field(default_factory=dict)
     cwd: Path | None = None
     # http
     url: StrictStr | None = None
@@ -256,49 +271,109 @@ class UpstreamsConfig:
         return next((s for s in self.servers if s.server_id == server_id), None)
 
 
-def load_upstreams(raw: Any, *, mode: str, native_server_id: str) -> UpstreamsConfig:
-    """Validate the section; every problem is listed with its location, none with a value."""
+def load_upstreams(
+    raw: Any, *, mode: str, native_server_id: str, source: Path | None = None
+) -> UpstreamsConfig:
+    """Validate the section; every problem is listed with its location, none with a value.
+
+    ``source``: the file the section was read from, named (with the line) in each problem.
+    ``${NAME}`` in a secret (and as a whole ``env`` value, which then moves to
+    ``secret_env``) names an environment variable (``policy/references.py``)."""
     if raw is None:
         return UpstreamsConfig()
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
-        raise ConfigError(f"invalid configuration: {CONFIG_LOCATION} must be a list")
+        raise refuse([((CONFIG_LOCATION,), f"`{CONFIG_LOCATION}` should be a list")], source)
+    items = [_env_references_as_secrets(item) for item in raw]
+    label = _labeller(items)
+    items, unresolved = expand_references(
+        items, tuple[UpstreamConfig, ...], os.environ, (CONFIG_LOCATION,), label
+    )
     try:
-        document = _UpstreamsDocument.model_validate({"upstreams": list(raw)})
+        document = _UpstreamsDocument.model_validate({"upstreams": items})
     except ValidationError as exc:
-        raise ConfigError(describe_errors(exc)) from None
-    problems: list[str] = []
+        known = {loc for loc, _ in unresolved}
+        found = [
+            p for p in problems_from(exc, _UpstreamsDocument, label=label) if p[0] not in known
+        ]
+        raise refuse([*unresolved, *found], source) from None
+    problems: list[tuple[Loc, str]] = list(unresolved)
     warnings: list[str] = []
     seen_ids: dict[str, int] = {}
     seen_prefixes: dict[str, int] = {}
     for position, server in enumerate(document.upstreams):
-        where = f"{CONFIG_LOCATION}[{position}]"
+        here: Loc = (CONFIG_LOCATION, position)
+        where = render_key(here, label)
+
+        def problem(field: str, words: str, here: Loc = here) -> tuple[Loc, str]:
+            loc = (*here, *field.split("."))
+            return (loc, problem_line("", render_key(loc, label), words))
+
         if server.server_id == native_server_id:
-            problems.append(f"{where}.server_id: the native server's id")
+            problems.append(problem("server_id", ": the native server's id"))
         if server.server_id in seen_ids:
-            problems.append(
-                f"{where}.server_id: also used by {CONFIG_LOCATION}[{seen_ids[server.server_id]}]"
-            )
+            other = render_key((CONFIG_LOCATION, seen_ids[server.server_id]))
+            problems.append(problem("server_id", f": also used by `{other}`"))
         seen_ids.setdefault(server.server_id, position)
         prefix = name_key(server.name_prefix)
-        for other, other_position in seen_prefixes.items():
-            if prefix.startswith(other) or other.startswith(prefix):
+        for other_prefix, other_position in seen_prefixes.items():
+            if prefix.startswith(other_prefix) or other_prefix.startswith(prefix):
+                other = render_key((CONFIG_LOCATION, other_position), label)
                 problems.append(
-                    f"{where}.prefix ({server.server_id}): overlaps the prefix of "
-                    f"{CONFIG_LOCATION}[{other_position}] (exposed names could collide;"
-                    " compared without case)"
+                    problem(
+                        "prefix",
+                        f": overlaps the prefix of `{other}` (exposed names could collide;"
+                        " compared without case)",
+                    )
                 )
         seen_prefixes.setdefault(prefix, position)
         for location in _inline_secrets(server):
             if mode != "dev":
-                problems.append(f"{where}.{location}: inline secrets are refused in prod")
+                problems.append(
+                    problem(location, ": inline secrets are refused in prod (use ${NAME})")
+                )
             else:
                 warnings.append(f"{where}.{location}: {INLINE_CREDENTIAL_WARNING}")
     if problems:
-        count = f"{len(problems)} error" + ("s" if len(problems) > 1 else "")
-        raise ConfigError(
-            f"invalid {CONFIG_LOCATION} configuration ({count}):\n  " + "\n  ".join(problems)
-        )
+        raise refuse(problems, source)
     return UpstreamsConfig(document.upstreams, tuple(warnings))
+
+
+def _env_references_as_secrets(item: Any) -> Any:
+    """An ``env`` entry written ``NAME: ${OTHER}`` is a secret by reference: it moves to
+    ``secret_env`` (as ``{env: OTHER}``), so it is resolved and kept like one."""
+    if not isinstance(item, Mapping) or not isinstance(item.get("env"), Mapping):
+        return item
+    plain, moved = {}, {}
+    for name, value in item["env"].items():
+        try:
+            variable = env_reference(value)
+        except ValueError:
+            variable = None
+        if variable is not None and name not in (item.get("secret_env") or {}):
+            moved[name] = {"env": variable}
+        else:
+            plain[name] = value
+    if not moved:
+        return item
+    secret_env = item.get("secret_env")
+    merged = {**secret_env, **moved} if isinstance(secret_env, Mapping) else moved
+    return {**item, "env": plain, "secret_env": merged}
+
+
+def _labeller(items: Sequence[Any]) -> Any:
+    """``upstreams[0]`` is named ``upstreams.fs`` in problems when its ``server_id`` is a
+    valid id no other entry has."""
+    ids = [i.get("server_id") if isinstance(i, Mapping) else None for i in items]
+
+    def label(loc: Loc) -> str | None:
+        if len(loc) != 2 or loc[0] != CONFIG_LOCATION or not isinstance(loc[1], int):
+            return None
+        found = ids[loc[1]] if 0 <= loc[1] < len(ids) else None
+        if isinstance(found, str) and SERVER_ID_RE.fullmatch(found) and ids.count(found) == 1:
+            return found
+        return None
+
+    return label
 
 
 def name_key(name: str) -> str:
@@ -326,7 +401,12 @@ def _inline_secrets(server: UpstreamConfig) -> list[str]:
 def resolve_secret(value: SecretValue, environ: Mapping[str, str]) -> SecretStr:
     """The secret behind a reference; a missing one stops start-up, naming the reference."""
     if isinstance(value, str):
-        return SecretStr(value)
+        named = ENV_REFERENCE_RE.fullmatch(value.strip())
+        if named is None:
+            return SecretStr(value)
+        # ``${NAME}`` that did not pass through a loader: still a reference, never the
+        # secret itself.
+        value = SecretRef(env=named.group(1))
     if value.env is not None:
         found = environ.get(value.env)
         if not found:
@@ -390,36 +470,6 @@ def decide_upstream_write(server: UpstreamConfig, tool_name: str, *, mode: str) 
     return WriteDecision(True, RULE_ALLOWED, policy.require_approval, policy.approval_mode)
 
 
-def describe_errors(exc: ValidationError, section: str = CONFIG_LOCATION) -> str:
-    """Locations and pydantic's messages only: no input values (they may be secrets).
-
-    Shared by the configuration sections validated with pydantic (``upstreams``, ``repos``):
-    pydantic's own union and validator steps are left out of the location.
-    """
-    lines = []
-    for error in exc.errors(include_url=False, include_input=False, include_context=False):
-        location = ""
-        for part in error["loc"]:
-            text = str(part)
-            if part == section and not location:
-                location = section
-            elif isinstance(part, int):
-                location += f"[{part}]"
-            elif text.startswith(("function-", "lax-or-strict", "json-or-python")) or text in (
-                "str",
-                "SecretRef",
-            ):
-                continue
-            else:
-                location += f".{part}"
-        if not location.startswith(section):
-            location = section + location
-        lines.append(f"{location}: {error['msg']}")
-    unique = list(dict.fromkeys(lines))
-    count = f"{len(unique)} error" + ("s" if len(unique) > 1 else "")
-    return f"invalid {section} configuration ({count}):\n  " + "\n  ".join(unique)
-
-
 class UpstreamWrites:
     """Which write-class upstream tools may run: each configured upstream's own policy
     (``decide_upstream_write``); an upstream that is not configured has none."""
@@ -454,7 +504,6 @@ __all__ = [
     "UpstreamWrites",
     "UpstreamsConfig",
     "decide_upstream_write",
-    "describe_errors",
     "load_upstreams",
     "name_key",
     "resolve_secret",

@@ -32,6 +32,7 @@ import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, get_args
 
@@ -45,7 +46,8 @@ from pydantic import (
     ValidationError,
 )
 
-from nexus_mcp.errors import ConfigError, DocEncodingInvalidError, WritePolicyDeniedError
+from nexus_mcp.errors import DocEncodingInvalidError, WritePolicyDeniedError
+from nexus_mcp.policy.config_errors import problems_from, refuse
 
 Operation = Literal["write", "edit", "delete", "mkdir", "rmdir", "rename"]
 OPERATIONS: frozenset[Operation] = frozenset(get_args(Operation))
@@ -262,7 +264,7 @@ class WriteDecision:
 
 
 def load_write_policy_config(
-    raw: Mapping[str, Any] | None, *, mode: str
+    raw: Mapping[str, Any] | None, *, mode: str, source: Path | None = None
 ) -> tuple[WritePolicyConfig, list[str]]:
     """Validate the ``write_policies`` section; returns the config and warnings to log.
 
@@ -273,12 +275,14 @@ def load_write_policy_config(
         if mode == "dev":
             return WritePolicyConfig(fallback=DEV_WRITE_POLICY), [DEV_POLICY_WARNING]
         return WritePolicyConfig(), [PROD_NO_POLICY_WARNING]
+    here = (CONFIG_LOCATION,)
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{CONFIG_LOCATION} must be a mapping")
+        raise refuse([(here, f"`{CONFIG_LOCATION}` should be a mapping (key: value)")], source)
     try:
         document = _WritePoliciesDocument.model_validate(dict(raw))
     except ValidationError as exc:
-        raise ConfigError(_describe_validation_error(exc)) from None
+        problems = problems_from(exc, _WritePoliciesDocument, prefix=here)
+        raise refuse(problems, source) from None
     config = WritePolicyConfig(
         workspace=document.workspace, vaults=MappingProxyType(dict(document.vaults))
     )
@@ -452,17 +456,6 @@ def _is_disallowed_ancestor(entries: Sequence[str], variants: Sequence[Sequence[
             if len(variant) <= len(prefix) and tuple(variant) == prefix[: len(variant)]:
                 return True
     return False
-
-
-def _describe_validation_error(exc: ValidationError) -> str:
-    # Locations and pydantic's message only; input values stay out of the message.
-    problems = []
-    for error in exc.errors():
-        location = CONFIG_LOCATION
-        for part in error["loc"]:
-            location += f"[{part}]" if isinstance(part, int) else f".{part}"
-        problems.append(f"{location}: {error['msg']}")
-    return "invalid write policy configuration: " + "; ".join(problems)
 
 
 def utf8_size(value: str, pointer: str) -> int:

@@ -128,7 +128,7 @@ def build_server(
     # Settings made without load_settings (tests, embedders) learn here which files the
     # configuration names, so the file tools never reach them (state.server_state_paths).
     trust_files(settings, config_file, sections)
-    repos_config = load_repos_config(sections.get("repos"), mode=settings.mode)
+    repos_config = load_repos_config(sections.get("repos"), mode=settings.mode, source=config_file)
     # The repositories are opened (and checked) first; nothing else holds them if start-up
     # stops later, so they are closed here then. A replay opens none.
     repos = (
@@ -170,7 +170,7 @@ def _build_server(
             "(NEXUS_MCP_AUTH__JWT_SECRET) or auth.jwks_url (NEXUS_MCP_AUTH__JWKS_URL)"
         )
     check_launch_settings(settings)  # before any state is created; build_identity decides
-    write_policies = load_write_policies(sections, settings)
+    write_policies = load_write_policies(sections, settings, source=config_file)
     replaying = settings.replay is not None
     # A replay serves no folder: the write policy judges paths as named (workspace/replay.py).
     workspace = (
@@ -207,7 +207,10 @@ def _build_server(
     argument_models = {contract_of(fn).name: build_arguments_model(fn) for fn in functions}
     native_contracts = dict(contracts)
     upstream_config = load_upstreams(
-        sections.get("upstreams"), mode=settings.mode, native_server_id=settings.registry.server_id
+        sections.get("upstreams"),
+        mode=settings.mode,
+        native_server_id=settings.registry.server_id,
+        source=config_file,
     )
     replay = None
     if settings.replay is not None:

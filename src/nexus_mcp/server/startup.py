@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from fastmcp.server.auth import TokenVerifier
@@ -195,8 +196,12 @@ def check_registry_parity(
     log.warning("registry_risk_mismatch", tools=[m.tool_name for m in mismatches])
 
 
-def load_write_policies(sections: Mapping[str, Any], settings: Settings) -> WritePolicyConfig:
-    config, warnings = load_write_policy_config(sections.get("write_policies"), mode=settings.mode)
+def load_write_policies(
+    sections: Mapping[str, Any], settings: Settings, *, source: Path | None = None
+) -> WritePolicyConfig:
+    config, warnings = load_write_policy_config(
+        sections.get("write_policies"), mode=settings.mode, source=source
+    )
     for warning in warnings:
         log.warning("write_policy", message=warning)
     return config

@@ -84,8 +84,8 @@ def test_the_seed_defaults_apply_to_an_empty_policy(tmp_path: Path) -> None:
     ("raw", "mode", "fragment"),
     [
         ({"repositories": {"../x": "/tmp/x"}}, "dev", "repository name"),
-        ({"repositories": {"p": "/x"}}, "prod", "repos.allowed_roots: required in production"),
-        ({"allowed_roots": ["rel"], "repositories": {}}, "prod", "must be an absolute path"),
+        ({"repositories": {"p": "/x"}}, "prod", "`repos.allowed_roots` is required in production"),
+        ({"allowed_roots": ["rel"], "repositories": {}}, "prod", "should be an absolute path"),
         ({"dev_allow_all_repos": True, "allowed_roots": ["/srv"]}, "prod", "dev mode only"),
         ({"dev_allow_all_repos": True}, "dev", "needs at least one"),
         ({"allowed_roots": ["/home/u/Desktop"]}, "prod", "Desktop"),
@@ -93,7 +93,7 @@ def test_the_seed_defaults_apply_to_an_empty_policy(tmp_path: Path) -> None:
         ({"allowed_roots": ["/root/Desktop"]}, "prod", "Desktop"),
         ({"repositories": {"p": {"path": "/x", "unknown": 1}}}, "dev", "repositories.p"),
         ({"surprise": True}, "dev", "repos.surprise"),
-        ("not a mapping", "dev", "must be a mapping"),
+        ("not a mapping", "dev", "`repos` should be a mapping"),
     ],
 )
 def test_bad_sections_stop_start_up_naming_the_place(raw: Any, mode: str, fragment: str) -> None:
