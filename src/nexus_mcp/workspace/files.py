@@ -48,7 +48,7 @@ from nexus_mcp.errors import (
     NotFoundError,
     WritePolicyDeniedError,
 )
-from nexus_mcp.policy.write_policy import RULE_DISALLOWED_SUBTREE
+from nexus_mcp.policy.write_policy import RULE_DISALLOWED_SUBTREE, entry_facts
 from nexus_mcp.workspace.commits import guarded_commit
 from nexus_mcp.workspace.confinement import (
     DIR_FLAGS,
@@ -600,9 +600,12 @@ class Workspace:
                             self._check_moved_link(folder.fd, name, len(folder.parts))
                     try:
                         gate.check_paths(operation, paths)
-                    except WritePolicyDeniedError:
+                    except WritePolicyDeniedError as exc:
                         # Named for what was asked: the folder, carrying a denied entry.
-                        raise WritePolicyDeniedError(rule=RULE_DISALLOWED_SUBTREE) from None
+                        facts = entry_facts(exc.facts)
+                        raise WritePolicyDeniedError(
+                            rule=RULE_DISALLOWED_SUBTREE, **facts
+                        ) from None
         finally:
             os.close(fd)
         return count
