@@ -132,9 +132,36 @@ class InvalidPathError(InputError):
     default_message = "path is not allowed"
 
 
+# A write that makes an entry in a folder that is not there: what the refusal says, by the
+# operation (``reason`` names the folder's state, ``operation`` the write).
+_NO_PARENT = {
+    "parent_missing": "the parent folder does not exist",
+    "parent_not_folder": "a parent of this path is a file, not a folder",
+}
+_MKDIR_FIRST = "create it first with nexus_mkdir (parents=true creates every missing level)"
+_CREATE_PARENT = {
+    "write": _MKDIR_FIRST,
+    "rename": _MKDIR_FIRST,
+    "mkdir": "call nexus_mkdir with parents=true to create the missing folders as well",
+}
+
+
 class NotFoundError(InputError):
+    """Something the call names does not exist. For a write that creates an entry
+    (``operation``: write, rename, mkdir) whose parent folder is missing (``reason``
+    ``parent_missing``) the message says so and how to create it, without the path."""
+
     code = Code.NOT_FOUND
     default_message = "not found"
+
+    def render(self, facts: dict[str, Any]) -> str:
+        state = _NO_PARENT.get(str(facts.get("reason")))
+        advice = _CREATE_PARENT.get(str(facts.get("operation")))
+        if state is None or advice is None:
+            return self.default_message
+        if facts.get("reason") == "parent_not_folder":
+            return f"{state}: a file cannot hold another entry"
+        return f"{state}: {advice}"
 
 
 class ConflictError(InputError):
