@@ -42,7 +42,10 @@ means: no input values, no paths the caller sent, no exception text, no secrets.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import re
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -115,16 +118,114 @@ class InputError(NexusError):
     default_message = "invalid input"
 
 
+# A name a message may carry: an argument or setting the tool's schema declares. A name
+# of any other shape is left out (an upstream's schema is not ours to trust with text).
+_SCHEMA_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+MAX_ACCEPTED_NAMED = 16  # declared names an unexpected-argument refusal lists at most
+PROBLEM_MISSING = "missing"
+PROBLEM_UNEXPECTED = "unexpected_argument"
+PROBLEM_WRONG_TYPE = "wrong_type"
+
+# What a value should have been, in plain words, by pydantic's error type or JSON Schema's
+# type name (``problem``, or ``expected`` with ``PROBLEM_WRONG_TYPE``).
+_KINDS = {
+    name: words
+    for words, names in (
+        ("text", "string_type string"),
+        ("a whole number", "int_type int_from_float integer"),
+        ("a number", "float_type number"),
+        ("true or false", "bool_type boolean"),
+        ("a list", "list_type tuple_type set_type frozen_set_type array"),
+        ("an object", "dict_type model_type model_attributes_type object"),
+        ("null", "none_required null"),
+    )
+    for name in names.split()
+}
+# A bound broken, in plain words; ``limit`` is the schema's own bound, never the value sent.
+_BOUNDS = {
+    name: words
+    for words, names in (
+        ("should be at least {}", "greater_than_equal minimum"),
+        ("should be greater than {}", "greater_than exclusiveMinimum"),
+        ("should be at most {}", "less_than_equal maximum"),
+        ("should be less than {}", "less_than exclusiveMaximum"),
+        ("is too long (at most {} characters)", "string_too_long maxLength"),
+        ("is too short (at least {} characters)", "string_too_short minLength"),
+        ("has too many entries (at most {})", "too_long maxItems"),
+        ("has too few entries (at least {})", "too_short minItems"),
+    )
+    for name in names.split()
+}
+_NOT_ACCEPTED_VALUE = frozenset({"literal_error", "enum", "const"})
+
+
+def is_schema_name(value: object) -> bool:
+    """Whether ``value`` may appear in a message as an argument's or setting's name."""
+    return isinstance(value, str) and _SCHEMA_NAME_RE.fullmatch(value) is not None
+
+
 class InvalidInputError(InputError):
-    """Arguments that fail validation. Names the field only, never the value sent."""
+    """Arguments that fail validation: names the declared argument and says in plain words
+    what is wrong (facts ``field``, ``problem``, ``expected``, ``limit``, ``entry``); never
+    the value sent, nor a name the caller made up (an unexpected argument is answered with
+    the ``accepted`` names and a ``suggestion`` among them)."""
 
     code = Code.INVALID_INPUT
 
+    @classmethod
+    def unexpected(
+        cls, sent: Iterable[object], accepted: Sequence[str] | None
+    ) -> InvalidInputError:
+        """An unexpected argument among ``sent`` (caller names, never kept): lists the
+        ``accepted`` names and suggests the one a sent name is a close misspelling of."""
+        declared = tuple(accepted) if accepted is not None else None
+        suggestion = None
+        if declared:
+            for name in sent:
+                # A declared name is short: a long one cannot be its misspelling, and
+                # difflib's cost grows with the length of what it compares.
+                if isinstance(name, str) and len(name) <= 2 * 64:
+                    close = difflib.get_close_matches(name, declared, n=1)
+                    if close:
+                        suggestion = close[0]
+                        break
+        return cls(problem=PROBLEM_UNEXPECTED, accepted=declared, suggestion=suggestion)
+
     def render(self, facts: dict[str, Any]) -> str:
+        problem = facts.get("problem")
+        if problem == PROBLEM_UNEXPECTED:
+            return _unexpected_message(facts.get("accepted"), facts.get("suggestion"))
         field = facts.get("field")
-        if field:
-            return f"invalid input for field '{field}'"
-        return "invalid input"
+        if not is_schema_name(field):
+            return "invalid input"
+        if problem == PROBLEM_MISSING and not facts.get("entry"):
+            return f"missing argument '{field}'"
+        subject = f"an entry of argument '{field}'" if facts.get("entry") else f"argument '{field}'"
+        kind = _KINDS.get(str(facts.get("expected") if problem == PROBLEM_WRONG_TYPE else problem))
+        if kind is not None:
+            return f"{subject} should be {kind}"
+        limit = facts.get("limit")
+        bound = _BOUNDS.get(str(problem))
+        if bound is not None and isinstance(limit, int | float) and not isinstance(limit, bool):
+            return f"{subject} {bound.format(limit)}"
+        if problem in _NOT_ACCEPTED_VALUE:
+            return f"{subject} is not one of the accepted values"
+        return f"invalid input for field '{field}'"
+
+
+def _unexpected_message(accepted: object, suggestion: object) -> str:
+    text = "unexpected argument"
+    if isinstance(accepted, tuple):
+        names = [name for name in accepted if is_schema_name(name)]
+        if not accepted:
+            text += "; this tool takes no arguments"
+        elif names:
+            shown = names[:MAX_ACCEPTED_NAMED]
+            more = len(accepted) - len(shown)
+            text += "; accepted: " + ", ".join(shown) + (f" and {more} more" if more else "")
+    if is_schema_name(suggestion) and isinstance(accepted, tuple) and suggestion in accepted:
+        text += f"; did you mean '{suggestion}'?"
+    return text
 
 
 class InvalidPathError(InputError):
@@ -543,7 +644,11 @@ def correlation_ref(correlation_id: str) -> str:
 
 __all__ = [
     "FACT_OUTCOME_UNKNOWN",
+    "MAX_ACCEPTED_NAMED",
     "MERGE_BLOCKED_REASONS",
+    "PROBLEM_MISSING",
+    "PROBLEM_UNEXPECTED",
+    "PROBLEM_WRONG_TYPE",
     "UPSTREAM_INVALID_PATH",
     "UPSTREAM_RUNTIME_FAILURE",
     "WRITE_OPERATION_NAMES",
@@ -584,5 +689,6 @@ __all__ = [
     "UpstreamError",
     "WritePolicyDeniedError",
     "correlation_ref",
+    "is_schema_name",
     "rebuild_error",
 ]

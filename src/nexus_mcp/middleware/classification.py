@@ -94,7 +94,7 @@ class ClassificationMiddleware(Middleware):
             try:
                 validated = model.model_validate(arguments)
             except ValidationError as exc:
-                raise invalid_input_from(exc) from None
+                raise invalid_input_from(exc, model.model_fields) from None
             state.validated_arguments = (arguments, validated.__dict__)
         else:
             check = self.argument_checks.get(state.tool_name)
