@@ -181,10 +181,10 @@ class InvalidInputError(InputError):
         declared = tuple(accepted) if accepted is not None else None
         suggestion = None
         if declared:
-            for name in sent:
+            for name in list(sent)[:MAX_ACCEPTED_NAMED]:  # a few: the cost is the caller's
                 # A declared name is short: a long one cannot be its misspelling, and
                 # difflib's cost grows with the length of what it compares.
-                if isinstance(name, str) and len(name) <= 2 * 64:
+                if isinstance(name, str) and len(name) <= 128:
                     close = difflib.get_close_matches(name, declared, n=1)
                     if close:
                         suggestion = close[0]

@@ -333,3 +333,10 @@ def test_a_declared_name_that_is_not_a_plain_name_is_never_listed() -> None:
 )
 def test_which_names_a_message_may_carry(value: object, plain: bool) -> None:
     assert is_schema_name(value) is plain
+
+
+def test_only_the_first_few_unexpected_names_are_compared() -> None:
+    """Thousands of long names cost one bounded comparison each, for the first few only."""
+    sent = ["q" * 120 + str(n) for n in range(10_000)] + ["pth"]
+    message = InvalidInputError.unexpected(sent, ACCEPTED).message
+    assert message == "unexpected argument; accepted: " + ", ".join(ACCEPTED)

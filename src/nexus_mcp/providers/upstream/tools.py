@@ -220,13 +220,13 @@ def check_arguments(view: ToolView, arguments: Mapping[str, Any]) -> None:
     schema = view.definition.get("inputSchema")
     properties = schema.get("properties") if isinstance(schema, Mapping) else None
     declared = tuple(properties) if isinstance(properties, Mapping) else ()
-    raise schema_refusal(errors, declared, own)
+    raise _schema_refusal(errors, declared, own)
 
 
 MAX_SCHEMA_ERRORS = 64  # the errors looked at for the one to report (an extra one first)
 
 
-def schema_refusal(
+def _schema_refusal(
     errors: list[Any], declared: tuple[str, ...], arguments: Mapping[str, Any]
 ) -> InvalidInputError:
     """The refusal for JSON Schema ``errors`` of an arguments object: an unexpected
