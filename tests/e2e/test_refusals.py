@@ -369,3 +369,43 @@ async def test_an_upstream_tool_words_its_argument_refusals_as_a_native_tool(
     assert "CANARY" not in json.dumps([wire(extra), wire(hostile), wrong, missing])
     calls = [r for r in read_record(record) if r["method"] == "tools/call"]
     assert calls == []  # refused here: the upstream never saw these arguments
+
+
+# -- replay words them the same --------------------------------------------------------------
+
+
+async def test_a_replay_words_argument_and_missing_folder_refusals_as_live(
+    make_server: ServerFactory, workspace: Path, tmp_path: Path
+) -> None:
+    """``serve --replay``: arguments are refused by the same chain, in the same words, and a
+    recorded write into a missing folder answers with the message it was recorded with."""
+    fixtures = tmp_path / "fixtures"
+    nowhere = {"path": "scratch/none/x.txt", "content": "x", "idempotency_key": "k-nowhere"}
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("nexus_write_file", nowhere),
+        ("nexus_read_file", {"pth": "todo.txt"}),
+        ("nexus_read_file", {}),
+        ("nexus_read_file", {"path": 5}),
+        ("nexus_write_file", {**nowhere, SECRET: 1}),
+    ]
+    expected = [
+        {"error": MKDIR_FIRST, "code": "NOT_FOUND"},
+        {
+            "error": "unexpected argument; accepted: path; did you mean 'path'?",
+            "code": "INVALID_INPUT",
+        },
+        {"error": "missing argument 'path'", "code": "INVALID_INPUT"},
+        {"error": "argument 'path' should be text", "code": "INVALID_INPUT"},
+        {
+            "error": "unexpected argument; accepted: " + ", ".join(WRITE_ARGS),
+            "code": "INVALID_INPUT",
+        },
+    ]
+    live = make_server(data_dir=tmp_path / "d1", record=fixtures)
+    async with Client(live.mcp) as client:
+        assert [envelope(await client.call_tool_mcp(t, a)) for t, a in calls] == expected
+    live.close()
+    replay = make_server(data_dir=tmp_path / "d2", replay=fixtures)
+    async with Client(replay.mcp) as client:
+        assert [envelope(await client.call_tool_mcp(t, a)) for t, a in calls] == expected
+    assert SECRET not in (fixtures / "nexus.jsonl").read_text()
