@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from fastmcp.exceptions import FastMCPError, ToolError
@@ -78,21 +79,53 @@ def to_wire_error(exc: BaseException, *, correlation_id: str) -> NexusError:
     return internal
 
 
-def invalid_input_from(cause: BaseException | None) -> InvalidInputError:
-    """``INVALID_INPUT`` naming the first bad declared field; never the value sent.
+_UNEXPECTED_TYPES = frozenset({"unexpected_keyword_argument", "extra_forbidden"})
+
+
+def invalid_input_from(
+    cause: BaseException | None, accepted: Iterable[str] | None = None
+) -> InvalidInputError:
+    """``INVALID_INPUT`` naming the first bad declared argument and, in plain words, what
+    is wrong with it (missing, of the wrong type, out of bounds); never the value sent.
 
     pydantic's messages embed the input value even with ``mask_error_details``, so only
-    the location is kept, and not even that for unexpected arguments (the name of an
-    unexpected argument is itself caller input).
+    the error type, the location and the schema's bound are kept. An unexpected argument
+    is reported first, and never by its name (which is caller input): the refusal lists
+    the ``accepted`` names (the tool's declared arguments) and suggests the one it is a
+    close misspelling of, if any.
     """
+    declared = tuple(accepted) if accepted is not None else None
     if isinstance(cause, PydanticValidationError):
-        for err in cause.errors(include_url=False, include_input=False, include_context=False):
+        errors = cause.errors(include_url=False, include_input=False, include_context=True)
+        unexpected = [err for err in errors if err.get("type") in _UNEXPECTED_TYPES]
+        if unexpected:
+            sent = [err["loc"][0] for err in unexpected if err.get("loc")]
+            return InvalidInputError.unexpected(sent, declared)
+        for err in errors:
             loc = err.get("loc") or ()
-            if err.get("type") in ("unexpected_keyword_argument", "extra_forbidden"):
-                return InvalidInputError("unexpected argument", problem="unexpected_argument")
-            if loc and isinstance(loc[0], str):
-                return InvalidInputError(field=loc[0], problem=str(err.get("type")))
+            if not loc or not isinstance(loc[0], str):
+                continue
+            facts: dict[str, Any] = {"field": loc[0], "problem": str(err.get("type"))}
+            if len(loc) == 2 and isinstance(loc[1], int):
+                facts["entry"] = True  # an entry of a list argument
+            elif len(loc) > 1:
+                facts["problem"] = "nested"  # a union member or a key: nothing more to say
+            limit = _schema_bound(err.get("ctx"))
+            if limit is not None:
+                facts["limit"] = limit
+            return InvalidInputError(**facts)
     return InvalidInputError(problem="validation")
+
+
+def _schema_bound(ctx: Any) -> int | float | None:
+    """The bound a bounds error names (``ge``, ``max_length``, ...): the schema's, a number."""
+    if not isinstance(ctx, dict):
+        return None
+    for key in ("ge", "gt", "le", "lt", "min_length", "max_length"):
+        value = ctx.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def safe_facts(error: NexusError | None) -> dict[str, Any] | None:

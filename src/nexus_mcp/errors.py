@@ -42,7 +42,10 @@ means: no input values, no paths the caller sent, no exception text, no secrets.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import re
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -115,16 +118,114 @@ class InputError(NexusError):
     default_message = "invalid input"
 
 
+# A name a message may carry: an argument or setting the tool's schema declares. A name
+# of any other shape is left out (an upstream's schema is not ours to trust with text).
+_SCHEMA_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+MAX_ACCEPTED_NAMED = 16  # declared names an unexpected-argument refusal lists at most
+PROBLEM_MISSING = "missing"
+PROBLEM_UNEXPECTED = "unexpected_argument"
+PROBLEM_WRONG_TYPE = "wrong_type"
+
+# What a value should have been, in plain words, by pydantic's error type or JSON Schema's
+# type name (``problem``, or ``expected`` with ``PROBLEM_WRONG_TYPE``).
+_KINDS = {
+    name: words
+    for words, names in (
+        ("text", "string_type string"),
+        ("a whole number", "int_type int_from_float integer"),
+        ("a number", "float_type number"),
+        ("true or false", "bool_type boolean"),
+        ("a list", "list_type tuple_type set_type frozen_set_type array"),
+        ("an object", "dict_type model_type model_attributes_type object"),
+        ("null", "none_required null"),
+    )
+    for name in names.split()
+}
+# A bound broken, in plain words; ``limit`` is the schema's own bound, never the value sent.
+_BOUNDS = {
+    name: words
+    for words, names in (
+        ("should be at least {}", "greater_than_equal minimum"),
+        ("should be greater than {}", "greater_than exclusiveMinimum"),
+        ("should be at most {}", "less_than_equal maximum"),
+        ("should be less than {}", "less_than exclusiveMaximum"),
+        ("is too long (at most {} characters)", "string_too_long maxLength"),
+        ("is too short (at least {} characters)", "string_too_short minLength"),
+        ("has too many entries (at most {})", "too_long maxItems"),
+        ("has too few entries (at least {})", "too_short minItems"),
+    )
+    for name in names.split()
+}
+_NOT_ACCEPTED_VALUE = frozenset({"literal_error", "enum", "const"})
+
+
+def is_schema_name(value: object) -> bool:
+    """Whether ``value`` may appear in a message as an argument's or setting's name."""
+    return isinstance(value, str) and _SCHEMA_NAME_RE.fullmatch(value) is not None
+
+
 class InvalidInputError(InputError):
-    """Arguments that fail validation. Names the field only, never the value sent."""
+    """Arguments that fail validation: names the declared argument and says in plain words
+    what is wrong (facts ``field``, ``problem``, ``expected``, ``limit``, ``entry``); never
+    the value sent, nor a name the caller made up (an unexpected argument is answered with
+    the ``accepted`` names and a ``suggestion`` among them)."""
 
     code = Code.INVALID_INPUT
 
+    @classmethod
+    def unexpected(
+        cls, sent: Iterable[object], accepted: Sequence[str] | None
+    ) -> InvalidInputError:
+        """An unexpected argument among ``sent`` (caller names, never kept): lists the
+        ``accepted`` names and suggests the one a sent name is a close misspelling of."""
+        declared = tuple(accepted) if accepted is not None else None
+        suggestion = None
+        if declared:
+            for name in list(sent)[:MAX_ACCEPTED_NAMED]:  # a few: the cost is the caller's
+                # A declared name is short: a long one cannot be its misspelling, and
+                # difflib's cost grows with the length of what it compares.
+                if isinstance(name, str) and len(name) <= 128:
+                    close = difflib.get_close_matches(name, declared, n=1)
+                    if close:
+                        suggestion = close[0]
+                        break
+        return cls(problem=PROBLEM_UNEXPECTED, accepted=declared, suggestion=suggestion)
+
     def render(self, facts: dict[str, Any]) -> str:
+        problem = facts.get("problem")
+        if problem == PROBLEM_UNEXPECTED:
+            return _unexpected_message(facts.get("accepted"), facts.get("suggestion"))
         field = facts.get("field")
-        if field:
-            return f"invalid input for field '{field}'"
-        return "invalid input"
+        if not is_schema_name(field):
+            return "invalid input"
+        if problem == PROBLEM_MISSING and not facts.get("entry"):
+            return f"missing argument '{field}'"
+        subject = f"an entry of argument '{field}'" if facts.get("entry") else f"argument '{field}'"
+        kind = _KINDS.get(str(facts.get("expected") if problem == PROBLEM_WRONG_TYPE else problem))
+        if kind is not None:
+            return f"{subject} should be {kind}"
+        limit = facts.get("limit")
+        bound = _BOUNDS.get(str(problem))
+        if bound is not None and isinstance(limit, int | float) and not isinstance(limit, bool):
+            return f"{subject} {bound.format(limit)}"
+        if problem in _NOT_ACCEPTED_VALUE:
+            return f"{subject} is not one of the accepted values"
+        return f"invalid input for field '{field}'"
+
+
+def _unexpected_message(accepted: object, suggestion: object) -> str:
+    text = "unexpected argument"
+    if isinstance(accepted, tuple):
+        names = [name for name in accepted if is_schema_name(name)]
+        if not accepted:
+            text += "; this tool takes no arguments"
+        elif names:
+            shown = names[:MAX_ACCEPTED_NAMED]
+            more = len(accepted) - len(shown)
+            text += "; accepted: " + ", ".join(shown) + (f" and {more} more" if more else "")
+    if is_schema_name(suggestion) and isinstance(accepted, tuple) and suggestion in accepted:
+        text += f"; did you mean '{suggestion}'?"
+    return text
 
 
 class InvalidPathError(InputError):
@@ -132,9 +233,36 @@ class InvalidPathError(InputError):
     default_message = "path is not allowed"
 
 
+# A write that makes an entry in a folder that is not there: what the refusal says, by the
+# operation (``reason`` names the folder's state, ``operation`` the write).
+_NO_PARENT = {
+    "parent_missing": "the parent folder does not exist",
+    "parent_not_folder": "a parent of this path is a file, not a folder",
+}
+_MKDIR_FIRST = "create it first with nexus_mkdir (parents=true creates every missing level)"
+_CREATE_PARENT = {
+    "write": _MKDIR_FIRST,
+    "rename": _MKDIR_FIRST,
+    "mkdir": "call nexus_mkdir with parents=true to create the missing folders as well",
+}
+
+
 class NotFoundError(InputError):
+    """Something the call names does not exist. For a write that creates an entry
+    (``operation``: write, rename, mkdir) whose parent folder is missing (``reason``
+    ``parent_missing``) the message says so and how to create it, without the path."""
+
     code = Code.NOT_FOUND
     default_message = "not found"
+
+    def render(self, facts: dict[str, Any]) -> str:
+        state = _NO_PARENT.get(str(facts.get("reason")))
+        advice = _CREATE_PARENT.get(str(facts.get("operation")))
+        if state is None or advice is None:
+            return self.default_message
+        if facts.get("reason") == "parent_not_folder":
+            return f"{state}: a file cannot hold another entry"
+        return f"{state}: {advice}"
 
 
 class ConflictError(InputError):
@@ -267,9 +395,101 @@ class ApprovalReplayedError(ApprovalError):
     default_message = "approval token was already used"
 
 
+# The operations a write policy names (workspace files, repositories): a message names
+# one only from this set, so it is always ours, never the caller's text.
+_FILE_OPERATIONS = ("write", "edit", "delete", "mkdir", "rmdir", "rename")
+_REPO_OPERATIONS = ("create_branch", "apply_patch", "open_pull_request", "merge_guarded")
+WRITE_OPERATION_NAMES = frozenset((*_FILE_OPERATIONS, *_REPO_OPERATIONS))
+WRITE_POLICY_DENIED_PREFIX = "write denied by the write policy"
+# Each rule a write policy refuses by, in plain words naming the setting that decided
+# (``policy/write_policy.py``, ``policy/repos.py``, ``policy/upstreams.py``, the
+# workspace and the targets). Never the path, branch or content the caller sent.
+_WRITE_RULES = {
+    "no_policy": "no write policy is configured here, so every write is refused",
+    "unknown_operation": "the write policy has no rule for this tool",
+    "not_decided": "the write policy did not decide this call",
+    "unknown_target": "the target of this write cannot be identified",
+    "no_paths": "the write names no path",
+    "path_not_normalized": "this path is not a plain relative path",
+    "workspace_root": "the workspace root itself cannot be written",
+    "path_not_allowed": "no allowed_paths entry matches this path",
+    "path_disallowed": "a path this write touches is under disallowed_paths",
+    "disallowed_subtree": "a folder moved or removed holds a path the write policy denies",
+    "link_retarget": "moving this link would change what it points to",
+    "upstream_no_policy": "the upstream has no write policy, so every write to it is refused",
+    "upstream_tool_not_allowed": "this tool is not in the upstream's allowed_tools",
+    "branch_not_allowed": "the branch matches no allowed_branches pattern",
+    "branch_protected": "the branch matches a protected_branches pattern",
+    "branch_symbolic": "the branch is a symbolic ref (an alias of another branch)",
+    "binary_content": "the change holds binary content, which is never allowed",
+    "symlink": "the change adds or changes a symbolic link, which is never allowed",
+    "submodule": "the change adds or changes a submodule, which is never allowed",
+    "codeowners": "the approver does not own every path written (require_codeowners)",
+    "empty_patch": "the patch changes nothing",
+    "no_forge": "the repository has no forge configured",
+    "range_too_large": "the commits to publish are too many to judge",
+}
+# Rules with a bound: the setting, the fact holding its value, and the value's unit.
+_WRITE_LIMITS = {
+    "max_bytes": ("the content is over max_bytes_per_write", "limit_bytes", "bytes"),
+    "max_diff_size": ("the patch is over max_diff_size", "limit", "bytes"),
+    "max_changed_files": ("the change touches more files than max_changed_files", "limit", "files"),
+    "max_changed_lines": ("the change is over max_changed_lines", "limit", "lines"),
+}
+
+
 class WritePolicyDeniedError(ApprovalError):
+    """The write policy refused: the message names the ``rule`` and the setting that
+    decided (``operation``, a bound such as ``limit_bytes``, ``disallowed_entry`` N, 1-based
+    in the configured list, or ``disallowed_builtin``); never the path, branch or content."""
+
     code = Code.WRITE_POLICY_DENIED
-    default_message = "write denied by the write policy"
+    default_message = WRITE_POLICY_DENIED_PREFIX
+
+    def render(self, facts: dict[str, Any]) -> str:
+        reason = _write_rule_text(facts)
+        rule = facts.get("rule")
+        if reason is None or not isinstance(rule, str):
+            return self.default_message
+        return f"{WRITE_POLICY_DENIED_PREFIX} (rule {rule}): {reason}"
+
+
+def _write_rule_text(facts: dict[str, Any]) -> str | None:
+    rule = facts.get("rule")
+    if not isinstance(rule, str):
+        return None
+    if rule == "operation_not_allowed":
+        operation = facts.get("operation")
+        if operation in WRITE_OPERATION_NAMES:
+            return f"the operation '{operation}' is not in allowed_operations"
+        return "this operation is not in allowed_operations"
+    entry = _disallowed_entry(facts)
+    if rule == "path_disallowed" and entry is not None:
+        return f"this path is under {entry}"
+    if rule == "disallowed_subtree" and entry is not None:
+        return f"a folder moved or removed holds a path under {entry}"
+    if rule == "max_changed_lines" and _is_count(facts.get("limit_lines")):
+        # The workspace's setting (a repository's is max_changed_lines, below).
+        limit = facts["limit_lines"]
+        return f"the edit changes more lines than max_changed_lines_per_edit ({limit} lines)"
+    if rule in _WRITE_LIMITS:
+        text, key, unit = _WRITE_LIMITS[rule]
+        bound = facts.get(key)
+        return f"{text} ({bound} {unit})" if _is_count(bound) else text
+    return _WRITE_RULES.get(rule)
+
+
+def _disallowed_entry(facts: dict[str, Any]) -> str | None:
+    entry = facts.get("disallowed_entry")
+    if _is_count(entry):
+        return f"disallowed_paths entry {entry}"
+    if facts.get("disallowed_builtin") is True:
+        return "a built-in disallowed path (.git or .github/workflows)"
+    return None
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # The reason classes ``merge_guarded`` may name (never a check's or reviewer's name).
@@ -424,9 +644,15 @@ def correlation_ref(correlation_id: str) -> str:
 
 __all__ = [
     "FACT_OUTCOME_UNKNOWN",
+    "MAX_ACCEPTED_NAMED",
     "MERGE_BLOCKED_REASONS",
+    "PROBLEM_MISSING",
+    "PROBLEM_UNEXPECTED",
+    "PROBLEM_WRONG_TYPE",
     "UPSTREAM_INVALID_PATH",
     "UPSTREAM_RUNTIME_FAILURE",
+    "WRITE_OPERATION_NAMES",
+    "WRITE_POLICY_DENIED_PREFIX",
     "ApprovalError",
     "ApprovalExpiredError",
     "ApprovalInvalidError",
@@ -463,5 +689,6 @@ __all__ = [
     "UpstreamError",
     "WritePolicyDeniedError",
     "correlation_ref",
+    "is_schema_name",
     "rebuild_error",
 ]

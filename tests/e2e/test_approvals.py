@@ -508,6 +508,30 @@ POLICY_DENIALS: list[tuple[str, str, dict[str, Any], str]] = [
 ]
 
 
+# What each denial says: the rule and the setting that decided, never the path (issue 24).
+DENIAL_MESSAGES = {
+    rule: f"write denied by the write policy (rule {rule}): {text}"
+    for rule, text in (
+        ("path_not_allowed", "no allowed_paths entry matches this path"),
+        (
+            "path_disallowed",
+            "this path is under a built-in disallowed path (.git or .github/workflows)",
+        ),
+        ("operation_not_allowed", "the operation 'delete' is not in allowed_operations"),
+        ("max_bytes", "the content is over max_bytes_per_write (2048 bytes)"),
+        (
+            "max_changed_lines",
+            "the edit changes more lines than max_changed_lines_per_edit (5 lines)",
+        ),
+        (
+            "disallowed_subtree",
+            "a folder moved or removed holds a path under a built-in disallowed path "
+            "(.git or .github/workflows)",
+        ),
+    )
+}
+
+
 @pytest.mark.parametrize(
     ("tool", "args", "rule"), [c[1:] for c in POLICY_DENIALS], ids=[c[0] for c in POLICY_DENIALS]
 )
@@ -526,10 +550,7 @@ async def test_the_write_policy_denies_before_approval_and_changes_nothing(
     before = snapshot(workspace)
     async with Client(server.mcp) as client:
         result = await call(client, tool, {**call_args, "approval_token": token})
-    assert envelope(result) == {
-        "error": "write denied by the write policy",
-        "code": "WRITE_POLICY_DENIED",
-    }
+    assert envelope(result) == {"error": DENIAL_MESSAGES[rule], "code": "WRITE_POLICY_DENIED"}
     assert snapshot(workspace) == before
     record = assert_blocked(audit, "WRITE_POLICY_DENIED")
     assert (record["policy_decision"], record["policy_rule"]) == ("denied", rule)

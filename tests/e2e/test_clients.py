@@ -7,6 +7,10 @@ against the tool's ``outputSchema`` even when ``isError`` is set: an envelope th
 the SDK throw ``-32602`` and the Inspector exit 1. The envelope is text content only;
 success results keep ``structuredContent``, valid against the listed schema.
 
+The plain messages a user acts on arrive intact (issue 24): a write-policy refusal naming its
+rule, a write into a missing folder saying how to create it, a missing, mistyped or unexpected
+argument (answered with the accepted names, never the one sent).
+
 Codes a plain client reaches with arguments, ``_meta`` and the server's configuration, each
 asserted here: INVALID_PATH, INVALID_INPUT, NOT_FOUND, CONFLICT, DOC_SIZE_EXCEEDED,
 DOC_HASH_MISMATCH, TOOL_CLASS_DECLARATION_MISMATCH, TOOL_TIMEOUT (a read, and a write),
@@ -84,6 +88,15 @@ OK = "OK"
 REPLAYED = "REPLAYED"  # OK, answered from the idempotency record
 UNKNOWN = "UNKNOWN_TOOL"
 INSPECTOR_WORKERS = 4
+# Refusals read by a client as a user would (issue 24): the rule, never the value.
+DENIED = "write denied by the write policy"
+SHOULD_BE_TEXT = "argument 'path' should be text"
+UNEXPECTED = "unexpected argument; accepted: path"
+MKDIR_FIRST = (
+    "the parent folder does not exist: create it first with nexus_mkdir "
+    "(parents=true creates every missing level)"
+)
+HOSTILE_NAME = "<script>\x1b[31mCANARY-ARG"  # an argument name that must never be echoed
 SERVER_ENV = {"PYTHONPATH": str(SRC)}  # what a stdio server the Inspector starts needs
 
 
@@ -94,6 +107,7 @@ class Case:
     arguments: dict[str, Any]
     meta: dict[str, Any] | None = None
     tool_args: tuple[str, ...] = ()  # the Inspector's key=value form instead
+    message: str | None = None  # the envelope's exact message, where a case pins it
 
     def call(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.tool, "arguments": self.arguments}
@@ -227,9 +241,14 @@ def stateless_cases() -> list[Case]:
         Case(OK, "nexus_read_file", {"path": "todo.txt"}),
         Case("INVALID_PATH", "nexus_read_file", {"path": "../etc/passwd"}),
         Case("INVALID_PATH", "nexus_read_file", {"path": "escape-link/secret.txt"}),
-        Case("INVALID_INPUT", "nexus_read_file", {"path": 5}),
-        Case("INVALID_INPUT", "nexus_read_file", {"path": "todo.txt", "extra": True}),
-        Case("INVALID_INPUT", "nexus_read_file", {}),
+        Case("INVALID_INPUT", "nexus_read_file", {"path": 5}, message=SHOULD_BE_TEXT),
+        Case("INVALID_INPUT", "nexus_read_file", {"path": "todo.txt", "extra": True},
+             message=UNEXPECTED),
+        Case("INVALID_INPUT", "nexus_read_file", {}, message="missing argument 'path'"),
+        Case("INVALID_INPUT", "nexus_read_file", {"pth": "todo.txt"},
+             message=f"{UNEXPECTED}; did you mean 'path'?"),
+        Case("INVALID_INPUT", "nexus_read_file", {"path": "todo.txt", HOSTILE_NAME: 1},
+             message=UNEXPECTED),
         Case("NOT_FOUND", "nexus_read_file", {"path": "missing.txt"}),
         Case("CONFLICT", "nexus_read_file", {"path": "notes"}),
         Case("DOC_SIZE_EXCEEDED", "nexus_read_file", {"path": "big.txt"}),
@@ -250,6 +269,14 @@ def stateless_cases() -> list[Case]:
             "WRITE_POLICY_DENIED",
             "nexus_write_file",
             {"path": "todo.txt", "content": "x", "idempotency_key": "k-policy"},
+            message=f"{DENIED} (rule path_not_allowed): no allowed_paths entry matches this path",
+        ),
+        Case(
+            "WRITE_POLICY_DENIED",
+            "nexus_delete_file",
+            {"path": "scratch/README.txt", "idempotency_key": "k-delete"},
+            message=f"{DENIED} (rule operation_not_allowed): the operation 'delete' is not in "
+            "allowed_operations",
         ),
     ]  # fmt: skip
 
@@ -265,6 +292,8 @@ def approval_cases(mint: Minter) -> list[Case]:
     expired = mint("nexus_write_file", WRITE, now=time.time() - 3600)
     slow = {**SLOW_MKDIR, "idempotency_key": "k-slow"}
     slow_token = mint("nexus_mkdir", SLOW_MKDIR)
+    nowhere = {"path": "scratch/missing/x.txt", "content": "x\n"}
+    nowhere_token = mint("nexus_write_file", nowhere)
     return [
         Case("APPROVAL_REQUIRED", "nexus_write_file", keyed),
         Case("APPROVAL_INVALID", "nexus_write_file", {**keyed, "approval_token": "not-a-token"}),
@@ -278,6 +307,10 @@ def approval_cases(mint: Minter) -> list[Case]:
         # The write starts and times out: its outcome is unknown, so its key is refused.
         Case("TOOL_TIMEOUT", "nexus_mkdir", {**slow, "approval_token": slow_token}),
         Case("IDEMPOTENCY_KEY_CONFLICT", "nexus_mkdir", {**slow, "approval_token": slow_token}),
+        # Approved, but its folder is missing: the refusal says how to create it.
+        Case("NOT_FOUND", "nexus_write_file", {
+            **nowhere, "idempotency_key": "k-nowhere", "approval_token": nowhere_token
+        }, message=MKDIR_FIRST),
     ]  # fmt: skip
 
 
@@ -308,7 +341,11 @@ def check_result(case: Case, result: Mapping[str, Any], tools: Mapping[str, Any]
         assert result["content"] == [{"type": "text", "text": f"Unknown tool: '{case.tool}'"}]
         return
     if case.expect not in (OK, REPLAYED):
-        assert envelope_of(result)["code"] == case.expect, (where, result)
+        payload = envelope_of(result)
+        assert payload["code"] == case.expect, (where, result)
+        if case.message is not None:  # the plain message arrives intact, byte for byte
+            assert payload["error"] == case.message, (where, result)
+        assert "CANARY-ARG" not in json.dumps(result) and "<script>" not in payload["error"]
         return
     assert not result.get("isError"), (where, result)
     structured = result["structuredContent"]

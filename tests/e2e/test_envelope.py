@@ -116,7 +116,7 @@ async def test_bad_arguments_get_invalid_input_and_are_not_echoed(
 async def test_invalid_input_names_the_field_only(make_server: ServerFactory) -> None:
     async with Client(make_server().mcp) as client:
         result = wire(await client.call_tool_mcp("nexus_read_file", {"path": 12345}))
-    assert envelope(result) == {"error": "invalid input for field 'path'", "code": "INVALID_INPUT"}
+    assert envelope(result) == {"error": "argument 'path' should be text", "code": "INVALID_INPUT"}
 
 
 WRITE_CALLS = [
@@ -204,7 +204,10 @@ async def test_too_many_arguments_text_is_never_echoed(make_server: ServerFactor
         result = wire(
             await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt", "extra": CANARY})
         )
-    assert envelope(result) == {"error": "unexpected argument", "code": "INVALID_INPUT"}
+    assert envelope(result) == {
+        "error": "unexpected argument; accepted: path",
+        "code": "INVALID_INPUT",
+    }
 
 
 async def test_oversized_arguments_are_refused_in_the_app(

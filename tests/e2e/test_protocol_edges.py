@@ -117,7 +117,7 @@ NUMBER_CASES = [
     ('{"path": %s}', "invalid input for field 'path'"),
     ('{"path": [%s]}', "invalid input for field 'path'"),
     ('{"path": {"deep": [[{"x": %s}]]}}', "invalid input for field 'path'"),
-    ('{"path": "todo.txt", "extra": %s}', None),
+    ('{"path": "todo.txt", "extra": %s}', "unexpected argument; accepted: path"),
 ]
 
 

@@ -462,7 +462,7 @@ async def test_arguments_the_pinned_schema_refuses_never_reach_the_upstream(
         extra = await client.call_tool_mcp("up_echo", {"text": "x", "other-CANARY": 1})
         fine = await client.call_tool_mcp("up_add", {"a": 1, "b": 2})
     assert envelope(wrong_type) == {
-        "error": "invalid input for field 'a'",
+        "error": "argument 'a' should be a whole number",
         "code": "INVALID_INPUT",
     }
     assert envelope(missing)["code"] == "INVALID_INPUT"

@@ -94,7 +94,7 @@ class ClassificationMiddleware(Middleware):
             try:
                 validated = model.model_validate(arguments)
             except ValidationError as exc:
-                raise invalid_input_from(exc) from None
+                raise invalid_input_from(exc, model.model_fields) from None
             state.validated_arguments = (arguments, validated.__dict__)
         else:
             check = self.argument_checks.get(state.tool_name)
@@ -179,12 +179,14 @@ def refuse_unrepresentable(arguments: Mapping[str, Any], model: type[BaseModel] 
     past Python's digit limit), before anything is derived from the arguments: nothing
     downstream (validation, idempotency and approval digests, document hashes) meets one.
 
-    Names the argument only when the tool declares it (the caller chose any other name).
+    Names the argument only when the tool declares it (the caller chose any other name:
+    a tool with an arguments model answers it as the unexpected argument it is).
     """
     name = first_unrepresentable(arguments)
     if name is not None:
-        declared = model is not None and name in model.model_fields
-        raise InvalidInputError(field=name if declared else None, problem=PROBLEM_UNREPRESENTABLE)
+        if model is not None and name not in model.model_fields:
+            raise InvalidInputError.unexpected([name], tuple(model.model_fields))
+        raise InvalidInputError(field=name if model else None, problem=PROBLEM_UNREPRESENTABLE)
 
 
 def _is_refusal(exc: BaseException) -> bool:

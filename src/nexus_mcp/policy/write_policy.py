@@ -308,9 +308,10 @@ def decide_write(
     if not paths:
         return WriteDecision(False, RULE_NO_PATHS)
     for path in paths:
-        rule = _check_path(policy, path, subtree=operation in SUBTREE_OPERATIONS)
-        if rule is not None:
-            return WriteDecision(False, rule)
+        refused = _check_path(policy, path, subtree=operation in SUBTREE_OPERATIONS)
+        if refused is not None:
+            rule, entry = refused
+            return WriteDecision(False, rule, facts=_entry_facts(policy, entry))
     if size_bytes is not None and (size_bytes < 0 or size_bytes > policy.max_bytes_per_write):
         facts = {"limit_bytes": policy.max_bytes_per_write, "actual_bytes": size_bytes}
         return WriteDecision(False, RULE_MAX_BYTES, facts=MappingProxyType(facts))
@@ -398,21 +399,41 @@ def count_changed_lines(old_text: str, new_text: str) -> int:
     return (len(old_lines) - head - tail) + (len(new_lines) - head - tail)
 
 
-def _check_path(policy: WritePolicy, path: str, *, subtree: bool) -> str | None:
+def _check_path(policy: WritePolicy, path: str, *, subtree: bool) -> tuple[str, str | None] | None:
+    """The rule ``path`` breaks and the disallowed entry that decided, if one did."""
     segments = _to_segments(path)
     if segments is None:
-        return RULE_PATH_NOT_NORMALIZED
+        return RULE_PATH_NOT_NORMALIZED, None
     if not segments:
-        return RULE_WORKSPACE_ROOT
+        return RULE_WORKSPACE_ROOT, None
     disallowed = policy.effective_disallowed_paths
     variants = _folded_variants(segments)
-    if _matches_disallowed(disallowed, variants):
-        return RULE_PATH_DISALLOWED
-    if subtree and _is_disallowed_ancestor(disallowed, variants):
-        return RULE_DISALLOWED_SUBTREE
+    entry = _first_disallowed(disallowed, variants)
+    if entry is not None:
+        return RULE_PATH_DISALLOWED, entry
+    if subtree:
+        entry = _disallowed_below(disallowed, variants)
+        if entry is not None:
+            return RULE_DISALLOWED_SUBTREE, entry
     if not any(_compile_glob(pattern, False).matches(segments) for pattern in policy.allowed_paths):
-        return RULE_PATH_NOT_ALLOWED
+        return RULE_PATH_NOT_ALLOWED, None
     return None
+
+
+def entry_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """Which disallowed entry a denial's ``facts`` name, to carry into another denial."""
+    return {k: v for k, v in facts.items() if k in ("disallowed_entry", "disallowed_builtin")}
+
+
+def _entry_facts(policy: WritePolicy, entry: str | None) -> Mapping[str, Any]:
+    """Which disallowed entry decided, as the refusal may say it: its position in the
+    configured ``disallowed_paths`` (1-based), or that it is a built-in one; never the
+    pattern itself (an operator's pattern can name what it protects)."""
+    if entry is None:
+        return MappingProxyType({})
+    if entry in DEFAULT_DISALLOWED_PATHS:
+        return MappingProxyType({"disallowed_builtin": True})
+    return MappingProxyType({"disallowed_entry": policy.disallowed_paths.index(entry) + 1})
 
 
 def _to_segments(path: str) -> list[str] | None:
@@ -439,23 +460,30 @@ def _folded_variants(segments: Sequence[str]) -> list[list[str]]:
 
 
 def _matches_disallowed(entries: Sequence[str], variants: Sequence[Sequence[str]]) -> bool:
-    return any(
-        _compile_glob(entry, True).matches(variant, or_ancestor=True)
-        for entry in entries
-        for variant in variants
-    )
+    return _first_disallowed(entries, variants) is not None
 
 
-def _is_disallowed_ancestor(entries: Sequence[str], variants: Sequence[Sequence[str]]) -> bool:
-    for variant in variants:
-        for entry in entries:
-            glob = _compile_glob(entry, True)
-            if glob.starts_with_globstar:
-                continue
-            prefix = glob.literal_prefix
+def _first_disallowed(entries: Sequence[str], variants: Sequence[Sequence[str]]) -> str | None:
+    """The first entry that denies the path (or an ancestor of it), in the given order."""
+    for entry in entries:
+        glob = _compile_glob(entry, True)
+        if any(glob.matches(variant, or_ancestor=True) for variant in variants):
+            return entry
+    return None
+
+
+def _disallowed_below(entries: Sequence[str], variants: Sequence[Sequence[str]]) -> str | None:
+    """The first anchored entry at or below the path (moving or removing the path as a
+    whole would carry it)."""
+    for entry in entries:
+        glob = _compile_glob(entry, True)
+        if glob.starts_with_globstar:
+            continue
+        prefix = glob.literal_prefix
+        for variant in variants:
             if len(variant) <= len(prefix) and tuple(variant) == prefix[: len(variant)]:
-                return True
-    return False
+                return entry
+    return None
 
 
 def utf8_size(value: str, pointer: str) -> int:
@@ -507,6 +535,7 @@ __all__ = [
     "check_write",
     "count_changed_lines",
     "decide_write",
+    "entry_facts",
     "is_path_disallowed",
     "load_write_policy_config",
     "matches_disallowed",

@@ -238,7 +238,7 @@ class FixtureProvider(Provider):
         try:
             return dict(model.model_validate(arguments).__dict__)
         except PydanticValidationError as exc:
-            raise invalid_input_from(exc) from None
+            raise invalid_input_from(exc, model.model_fields) from None
 
     def _next(self, state: CallState, key: tuple[str, str, str]) -> CallRecord | None:
         answers = self.calls.get(key)

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from fastmcp import FastMCP
-from fastmcp.exceptions import ValidationError as FastMCPValidationError
 from fastmcp.tools import FunctionTool, ToolResult
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import BaseModel, PrivateAttr
@@ -21,6 +20,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.connector import Connector, Outcome, chained_call
 from nexus_mcp.contracts import ToolContract, contract_of
+from nexus_mcp.envelope import ConnectorRefusal, invalid_input_from
 from nexus_mcp.json_text import to_result_json
 from nexus_mcp.providers.tool_index import ToolIndex
 
@@ -114,8 +114,9 @@ class NexusTool(FunctionTool):
             try:
                 kwargs = model.model_validate(arguments).__dict__
             except PydanticValidationError as exc:
-                # The envelope names the field from the cause, never the value (issue 2).
-                raise FastMCPValidationError("invalid arguments") from exc
+                # Worded as the gateway words it (the field and the declared names, never
+                # the value: issue 2), for a call that reached the tool without the chain.
+                raise ConnectorRefusal(invalid_input_from(exc, model.model_fields)) from None
         result: ToolResult = await self.fn(**kwargs)
         return result
 

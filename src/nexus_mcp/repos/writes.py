@@ -212,7 +212,7 @@ class RepoWrites:
         repository = self.catalog.get(arguments.get("repo"))
         decision = decide_operation(repository.policy, operation)
         if not decision.allowed:
-            raise WritePolicyDeniedError(rule=decision.rule)
+            raise WritePolicyDeniedError(rule=decision.rule, operation=operation)
         prepared = Prepared(operation, arguments, repository, decision)
         with git_timeouts_as_refusals():
             await self._prepare(prepared)
@@ -593,7 +593,7 @@ class ConfiguredPolicyGate:
         policy = repository.write_policy
         decision = decide_operation(policy, operation)
         if not decision.allowed or policy is None:
-            raise WritePolicyDeniedError(rule=decision.rule)
+            raise WritePolicyDeniedError(rule=decision.rule, operation=operation)
         for key in ("branch", "base"):
             branch = arguments.get(key)
             if isinstance(branch, str) and not is_branch_allowed(policy, branch):

@@ -47,6 +47,8 @@ REASON_ESCAPES = "escapes_root"
 REASON_LOOP = "symlink_loop"
 REASON_NAME_TOO_LONG = "name_too_long"
 REASON_PARENT_MISSING = "parent_missing"
+REASON_PARENT_NOT_FOLDER = "parent_not_folder"  # a file where a folder of the path must be
+PARENT_REASONS = frozenset({REASON_PARENT_MISSING, REASON_PARENT_NOT_FOLDER})
 REASON_CHANGED = "path_changed"
 REASON_PERMISSION = "permission_denied"
 REASON_MOUNT = "mount_point"
@@ -360,7 +362,7 @@ class ConfinedRoot:
                 if not stat.S_ISDIR(info.st_mode):
                     if partial:
                         return _lexical_rest(fd, real, name, pending)
-                    raise NotFoundError(reason=REASON_PARENT_MISSING)
+                    raise NotFoundError(reason=REASON_PARENT_NOT_FOLDER)
                 fd = self._descend(fd, name, info)
                 real.append(name)
                 ids.append(identity(info))
@@ -621,6 +623,9 @@ __all__ = [
     "DIR_FLAGS",
     "FILE_READ_FLAGS",
     "MAX_SYMLINKS",
+    "PARENT_REASONS",
+    "REASON_PARENT_MISSING",
+    "REASON_PARENT_NOT_FOLDER",
     "ConfinedRoot",
     "Folder",
     "Located",

@@ -48,12 +48,14 @@ from nexus_mcp.errors import (
     NotFoundError,
     WritePolicyDeniedError,
 )
-from nexus_mcp.policy.write_policy import RULE_DISALLOWED_SUBTREE
+from nexus_mcp.policy.write_policy import RULE_DISALLOWED_SUBTREE, entry_facts
 from nexus_mcp.workspace.commits import guarded_commit
 from nexus_mcp.workspace.confinement import (
     DIR_FLAGS,
     FILE_READ_FLAGS,
     MAX_WALKS,
+    PARENT_REASONS,
+    REASON_PARENT_MISSING,
     ConfinedRoot,
     Located,
     PathChangedError,
@@ -183,28 +185,37 @@ class Workspace:
 
     @contextlib.contextmanager
     def _touch(
-        self, operation: str | None, target: ResolvedPath, *, follow_final: bool
+        self, operation: str | None, target: ResolvedPath, *, follow_final: bool, new: bool = False
     ) -> Iterator[Located]:
         """Locate what an operation acts on and admit it (hidden state, write policy).
 
         ``operation`` None is a read. The located parent stays open for the operation.
+        ``new``: the operation creates the entry, so its refusal for a missing parent
+        folder names the operation (and then says how to create the folder).
         """
-        with self._locate(target.parts, follow_final=follow_final) as located:
-            touched = [located.parts]
-            if located.is_link:  # acting on a link itself: what it leads to counts too
-                touched.append(self._confined.real_parts(target.parts, follow_final=True))
-            elif located.through_link:  # written through a link: the link counts too
-                entry = self._confined.real_parts(target.parts, follow_final=False)
-                if entry != located.parts:
-                    touched.append(entry)
-            for parts in touched:
-                if self.is_hidden_parts(parts):
-                    raise InvalidPathError(reason="server_state")
-            if operation is not None:
-                if not located.parts:
-                    raise InvalidPathError(reason="root")
-                self._admit(operation, ["/".join(parts) for parts in touched])
-            yield located
+        located_it = False
+        try:
+            with self._locate(target.parts, follow_final=follow_final) as located:
+                located_it = True
+                touched = [located.parts]
+                if located.is_link:  # acting on a link itself: what it leads to counts too
+                    touched.append(self._confined.real_parts(target.parts, follow_final=True))
+                elif located.through_link:  # written through a link: the link counts too
+                    entry = self._confined.real_parts(target.parts, follow_final=False)
+                    if entry != located.parts:
+                        touched.append(entry)
+                for parts in touched:
+                    if self.is_hidden_parts(parts):
+                        raise InvalidPathError(reason="server_state")
+                if operation is not None:
+                    if not located.parts:
+                        raise InvalidPathError(reason="root")
+                    self._admit(operation, ["/".join(parts) for parts in touched])
+                yield located
+        except NotFoundError as exc:
+            if new and not located_it and exc.facts.get("reason") in PARENT_REASONS:
+                raise NotFoundError(reason=exc.facts["reason"], operation=operation) from None
+            raise
 
     def _admit(self, operation: str, paths: Sequence[str]) -> None:
         if self._gate is None:
@@ -391,7 +402,7 @@ class Workspace:
         """Write ``data`` to ``target`` atomically; returns True when a file was replaced."""
 
         def write() -> bool:
-            with self._touch("write", target, follow_final=True) as located:
+            with self._touch("write", target, follow_final=True, new=True) as located:
                 if located.is_dir:
                     raise ConflictError(reason="is_directory")
                 if located.exists and not overwrite:
@@ -489,7 +500,7 @@ class Workspace:
                 if existing == len(admitted):
                     return False  # already a folder (walked O_NOFOLLOW, so a real one)
                 if not parents and existing < len(admitted) - 1:
-                    raise NotFoundError(reason="parent_missing")
+                    raise NotFoundError(reason=REASON_PARENT_MISSING, operation="mkdir")
                 for depth in range(existing + 1, len(admitted) + 1):
                     name = admitted[depth - 1]
                     step = Located(admitted[:depth], fd, name, None)
@@ -600,9 +611,12 @@ class Workspace:
                             self._check_moved_link(folder.fd, name, len(folder.parts))
                     try:
                         gate.check_paths(operation, paths)
-                    except WritePolicyDeniedError:
+                    except WritePolicyDeniedError as exc:
                         # Named for what was asked: the folder, carrying a denied entry.
-                        raise WritePolicyDeniedError(rule=RULE_DISALLOWED_SUBTREE) from None
+                        facts = entry_facts(exc.facts)
+                        raise WritePolicyDeniedError(
+                            rule=RULE_DISALLOWED_SUBTREE, **facts
+                        ) from None
         finally:
             os.close(fd)
         return count
@@ -644,7 +658,7 @@ class Workspace:
         def move() -> None:
             with (
                 self._touch("rename", source, follow_final=False) as src,
-                self._touch("rename", destination, follow_final=False) as dst,
+                self._touch("rename", destination, follow_final=False, new=True) as dst,
             ):
                 if not src.exists:
                     raise NotFoundError()

@@ -256,7 +256,11 @@ def test_a_denial_raises_with_the_rule_and_never_the_path() -> None:
     with pytest.raises(WritePolicyDeniedError) as caught:
         check_write(POLICY, operation="write", paths=["notes/private/diary.md"])
     assert caught.value.code == Code.WRITE_POLICY_DENIED
-    assert caught.value.facts == {"rule": "path_disallowed", "operation": "write"}
+    assert caught.value.facts == {
+        "rule": "path_disallowed",
+        "operation": "write",
+        "disallowed_entry": 1,
+    }
     assert "diary" not in str(caught.value)
 
 

@@ -8,6 +8,7 @@ the caller's session (``provider.py`` lists them to FastMCP).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -22,7 +23,12 @@ from nexus_mcp.calls import PLUMBING_ARGS, CallState, current_call
 from nexus_mcp.connector import Connector, Outcome
 from nexus_mcp.contracts import ToolContract
 from nexus_mcp.envelope import ConnectorRefusal, unknown_tool
-from nexus_mcp.errors import InvalidInputError, NexusError
+from nexus_mcp.errors import (
+    PROBLEM_MISSING,
+    PROBLEM_WRONG_TYPE,
+    InvalidInputError,
+    NexusError,
+)
 from nexus_mcp.policy.hashing import to_canonical_json
 from nexus_mcp.policy.pins import PinState
 from nexus_mcp.policy.registry import ToolEntry
@@ -201,20 +207,58 @@ def _validator_for(view: ToolView) -> Any:
 
 
 def check_arguments(view: ToolView, arguments: Mapping[str, Any]) -> None:
-    """``INVALID_INPUT`` for arguments the tool's pinned ``inputSchema`` refuses, naming
-    only a property the schema declares (never a value); call plumbing is not the tool's."""
+    """``INVALID_INPUT`` for arguments the tool's pinned ``inputSchema`` refuses, worded as
+    a native tool's refusal (``envelope.invalid_input_from``): naming only a property the
+    schema declares, never a value; call plumbing is not the tool's."""
     validator = _validator_for(view)
     if validator is None:
         return
     own = _upstream_arguments(dict(arguments), view)
-    error = next(iter(validator.iter_errors(own)), None)
-    if error is None:
+    errors = list(itertools.islice(validator.iter_errors(own), MAX_SCHEMA_ERRORS))
+    if not errors:
         return
     schema = view.definition.get("inputSchema")
-    declared = schema.get("properties") if isinstance(schema, Mapping) else None
-    field = error.path[0] if error.path else None
-    named = isinstance(declared, Mapping) and isinstance(field, str) and field in declared
-    raise InvalidInputError(field=field if named else None, problem="upstream_schema")
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    declared = tuple(properties) if isinstance(properties, Mapping) else ()
+    raise _schema_refusal(errors, declared, own)
+
+
+MAX_SCHEMA_ERRORS = 64  # the errors looked at for the one to report (an extra one first)
+
+
+def _schema_refusal(
+    errors: list[Any], declared: tuple[str, ...], arguments: Mapping[str, Any]
+) -> InvalidInputError:
+    """The refusal for JSON Schema ``errors`` of an arguments object: an unexpected
+    argument first (answered with the ``declared`` names, never the one sent), then the
+    first error, on a declared argument only."""
+    for error in errors:
+        if error.validator == "additionalProperties" and not error.path:
+            return InvalidInputError.unexpected(
+                [k for k in arguments if k not in declared], declared
+            )
+    error = errors[0]
+    path = list(error.path)
+    if error.validator == "required" and not path:
+        wanted = error.validator_value if isinstance(error.validator_value, list) else []
+        missing = [n for n in wanted if isinstance(n, str) and n not in arguments]
+        return InvalidInputError(field=missing[0] if missing else None, problem=PROBLEM_MISSING)
+    field = path[0] if path else None
+    if not isinstance(field, str) or field not in declared:
+        return InvalidInputError(problem="upstream_schema")
+    entry = len(path) == 2 and isinstance(path[1], int)
+    facts: dict[str, Any] = {"field": field, "problem": str(error.validator)}
+    if len(path) > 1 and not entry:
+        facts["problem"] = "nested"
+    elif error.validator == "type" and isinstance(error.validator_value, str):
+        facts.update(problem=PROBLEM_WRONG_TYPE, expected=error.validator_value)
+    elif isinstance(error.validator_value, int | float) and not isinstance(
+        error.validator_value, bool
+    ):
+        facts["limit"] = error.validator_value
+    if entry:
+        facts["entry"] = True
+    return InvalidInputError(**facts)
 
 
 def _upstream_arguments(arguments: dict[str, Any], view: ToolView) -> dict[str, Any]:
