@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, cast
 
@@ -266,6 +267,26 @@ def log_stopped(settings: Settings, *, reason: str) -> None:
     log.info(STOPPED_EVENT, transport=settings.transport, reason=reason)
 
 
+class StartupLine:
+    """Calls ``on_started`` when the app's lifespan has started (uvicorn is serving)."""
+
+    def __init__(self, app: ASGIApp, on_started: Callable[[], None]) -> None:
+        self.app = app
+        self.on_started = on_started
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def watch(message: Message) -> None:
+            await send(message)
+            if message["type"] == "lifespan.startup.complete":
+                self.on_started()
+
+        await self.app(scope, receive, watch)
+
+
 class _StopSignal(KeyboardInterrupt):
     """SIGINT or SIGTERM, raised by ``_on_stop_signal`` (a KeyboardInterrupt, so that
     asyncio carries it out of whatever task it lands in, as it does Ctrl-C)."""
@@ -356,8 +377,15 @@ async def _serve_http(server: NexusServer) -> None:
         try:
             port = int(listener.getsockname()[1])
             announce(settings, port=port)
-            log_started(settings, address=http_url(settings, port))
             previous = _install_stop_handlers()
+            options = http_options(settings)
+            # The start line once uvicorn serves: from then on its own handlers take a
+            # signal and shut down gracefully before raising it again.
+            started = ASGIMiddlewareSpec(
+                StartupLine,
+                on_started=lambda: log_started(settings, address=http_url(settings, port)),
+            )
+            options["middleware"] = [*options["middleware"], started]
             try:
                 await server.mcp.run_http_async(
                     show_banner=False,
@@ -368,7 +396,7 @@ async def _serve_http(server: NexusServer) -> None:
                     # run. Levels come from logs.configure_logging; uvicorn keeps our handler.
                     uvicorn_config={"log_config": None},
                     sockets=[listener],
-                    **http_options(settings),
+                    **options,
                 )
             except _StopSignal as stop:
                 # uvicorn has shut down gracefully and raised the signal again (module doc).
@@ -428,6 +456,7 @@ async def _serve_stdio(server: NexusServer) -> None:
 __all__ = [
     "BodyLimitMiddleware",
     "SessionAffinityMiddleware",
+    "StartupLine",
     "announce",
     "bind_listener",
     "client_config",
