@@ -143,7 +143,10 @@ def add_health_routes(mcp: FastMCP[Any], runtime: Runtime, token: SecretStr | No
     async def healthz(_request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    store = StoreProbe(runtime.state.probe, timeout=runtime.settings.state.timeout_seconds)
+    # Two round trips, each bounded by the store's own timeout, which names the failure
+    # better (a pool that waited in vain: unreachable) than this bound would (timeout).
+    store_timeout = 2 * runtime.settings.state.timeout_seconds + 0.5
+    store = StoreProbe(runtime.state.probe, timeout=store_timeout)
 
     @mcp.custom_route("/readyz", methods=["GET"])
     async def readyz(request: Request) -> JSONResponse:
