@@ -75,7 +75,7 @@ def test_text_lines_read_as_time_level_event_message_and_sorted_fields(
     assert started[9:] == (
         "INFO  server_started address=http://127.0.0.1:8765/mcp mode=dev transport=http"
     )
-    assert policy[9:] == 'WARN  write_policy "no write policy configured: dev mode"'
+    assert policy[9:] == "WARN  write_policy no write policy configured: dev mode"
     assert counts[9:] == (
         'INFO  counts none=null ok=true registry={"nexus":{"digest":"ab"}} tools=19'
     )
@@ -88,6 +88,24 @@ def test_library_lines_in_text_name_their_logger_and_nothing_else(
     logging.getLogger("uvicorn.error").warning("Invalid HTTP request: %s", "SECRET-BODY")
     (line,) = err_lines(capsys)
     assert line[9:] == "WARN  library_log logger=uvicorn.error"
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        ("a line\nforged", '"a line\\nforged"'),
+        ("looks like admin=true", '"looks like admin=true"'),
+        ("caf\u00e9 \u202e", '"caf\\u00e9 \\u202e"'),
+        ("  ", '"  "'),
+    ],
+)
+def test_a_message_that_could_pass_for_a_field_or_a_line_is_quoted(
+    isolated: None, capsys: pytest.CaptureFixture[str], message: str, shown: str
+) -> None:
+    configure_logging("INFO", "text")
+    logs.get_logger("nexus_mcp.x").warning("event", message=message)
+    (line,) = err_lines(capsys)
+    assert line[9:] == f"WARN  event {shown}"
 
 
 @pytest.mark.parametrize(

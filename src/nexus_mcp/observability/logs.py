@@ -199,7 +199,9 @@ def render_text(_logger: Any, _method: str, event_dict: EventDict) -> str:
     parts = [clock, f"{label:<5}", _text_value(str(event))]
     message = fields.pop("message", None)
     if isinstance(message, str):
-        parts.append(_text_value(message))
+        # Bare when it cannot pass for a field or another line: printable ASCII, no '='.
+        plain = message.isascii() and message.isprintable() and "=" not in message
+        parts.append(message if plain and message.strip() else _text_value(message))
     elif message is not None:
         fields["message"] = message
     parts.extend(f"{_text_value(str(key))}={_text_value(fields[key])}" for key in sorted(fields))
