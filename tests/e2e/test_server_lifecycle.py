@@ -219,3 +219,46 @@ def test_the_prod_banner_shows_where_the_token_goes_and_never_a_token(
     (entry,) = config["mcpServers"].values()
     assert entry["headers"] == {"Authorization": "Bearer <your token>"}
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/mcp", entry["url"])
+
+
+def test_log_format_comes_from_the_environment_or_the_config_file_too(
+    workspace: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "nexus.yaml"
+    config.write_text("log_format: text\n", encoding="utf-8")
+    for env, args in (
+        ({"NEXUS_MCP_LOG_FORMAT": "text"}, []),
+        ({}, ["--config", str(config)]),
+    ):
+        done = subprocess.run(
+            serve_command("--mode", "dev", "--workspace", str(workspace), "--data-dir",
+                          str(tmp_path / "d"), *args),
+            env=server_env(env), input=b"", capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        seen = done.stderr.decode().splitlines()
+        assert TEXT_LINE.match(seen[-1]) and seen[-1].endswith(
+            "server_stopped reason=stdin_closed transport=stdio"
+        ), seen
+        assert not [line for line in seen if line.startswith('{"')], seen
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "named"),
+    [
+        ({"NEXUS_MCP_LOG_FORMAT": "yaml\n{forged}"}, [], "NEXUS_MCP_LOG_FORMAT"),
+        ({}, ["--log-format", "xml"], "--log-format"),
+    ],
+)
+def test_a_bad_log_format_is_one_line_naming_where_it_came_from(
+    workspace: Path, tmp_path: Path, env: dict[str, str], args: list[str], named: str
+) -> None:
+    done = subprocess.run(
+        serve_command("--mode", "dev", "--workspace", str(workspace), "--data-dir",
+                      str(tmp_path / "d"), *args),
+        env=server_env(env), input=b"", capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    text = done.stderr.decode()
+    assert named in text and "Traceback" not in text
+    assert "forged" not in text  # the value given is never echoed
