@@ -26,7 +26,7 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(BIN)/python -m pip install -e ".[test]"
 	touch $@
 
-## run: serve the demo workspace over HTTP on 127.0.0.1 in dev mode (make run PORT=9000: another port)
+## run: serve the demo workspace over HTTP on 127.0.0.1 in dev mode (port 8765; another: make run PORT=9000)
 run: $(VENV)/.installed
 	@mkdir -p $(DEMO)
 	@cp -Rn demo/workspace/. $(DEMO)/

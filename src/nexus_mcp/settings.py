@@ -310,6 +310,8 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     audit_file: Path | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # auto: text lines when stderr is a terminal, JSON lines otherwise (observability/logs.py).
+    log_format: Literal["auto", "text", "json"] = "auto"
     server_name: str = "nexus"
 
     # The launch principal (stdio and in-process); ignored on HTTP, where tokens decide.
@@ -629,6 +631,12 @@ SERVE_OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "log_level",
         "DEBUG, INFO (default), WARNING or ERROR",
         {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"]},
+    ),
+    (
+        "--log-format",
+        "log_format",
+        "text, json, or auto (default: text when stderr is a terminal, else json)",
+        {"choices": ["auto", "text", "json"]},
     ),
     ("--subject", "subject", "stdio principal: subject", {}),
     ("--role", "role", "stdio principal: role (viewer, editor, evaluator, admin)", {}),

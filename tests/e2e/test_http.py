@@ -130,7 +130,10 @@ def test_health_and_readiness(server_url: str) -> None:
 
 def test_readiness_detail_is_the_operators_alone(server_url: str) -> None:
     anyone = httpx.get(f"{server_url}/readyz", timeout=5)
-    assert anyone.json() == {"status": "ready", "components": {"server": "ready"}}
+    assert anyone.json() == {
+        "status": "ready",
+        "components": {"server": "ready", "state_store": "ready"},
+    }
     assert anyone.headers["cache-control"] == "no-store"
     # A caller's own valid token is no operator's.
     caller = {"Authorization": f"Bearer {token(role='admin')}"}

@@ -159,6 +159,8 @@ def test_a_taken_port_is_one_line_naming_the_address_and_exit_2(
     line = refused(workspace, tmp_path, host, port)
     assert line.startswith(f"nexus-mcp: cannot listen on {shown}:{port}: address already in use")
     assert "NEXUS_MCP_PORT" in line and "--port" in line
+    # The Makefile way too: `make run` serves on PORT (8765 unless given).
+    assert "make run PORT=" in line and "--port 0" in line
 
 
 def test_an_address_that_is_not_this_machines_is_one_line_and_exit_2(

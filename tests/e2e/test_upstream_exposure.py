@@ -311,7 +311,7 @@ SECRET_WORDS = ("up", "echo", "add", "write_note", "sessions", "registry", "vers
 
 def names_nothing(body: str) -> None:
     parsed = json.loads(body)
-    assert set(parsed) <= {"status", "components", "error"}
+    assert set(parsed) <= {"status", "components", "reasons", "error"}
     for word in SECRET_WORDS:
         assert f'"{word}' not in body.replace('"upstreams"', ""), word
 
@@ -345,7 +345,8 @@ async def test_readyz_names_no_tool_server_or_session_without_the_operator_token
         # Ready or not, and which component: the quarantined tools make it degraded.
         assert anyone.json() == {
             "status": "degraded",
-            "components": {"server": "ready", "upstreams": "degraded"},
+            "components": {"server": "ready", "state_store": "ready", "upstreams": "degraded"},
+            "reasons": {"upstreams": "quarantined"},
         }
     else:
         assert anyone.status_code == 401
@@ -357,6 +358,8 @@ async def test_readyz_names_no_tool_server_or_session_without_the_operator_token
     assert "echo" in {q["tool"] for q in up["quarantined"]}
     assert up["unclassified"] == ["add"]
     assert detail["status"] == "degraded"
+    # By id for the operator only: the plain answer named the component, not the server.
+    assert detail["reasons"] == {"upstreams": "quarantined", "upstream:up": "quarantined"}
 
 
 async def test_without_an_operator_token_readyz_has_no_detail_for_anyone(tmp_path: Path) -> None:

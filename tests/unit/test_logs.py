@@ -276,13 +276,26 @@ def test_the_configured_level_applies_to_library_records(
         method("x %s", CANARY)
     err = captured(capsys)
     assert CANARY not in err
-    threshold = logging.getLevelName(level)
+    # Below WARNING a library record says nothing but that it happened: only DEBUG keeps it.
+    threshold = max(logging.getLevelName(level), logging.WARNING)
     expected = [
         name.lower()
         for name in ("DEBUG", "INFO", "WARNING", "ERROR")
         if logging.getLevelName(name) >= threshold
     ]
     assert [ln["level"] for ln in lines(err)] == expected
+
+
+def test_at_info_our_own_info_events_stay_and_library_info_lines_go(
+    configured: Callable[[str], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    configured("INFO")
+    logging.getLogger("uvicorn.error").info("Started server process [%d]", 42)
+    logging.getLogger("nexus_mcp.tools.files").info("a stdlib line of ours: %s", CANARY)
+    logs.get_logger("nexus_mcp.transport.serve").info("server_started", address="stdio")
+    assert [(ln["event"], ln["level"]) for ln in lines(captured(capsys))] == [
+        ("server_started", "info")
+    ]
 
 
 def test_python_warnings_are_logged_without_their_text(

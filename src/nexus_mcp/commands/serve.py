@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.observability.logs import configure_logging
-from nexus_mcp.settings import SERVE_FLAGS, SERVE_OPTIONS, load_settings
+from nexus_mcp.observability.logs import LOG_FORMATS, configure_logging
+from nexus_mcp.settings import ENV_PREFIX, SERVE_FLAGS, SERVE_OPTIONS, load_settings
 
 
 def add_parser(subparsers: Any) -> None:
@@ -57,10 +57,13 @@ def run_serve(args: argparse.Namespace) -> int:
     config = args.config or (
         Path(os.environ["NEXUS_MCP_CONFIG"]) if os.environ.get("NEXUS_MCP_CONFIG") else None
     )
-    configure_logging("INFO")
+    # Until the settings are read: the flag or the environment, else auto (a bad value is
+    # reported by load_settings).
+    early_format = args.log_format or os.environ.get(f"{ENV_PREFIX}LOG_FORMAT", "auto")
+    configure_logging("INFO", early_format if early_format in LOG_FORMATS else "auto")
     try:
         settings = load_settings(config, overrides, flags=SERVE_FLAGS)
-        configure_logging(settings.log_level)
+        configure_logging(settings.log_level, settings.log_format)
         if settings.workers > 1:
             from nexus_mcp.transport.workers import serve_workers
 
@@ -72,7 +75,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(serve(server))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # stopped (transport/serve.py)
         return 0
     except ConfigError as exc:  # the HTTP address cannot be listened on
         sys.stderr.write(f"nexus-mcp: {exc}\n")

@@ -1,4 +1,10 @@
-"""Operational logging: JSON lines on stderr (never stdout, stdio's channel), never content.
+"""Operational logging on stderr (never stdout, stdio's channel), never content.
+
+Two renderings of the same events (``log_format``): ``json``, one object a line, for
+collectors; ``text``, one readable line an event for a terminal (``10:04:05 INFO
+server_started address=http://127.0.0.1:8765/mcp mode=dev``). ``auto`` (the default)
+is text when stderr is a terminal, else JSON. Library records below WARNING say
+nothing but that a library did something, so they are dropped unless the level is DEBUG.
 
 The guarantee: at every level, DEBUG included, no log line carries tool arguments, tool
 results, file or note content, paths, HTTP headers, tokens or exception text, whichever
@@ -41,7 +47,9 @@ How the reduction reaches every record, including loggers that have their own ha
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 import threading
 from collections.abc import Callable, MutableMapping
@@ -152,16 +160,80 @@ _SHARED_PROCESSORS: list[Any] = [
     _drop_exception_text,
 ]
 
+LOG_FORMATS = ("auto", "text", "json")
+# A value printed bare in a text line; anything else is quoted and escaped as JSON.
+_BARE_VALUE = re.compile(r"[A-Za-z0-9_.,:/@+\-]{1,200}")
+_LEVEL_LABELS = {"warning": "WARN", "critical": "CRIT", "exception": "ERROR"}
+
+
+def resolve_log_format(log_format: str, stream: Any = None) -> str:
+    """``text`` or ``json``: ``auto`` is text when ``stream`` (stderr) is a terminal."""
+    if log_format in ("text", "json"):
+        return log_format
+    stream = sys.stderr if stream is None else stream
+    try:
+        return "text" if stream.isatty() else "json"
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return "json"
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, str) and _BARE_VALUE.fullmatch(value):
+        return value
+    # ensure_ascii: no control character, newline or bidirectional override reaches the
+    # terminal as itself, so a value can never forge a line or hide part of one.
+    return json.dumps(value, ensure_ascii=True, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def render_text(_logger: Any, _method: str, event_dict: EventDict) -> str:
+    """One line for a terminal: ``HH:MM:SS LEVEL event message key=value ...`` (UTC time,
+    keys sorted). The logger name is shown for library records only."""
+    fields = dict(event_dict)
+    timestamp = str(fields.pop("timestamp", ""))
+    clock = timestamp[11:19] if len(timestamp) >= 19 else "--:--:--"
+    level = str(fields.pop("level", "info"))
+    label = _LEVEL_LABELS.get(level, level.upper())
+    event = fields.pop("event", "")
+    if event != LIBRARY_EVENT and is_own_logger(str(fields.get("logger", ""))):
+        fields.pop("logger", None)
+    parts = [clock, f"{label:<5}", _text_value(str(event))]
+    message = fields.pop("message", None)
+    if isinstance(message, str):
+        # Bare when it cannot pass for a field or another line: printable ASCII, no '='.
+        plain = message.isascii() and message.isprintable() and "=" not in message
+        parts.append(message if plain and message.strip() else _text_value(message))
+    elif message is not None:
+        fields["message"] = message
+    parts.extend(f"{_text_value(str(key))}={_text_value(fields[key])}" for key in sorted(fields))
+    return " ".join(parts)
+
+
+class _QuietLibraries(logging.Filter):
+    """Drops library records below WARNING: reduced to their logger's name, they would be
+    lines that say nothing (uvicorn's start-up chatter). ``--log-level DEBUG`` keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        return isinstance(record.msg, dict) and is_own_logger(record.name)
+
+
 _handler: logging.Handler | None = None
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Route every log record of the process to JSON on stderr, reduced as the module
-    docstring says. Safe to call more than once."""
+def configure_logging(level: str = "INFO", log_format: str = "json") -> None:
+    """Route every log record of the process to stderr, reduced as the module docstring
+    says, as JSON lines or text lines (``log_format``: auto, text or json). Safe to call
+    more than once."""
     global _handler
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         numeric = logging.INFO
+    renderer: Any = (
+        render_text
+        if resolve_log_format(log_format) == "text"
+        else structlog.processors.JSONRenderer(sort_keys=True)
+    )
     formatter = structlog.stdlib.ProcessorFormatter(
         # Foreign records are rebuilt by _reduce_foreign; str(msg), never getMessage(),
         # so a record's arguments are not even formatted.
@@ -170,11 +242,13 @@ def configure_logging(level: str = "INFO") -> None:
         processors=[
             _reduce_foreign,
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.JSONRenderer(sort_keys=True),
+            renderer,
         ],
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
+    if numeric > logging.DEBUG:
+        handler.addFilter(_QuietLibraries())
     _handler = handler
     base = logging.getLogRecordFactory()
     if isinstance(base, ContentFreeRecordFactory):
@@ -289,6 +363,7 @@ def get_logger(name: str) -> Any:
 
 __all__ = [
     "LIBRARY_EVENT",
+    "LOG_FORMATS",
     "UNCAUGHT_EVENT",
     "ContentFreeRecordFactory",
     "configure_logging",
@@ -296,4 +371,6 @@ __all__ = [
     "ensure_logging",
     "get_logger",
     "is_own_logger",
+    "render_text",
+    "resolve_log_format",
 ]

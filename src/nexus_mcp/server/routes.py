@@ -20,7 +20,14 @@ from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.observability.telemetry import metrics_response
 from nexus_mcp.policy.approvals import check_mintable_tool, mint_approval_token
 from nexus_mcp.principal import Principal, principal_from_claims
-from nexus_mcp.server.health import NO_STORE, is_operator, public_readiness
+from nexus_mcp.server.health import (
+    NO_STORE,
+    StoreProbe,
+    is_operator,
+    operator_reasons,
+    public_readiness,
+    readiness_status_code,
+)
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -136,25 +143,32 @@ def add_health_routes(mcp: FastMCP[Any], runtime: Runtime, token: SecretStr | No
     async def healthz(_request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
+    # Two round trips, each bounded by the store's own timeout, which names the failure
+    # better (a pool that waited in vain: unreachable) than this bound would (timeout).
+    store_timeout = 2 * runtime.settings.state.timeout_seconds + 0.5
+    store = StoreProbe(runtime.state.probe, timeout=store_timeout)
+
     @mcp.custom_route("/readyz", methods=["GET"])
     async def readyz(request: Request) -> JSONResponse:
-        summaries = runtime.upstreams.summary() if runtime.upstreams is not None else None
-        public = public_readiness(summaries)
         header = request.headers.get("authorization")
-        if header is None:
-            # Whoever reaches the port: ready or not, and which component (health.py).
-            return JSONResponse(public, headers=NO_STORE)
-        if not is_operator(token, header):
+        if header is not None and not is_operator(token, header):
             return JSONResponse(
                 {"error": "authentication required"},
                 status_code=401,
                 headers={"WWW-Authenticate": "Bearer", **NO_STORE},
             )
+        summaries = runtime.upstreams.summary() if runtime.upstreams is not None else None
+        public = public_readiness(summaries, await store.reason())
+        status_code = readiness_status_code(public)
+        if header is None:
+            # Whoever reaches the port: ready or not, which component and why (health.py).
+            return JSONResponse(public, status_code=status_code, headers=NO_STORE)
         # The operator: the gateway serves on while an upstream is down or has quarantined
         # tools; it says which, by name (never a tool's text).
         detail: dict[str, Any] = {
             "status": public["status"],
             "components": public["components"],
+            "reasons": operator_reasons(public, summaries),
             "version": __version__,
             "mode": runtime.settings.mode,
             "tools": len(runtime.book.contracts),
@@ -162,4 +176,4 @@ def add_health_routes(mcp: FastMCP[Any], runtime: Runtime, token: SecretStr | No
         }
         if summaries is not None:
             detail["upstreams"] = summaries
-        return JSONResponse(detail, headers=NO_STORE)
+        return JSONResponse(detail, status_code=status_code, headers=NO_STORE)

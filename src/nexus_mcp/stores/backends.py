@@ -60,11 +60,20 @@ class StateStores:
     redis: Any = None
     # Shared backend: start the cross-replica grant-change listener (watch_grants).
     _watch: Callable[[Callable[[str], None]], None] | None = None
+    # Shared backend: one round trip to each server (``probe``); blocking.
+    _probe: Callable[[], None] | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def shared(self) -> bool:
         return self.backend == SHARED
+
+    def probe(self) -> None:
+        """Raise unless every store answers now (``/readyz``): a Redis PING and a PostgreSQL
+        ``SELECT 1``, each bounded by ``state.timeout_seconds``. Blocking; a no-op for the
+        embedded backend, whose SQLite files opened at start-up."""
+        if self._probe is not None:
+            self._probe()
 
     def watch_grants(self, on_change: Callable[[str], None]) -> None:
         """Call ``on_change(zone)`` when any replica changes grants (shared backend only)."""
@@ -244,6 +253,11 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
     budgets = settings.budgets
     listener: list[GrantsListener] = []
 
+    def probe() -> None:
+        client.ping()
+        with pool.connection() as conn:
+            conn.execute("SELECT 1")
+
     def watch(on_change: Callable[[str], None]) -> None:
         started = GrantsListener(pool, channel, on_change)
         listener.append(started)
@@ -267,6 +281,7 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
         ),
         redis=client,
         _watch=watch,
+        _probe=probe,
         _closers=closers,
     )
 

@@ -5,20 +5,36 @@ request bodies bounded here as well as by the app, optional stateless mode for r
 behind a load balancer. The socket is bound here, before anything is announced, so the
 banner names the port really listened on (``--port 0``) and a port that cannot be had is
 one line, not a banner followed by a traceback. stdio: nothing but MCP messages on stdout.
+
+Every run logs ``server_started`` (its address, ``stdio`` or the URL, mode and transport)
+and ``server_stopped`` (why: ``SIGINT``, ``SIGTERM``, ``stdin_closed`` or ``exit``). On
+HTTP, uvicorn shuts down gracefully on SIGINT or SIGTERM and then raises the signal again;
+the handler installed here turns that into a clean stop (exit 0). On stdio the SDK reads
+stdin on a thread that cancellation cannot interrupt, so a signal cancels the session and,
+if stdin still holds it after ``STDIO_STOP_GRACE_SECONDS``, the process closes its stores,
+logs the stop and exits.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import os
+import signal
 import socket
 import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
 from typing import Any, cast
 
 from starlette.middleware import Middleware as ASGIMiddlewareSpec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nexus_mcp._version import __version__
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.observability.logs import enforce_one_handler
+from nexus_mcp.observability.logs import enforce_one_handler, get_logger
 from nexus_mcp.server.build import NexusServer
 from nexus_mcp.settings import Settings
 from nexus_mcp.transport.routing_headers import RoutingHeadersMiddleware
@@ -27,6 +43,18 @@ from nexus_mcp.transport.wire_errors import ScrubbingSendStream, TransportErrors
 LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
 LISTEN_BACKLOG = 2048  # uvicorn's default, which it would have used binding the socket itself
 LISTEN_SETTINGS = "set 'host' (NEXUS_MCP_HOST / --host) or 'port' (NEXUS_MCP_PORT / --port)"
+PORT_IN_USE_HINT = (
+    "another process listens there: pick another port with --port N (NEXUS_MCP_PORT; "
+    "with make: make run PORT=N), or --port 0 for any free one"
+)
+# What the banner's client config puts where a token goes: never a real one.
+TOKEN_PLACEHOLDER = "Bearer <your token>"  # noqa: S105 - a placeholder, no secret
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STDIO_STOP_GRACE_SECONDS = 1.0
+STARTED_EVENT = "server_started"
+STOPPED_EVENT = "server_stopped"
+
+log = get_logger(__name__)
 
 
 class BodyLimitMiddleware:
@@ -160,7 +188,11 @@ def http_options(settings: Settings) -> dict[str, Any]:
 
 def client_config(settings: Settings, *, url: str | None) -> dict[str, Any]:
     if url is not None:
-        return {"mcpServers": {"nexus": {"url": url}}}
+        entry: dict[str, Any] = {"url": url}
+        if settings.auth.enabled:
+            # Tokens decide who calls (prod HTTP always): show where the caller's goes.
+            entry["headers"] = {"Authorization": TOKEN_PLACEHOLDER}
+        return {"mcpServers": {"nexus": entry}}
     workspace = str(settings.workspace.resolve()) if settings.workspace else "."
     return {
         "mcpServers": {
@@ -202,9 +234,8 @@ def bind_listener(settings: Settings) -> socket.socket:
     except OSError as exc:
         if sock is not None:
             sock.close()
-        raise ConfigError(
-            f"cannot listen on {address}: {_reason(exc)}; {LISTEN_SETTINGS}"
-        ) from None
+        hint = PORT_IN_USE_HINT if exc.errno == errno.EADDRINUSE else LISTEN_SETTINGS
+        raise ConfigError(f"cannot listen on {address}: {_reason(exc)}; {hint}") from None
     return sock
 
 
@@ -216,6 +247,71 @@ def _url_host(host: str) -> str:
     return host if ":" not in host else f"[{host}]"
 
 
+def http_url(settings: Settings, port: int) -> str:
+    return f"http://{_url_host(settings.host)}:{port}{settings.http_path}"
+
+
+def log_started(settings: Settings, *, address: str, **extra: Any) -> None:
+    """The start line: where (``stdio`` or the URL), how, which build. No path, no secret."""
+    log.info(
+        STARTED_EVENT,
+        address=address,
+        mode=settings.mode,
+        transport=settings.transport,
+        version=__version__,
+        **extra,
+    )
+
+
+def log_stopped(settings: Settings, *, reason: str) -> None:
+    log.info(STOPPED_EVENT, transport=settings.transport, reason=reason)
+
+
+class StartupLine:
+    """Calls ``on_started`` when the app's lifespan has started (uvicorn is serving)."""
+
+    def __init__(self, app: ASGIApp, on_started: Callable[[], None]) -> None:
+        self.app = app
+        self.on_started = on_started
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def watch(message: Message) -> None:
+            await send(message)
+            if message["type"] == "lifespan.startup.complete":
+                self.on_started()
+
+        await self.app(scope, receive, watch)
+
+
+class _StopSignal(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised by ``_on_stop_signal`` (a KeyboardInterrupt, so that
+    asyncio carries it out of whatever task it lands in, as it does Ctrl-C)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _on_stop_signal(signum: int, _frame: FrameType | None) -> None:
+    raise _StopSignal(signal.Signals(signum).name)
+
+
+def _install_stop_handlers() -> dict[int, Any] | None:
+    """SIGINT and SIGTERM raise ``_StopSignal`` (main thread only); the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {sig: signal.signal(sig, _on_stop_signal) for sig in STOP_SIGNALS}
+
+
+def _restore_handlers(previous: dict[int, Any] | None) -> None:
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)
+
+
 def announce(settings: Settings, *, port: int) -> None:
     """Tell the operator where the server listens, on stderr (stdout may be stdio's channel).
 
@@ -223,7 +319,7 @@ def announce(settings: Settings, *, port: int) -> None:
     """
     if settings.transport != "http":
         return
-    url = f"http://{_url_host(settings.host)}:{port}{settings.http_path}"
+    url = http_url(settings, port)
     lines = [
         f"nexus-mcp {settings.mode} server on {url}",
         f"workspace: {settings.workspace}",
@@ -262,42 +358,112 @@ async def run_stdio(server: NexusServer) -> None:
 
 
 async def serve(server: NexusServer) -> None:
+    """Serve until stopped; ``server_started`` and ``server_stopped`` bracket the run."""
     settings = server.runtime.settings
     # Building the server imported FastMCP and the MCP SDK, which may install handlers of
-    # their own; every line must still leave through the one JSON handler (observability/logs.py).
+    # their own; every line must still leave through the one handler (observability/logs.py).
     enforce_one_handler()
+    if settings.transport == "stdio":
+        await _serve_stdio(server)
+    else:
+        await _serve_http(server)
+
+
+async def _serve_http(server: NexusServer) -> None:
+    settings = server.runtime.settings
+    reason = "exit"
     try:
-        if settings.transport == "stdio":
-            await run_stdio(server)
-        else:
-            listener = bind_listener(settings)
+        listener = bind_listener(settings)
+        try:
+            port = int(listener.getsockname()[1])
+            announce(settings, port=port)
+            previous = _install_stop_handlers()
+            options = http_options(settings)
+            # The start line once uvicorn serves: from then on its own handlers take a
+            # signal and shut down gracefully before raising it again.
+            started = ASGIMiddlewareSpec(
+                StartupLine,
+                on_started=lambda: log_started(settings, address=http_url(settings, port)),
+            )
+            options["middleware"] = [*options["middleware"], started]
             try:
-                port = int(listener.getsockname()[1])
-                announce(settings, port=port)
                 await server.mcp.run_http_async(
                     show_banner=False,
                     transport="http",
                     host=settings.host,
                     port=port,
                     # No log_level here: FastMCP would re-install its rich handler for the
-                    # run. Levels come from logs.configure_logging; uvicorn keeps our JSON.
+                    # run. Levels come from logs.configure_logging; uvicorn keeps our handler.
                     uvicorn_config={"log_config": None},
                     sockets=[listener],
-                    **http_options(settings),
+                    **options,
                 )
+            except _StopSignal as stop:
+                # uvicorn has shut down gracefully and raised the signal again (module doc).
+                reason = stop.name
             finally:
-                listener.close()
+                _restore_handlers(previous)
+            log_stopped(settings, reason=reason)
+        finally:
+            listener.close()
     finally:
         server.close()
+
+
+async def _serve_stdio(server: NexusServer) -> None:
+    settings = server.runtime.settings
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    received: list[str] = []
+
+    def force_stop() -> None:
+        # stdin's reader thread still holds the session (module docstring).
+        server.close()
+        log_stopped(settings, reason=received[0])
+        sys.stderr.flush()
+        os._exit(0)
+
+    timers: list[asyncio.TimerHandle] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if received:
+            return
+        received.append(sig.name)
+        if task is not None:
+            task.cancel()
+        timers.append(loop.call_later(STDIO_STOP_GRACE_SECONDS, force_stop))
+
+    installed: list[signal.Signals] = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+    log_started(settings, address="stdio")
+    try:
+        await run_stdio(server)
+    except asyncio.CancelledError:
+        if not received:
+            raise
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        for timer in timers:
+            timer.cancel()
+        server.close()
+    log_stopped(settings, reason=received[0] if received else "stdin_closed")
 
 
 __all__ = [
     "BodyLimitMiddleware",
     "SessionAffinityMiddleware",
+    "StartupLine",
     "announce",
     "bind_listener",
     "client_config",
     "http_options",
+    "http_url",
+    "log_started",
+    "log_stopped",
     "run_stdio",
     "serve",
 ]

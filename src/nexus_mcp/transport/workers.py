@@ -57,7 +57,13 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
     from uvicorn.supervisors import Multiprocess
 
     from nexus_mcp.server.build import build_server
-    from nexus_mcp.transport.serve import announce, bind_listener
+    from nexus_mcp.transport.serve import (
+        announce,
+        bind_listener,
+        http_url,
+        log_started,
+        log_stopped,
+    )
 
     check_workers(settings)
     # Build (and close) one server first: every configuration or store problem is one line
@@ -87,10 +93,12 @@ def serve_workers(settings: Settings, config_file: Path | None, overrides: dict[
         log_config=None,  # every line leaves through our JSON handler (observability/logs.py)
         timeout_graceful_shutdown=2,
     )
+    log_started(settings, address=http_url(settings, port), workers=settings.workers)
     try:
         Multiprocess(config, sockets=[listener]).run()
     finally:
         listener.close()
+    log_stopped(settings, reason="exit")
 
 
 def create_app() -> ASGIApp:
@@ -106,7 +114,7 @@ def create_app() -> ASGIApp:
     overrides["port"] = spec["port"]
     configure_logging("INFO")
     settings = load_settings(config, overrides, flags=SERVE_FLAGS)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     server = build_server(settings, config_file=config)
     enforce_one_handler()
     app = server.mcp.http_app(**http_options(settings))
