@@ -6,11 +6,21 @@ invalid tool name, a tool no profile or registered server has), 2 configuration 
 (profile file, registry or grants database). Subjects that look like credentials are
 shown hashed in confirmations; ``inspect`` echoes the subject the operator typed, since
 it is their own terminal, and only reads: it creates and changes nothing.
+
+Every action finds what ``serve`` would use as ``serve`` finds it: ``--config`` (else
+``NEXUS_MCP_CONFIG``) names the configuration, whose ``profiles`` section gives the
+profiles file and zone and whose ``state`` section the grants store (the PostgreSQL one
+every replica shares, on ``state.backend: shared``); ``--profiles``, ``--zone``, ``--db``
+and ``--data-dir`` override it. The tools a grant may name include those of the
+configured upstreams under the names callers see (their registry entries, as ``serve``
+exposes them), and ``show`` and ``inspect`` say for each upstream tool whether ``serve``
+exposes it now, from the registry and the lock file, without starting the upstream.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +28,7 @@ from pathlib import Path
 from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError, NexusError, NotFoundError
 from nexus_mcp.identity.access import PROFILE_SUBJECT_PREFIX, profile_subject
+from nexus_mcp.policy.classification import DEV_MODE
 from nexus_mcp.policy.grants import (
     DIRECT_RELATION,
     PROFILE_RELATION,
@@ -28,16 +39,25 @@ from nexus_mcp.policy.grants import (
     to_tool_name,
     to_tool_object,
 )
+from nexus_mcp.policy.pins import PinFile, load_pins
 from nexus_mcp.policy.profiles import (
     ToolProfileConfig,
     default_profiles_path,
     load_profiles,
     select_profile,
 )
-from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
+from nexus_mcp.policy.registry import (
+    RegistrySet,
+    default_registry_dir,
+    load_registry_dir,
+    upstream_registry_dir,
+)
+from nexus_mcp.policy.upstreams import UpstreamConfig, load_upstreams
 from nexus_mcp.principal import ROLE_FALLBACK, to_log_subject
+from nexus_mcp.settings import Settings, config_sections, load_settings
 from nexus_mcp.stores.grants import DEFAULT_ZONE, TOOLS_PREFIX, SqliteTupleStore, TupleStore
 from nexus_mcp.stores.locations import (
+    CONFIG_ENV,
     DATA_DIR_SETTING,
     GRANTS_DB_SETTING,
     grants_path,
@@ -74,14 +94,24 @@ def add_parser(
 ) -> argparse.ArgumentParser:
     """Add ``profiles`` and its actions; each action parser sets ``func``."""
     common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config", type=Path, default=None, metavar="FILE",
+        help="the YAML configuration serve reads: its profiles file, zone, grants store "
+        "and upstream tools [NEXUS_MCP_CONFIG]",
+    )  # fmt: skip
     common.add_argument("--db", type=Path, help="grants SQLite file (default: data dir)")
     common.add_argument(
         "--data-dir", type=Path,
         help="the server's state folder (default: the per-user data directory, as serve) "
         "[NEXUS_MCP_DATA_DIR]",
     )  # fmt: skip
-    common.add_argument("--profiles", type=Path, help="tool profiles YAML file")
-    common.add_argument("--zone", default=DEFAULT_ZONE, help="grants zone (default: %(default)s)")
+    common.add_argument(
+        "--profiles", type=Path, help="tool profiles YAML file (default: the configuration's)"
+    )
+    common.add_argument(
+        "--zone", default=None,
+        help=f"grants zone (default: the configuration's, else {DEFAULT_ZONE})",
+    )  # fmt: skip
 
     parser = subparsers.add_parser("profiles", help="manage tool profiles and grants")
     actions = parser.add_subparsers(dest="profiles_action", required=True, metavar="ACTION")
@@ -140,9 +170,14 @@ def show_profile(args: argparse.Namespace) -> int:
     print(f"profile: {profile.name}")
     print(f"extends: {profile.extends or '-'}")
     print(f"description: {profile.description}")
+    try:
+        states = upstream_states(args.settings, _config_path(args), profile.tools)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     print(f"tools ({len(profile.tools)}):")
     for tool in sorted(profile.tools):
-        print(f"  {tool}")
+        print(f"  {tool}  ({states[tool]})" if tool in states else f"  {tool}")
     return EXIT_OK
 
 
@@ -163,7 +198,9 @@ def grant_subject(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     try:
         to_tool_object(args.tool)  # a name that cannot be a tool is INVALID_INPUT first
-        if not args.allow_unknown_tool and args.tool not in known_tools(config):
+        if not args.allow_unknown_tool and args.tool not in known_tools(
+            config, args.settings, _config_path(args)
+        ):
             raise NotFoundError(UNKNOWN_TOOL_MESSAGE, kind="tool")
     except NexusError as exc:
         return _refuse(f"{exc.message} ({exc.code})")
@@ -214,16 +251,101 @@ def inspect_subject(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def known_tools(config: ToolProfileConfig) -> frozenset[str]:
-    """Every tool a profile names or a registered server classifies (the registry ``serve``
-    loads: ``registry.directory``, else the shipped one)."""
-    settings = load_state_settings()
-    registries = load_registry_dir(settings.registry.directory or default_registry_dir())
+def known_tools(
+    config: ToolProfileConfig,
+    settings: Settings | None = None,
+    config_file: Path | None = None,
+) -> frozenset[str]:
+    """Every tool a profile names or a registered server classifies (the registries
+    ``serve`` loads: ``registry.directory``, else the shipped one, and
+    ``registry.upstream_directory``), and every name a configured upstream's classified
+    tool is exposed under (as ``serve`` counts them)."""
+    settings = settings or load_state_settings()
+    registries = served_registries(settings)
     tools = {tool for profile in config.profiles.values() for tool in profile.tools}
     tools.update(
         entry.tool_name for registry in registries.registries.values() for entry in registry.entries
     )
+    for upstream in configured_upstreams(settings, config_file):
+        registry = registries.get(upstream.server_id)
+        for entry in registry.entries if registry is not None else ():
+            exposed = upstream.exposed_name(entry.tool_name)
+            if exposed is not None and upstream.allows(entry.tool_name):
+                tools.add(exposed)
     return frozenset(tools)
+
+
+def served_registries(settings: Settings) -> RegistrySet:
+    """The registries ``serve`` loads (native, then the upstream folder), with its pins."""
+    pins = {sid: (pin.version, pin.digest) for sid, pin in settings.registry.pins.items()}
+    return load_registry_dir(
+        settings.registry.directory or default_registry_dir(),
+        pins=pins,
+        upstream_directory=settings.registry.upstream_directory,
+    )
+
+
+def configured_upstreams(
+    settings: Settings, config_file: Path | None
+) -> tuple[UpstreamConfig, ...]:
+    """The configuration's ``upstreams:`` (none without a configuration file)."""
+    if config_file is None:
+        return ()
+    raw = config_sections(config_file).get("upstreams")
+    return load_upstreams(
+        raw, mode=settings.mode, native_server_id=settings.registry.server_id
+    ).servers
+
+
+def upstream_states(
+    settings: Settings, config_file: Path | None, tools: frozenset[str]
+) -> dict[str, str]:
+    """For each of ``tools`` that a configured upstream would expose: whether ``serve``
+    exposes it now, from the configuration, the registry and the lock file (the upstream
+    is not started: a tool it no longer lists, or whose definition changed, is known
+    only to ``nexus-mcp upstream check``)."""
+    upstreams = configured_upstreams(settings, config_file)
+    if not upstreams:
+        return {}
+    registries = served_registries(settings)
+    states: dict[str, str] = {}
+    for upstream in upstreams:
+        pins = load_pins(
+            upstream_registry_dir(
+                settings.registry.directory, settings.registry.upstream_directory
+            ),
+            upstream.server_id,
+        )
+        for tool in sorted(tools):
+            if tool in states or not tool.startswith(upstream.name_prefix):
+                continue
+            name = tool[len(upstream.name_prefix) :]
+            if upstream.exposed_name(name) != tool:
+                continue
+            states[tool] = _upstream_state(upstream, name, registries, pins, settings.mode)
+    return states
+
+
+def _upstream_state(
+    upstream: UpstreamConfig, name: str, registries: RegistrySet, pins: PinFile, mode: str
+) -> str:
+    where = f"upstream {upstream.server_id}"
+    if not upstream.allows(name):
+        return f"{where}: not in its tools: allowlist, never exposed"
+    dev = mode == DEV_MODE
+    if registries.lookup(upstream.server_id, name) is None:
+        if dev:
+            return f"{where}: unclassified (exposed in dev mode only)"
+        return f"{where}: unclassified, hidden until its registry classifies it"
+    if pins.quarantines(name):
+        return f"{where}: its lock entry is unusable, hidden"
+    if name not in pins.digests:
+        if dev:
+            return f"{where}: not pinned yet (exposed in dev mode only)"
+        return (
+            f"{where}: not pinned yet, hidden until 'nexus-mcp upstream pin {upstream.server_id}'"
+        )
+    return f"{where}: classified and pinned (exposed while it matches its pin)"
 
 
 def _print_inspection(
@@ -253,8 +375,15 @@ def _print_inspection(
         sources.setdefault(tool, []).append(f"profile:{selection.name}")
     for tool in direct:
         sources.setdefault(tool, []).append("direct")
-    rows = [(tool, ", ".join(sources[tool])) for tool in sorted(sources)]
-    print_table(("TOOL", "SOURCE"), rows)
+    states = upstream_states(args.settings, _config_path(args), frozenset(sources))
+    if states:
+        rows: list[tuple[str, ...]] = [
+            (tool, ", ".join(sources[tool]), states.get(tool, "-")) for tool in sorted(sources)
+        ]
+        print_table(("TOOL", "SOURCE", "UPSTREAM"), rows)
+    else:
+        rows = [(tool, ", ".join(sources[tool])) for tool in sorted(sources)]
+        print_table(("TOOL", "SOURCE"), rows)
     stored = _served_profile_tools(store, selection.name, args.zone)
     if stored is not None and stored != profile_tools:
         print(STALE_PROFILE_NOTE)
@@ -278,10 +407,8 @@ def _open_for_reading(
 ) -> tuple[TupleStore | None, Callable[[], None]]:
     """The grants store ``serve`` uses (or ``--db``) and how to close it: the shared one
     when configured, else the SQLite file read-only; ``None`` if that file is absent."""
-    settings = load_state_settings(args.data_dir) if args.db is None else None
+    settings = args.settings if args.db is None else None
     if settings is not None and settings.state.backend == "shared":
-        import os
-
         from nexus_mcp.stores.backends import open_shared_grants
 
         return open_shared_grants(settings, os.environ)
@@ -312,11 +439,31 @@ def _add(
 
 
 def _load_config(args: argparse.Namespace) -> ToolProfileConfig | None:
+    """The profiles file, after the settings ``serve`` would run with (``args.settings``;
+    the zone, when ``--zone`` is not given)."""
     try:
-        return load_profiles(args.profiles or default_profiles_path())
+        args.settings = _settings(args)
+        if args.zone is None:
+            args.zone = args.settings.profiles.zone
+        path = args.profiles or args.settings.profiles.file or default_profiles_path()
+        return load_profiles(path)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """The settings ``serve`` would run with: ``--config``, else ``NEXUS_MCP_CONFIG``;
+    ``--data-dir`` wins over both."""
+    return load_settings(
+        _config_path(args), {"data_dir": args.data_dir}, flags={"data_dir": "--data-dir"}
+    )
+
+
+def _config_path(args: argparse.Namespace) -> Path | None:
+    if args.config is not None:
+        return Path(args.config)
+    return Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None
 
 
 def _with_store(
@@ -352,10 +499,8 @@ def _open_store(args: argparse.Namespace) -> tuple[TupleStore, Callable[[], None
     if args.db is not None:
         store = SqliteTupleStore(args.db)  # its own error names the file given
         return store, store.close
-    settings = load_state_settings(args.data_dir)
+    settings = args.settings
     if settings.state.backend == "shared":
-        import os
-
         from nexus_mcp.stores.backends import open_shared_grants
 
         return open_shared_grants(settings, os.environ)

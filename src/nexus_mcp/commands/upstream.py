@@ -6,6 +6,12 @@ nexus-mcp upstream check --config FILE SERVER    connect, list, diff against reg
 nexus-mcp upstream pin   --config FILE SERVER [--tool T] [--yes]
                                                  show the diff, then write the pins
 
+``check`` says of every tool whether it is "pinned, unchanged", "not pinned yet",
+"changed" (with a diff of its title, description, schemas and annotations against the
+definition it was pinned from) or "removed upstream"; ``pin`` shows the same diff (the
+whole definition, for a tool not pinned yet) before it asks and writes. What an upstream
+wrote is escaped and bounded before it reaches the terminal (``upstream_diff.py``).
+
 Each command connects the way ``serve`` would (the same ``UpstreamServer``), as the
 gateway itself (no caller's identity), and lists the tools; nothing is called. It reads
 the quarantine evidence ``serve`` keeps (the data directory's file on the embedded
@@ -25,9 +31,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.commands import print_table
+from nexus_mcp.commands.upstream_diff import definition_diff
 from nexus_mcp.errors import ConfigError, UnavailableError
 from nexus_mcp.observability.logs import ensure_logging
-from nexus_mcp.policy.pins import PinState, load_pins, lock_path, write_pins
+from nexus_mcp.policy.pins import (
+    PinnedDefinitions,
+    PinState,
+    load_pinned_definitions,
+    load_pins,
+    lock_path,
+    write_pinned_definitions,
+    write_pins,
+)
 from nexus_mcp.policy.quarantine import PersistedEvidence
 from nexus_mcp.policy.registry import (
     RegistrySet,
@@ -47,6 +62,14 @@ EXIT_DRIFT = 1
 EXIT_USAGE = 2
 
 _COLUMNS = ("server", "state", "tool", "exposed as", "class", "pin", "status")
+
+# What ``check`` and ``pin`` say of a tool's pin.
+PINNED_UNCHANGED = "pinned, unchanged"
+NOT_PINNED_YET = "not pinned yet"
+CHANGED = "changed"
+REMOVED_UPSTREAM = "removed upstream"
+PIN_UNUSABLE = "pin unusable"
+ONLY_DIGEST = "(the lock file has only the digest, re-pin to see diffs next time)"
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -102,7 +125,12 @@ def run_check(args: argparse.Namespace) -> int:
         _context, report = _connect(args)
     except ConfigError as exc:
         return _refuse(str(exc))
-    print_table(_COLUMNS, _rows(report))
+    print_table(_COLUMNS, _rows(report, verdicts=True))
+    for name, tool in report["tools"].items():
+        if tool["allowed"] and _verdict(tool) == CHANGED:
+            print(f"\n{name}: {CHANGED}")
+            for line in _change_lines(tool, report["kept"]):
+                print(line)
     drift = _drift(report)
     unusable = _print_unusable(report)
     if report["state"] != "ready":
@@ -140,13 +168,17 @@ def run_pin(args: argparse.Namespace) -> int:
         for name in sorted(wanted)
         if tools[name]["pin"] != PinState.PINNED
     }
-    print_table(_COLUMNS, _rows(report, only=set(wanted)))
+    print_table(_COLUMNS, _rows(report, only=set(wanted), verdicts=True))
     if not changes:
         print(f"{args.server}: nothing to pin")
+        _keep_definitions(context, args.server, tools, report["kept"], quiet=False)
         return EXIT_OK
     for name, digest in changes.items():
         before = tools[name]["pinned"] or "(none)"
-        print(f"  {name}: {before} -> {digest}")
+        print(f"\n{name}: {_verdict(tools[name])}, to pin: {before} -> {digest}")
+        for line in _change_lines(tools[name], report["kept"]):
+            print(line)
+    print()
     if not args.yes:
         if not sys.stdin.isatty():
             return _refuse("no terminal to confirm on: pass --yes to write the pins")
@@ -163,7 +195,43 @@ def run_pin(args: argparse.Namespace) -> int:
     pins = load_pins(context.registry_dir, args.server).with_pins(changes, renew=True)
     path = write_pins(pins)
     print(f"wrote {len(changes)} pin(s) to {path}")
+    _keep_definitions(context, args.server, tools, report["kept"], quiet=True)
     return EXIT_OK
+
+
+def _keep_definitions(
+    context: _Context,
+    server_id: str,
+    tools: dict[str, dict[str, Any]],
+    kept: PinnedDefinitions,
+    *,
+    quiet: bool,
+) -> None:
+    """Keep the listed definitions of the pinned tools beside the lock file (only those
+    that hash to their pin), for the next diff. The pins are written whatever happens
+    here: a failure is one line on stderr."""
+    pins = load_pins(context.registry_dir, server_id)
+    if pins.unusable is not None:
+        return
+    listed = {name: tool["definition"] for name, tool in tools.items()}
+    missing = [
+        name
+        for name, digest in pins.digests.items()
+        if kept.for_pin(name, digest) is None and name in listed
+    ]
+    if quiet is False and not missing:
+        return
+    try:
+        path = write_pinned_definitions(context.registry_dir, pins, listed)
+    except OSError as exc:
+        print(
+            f"{server_id}: the pinned definitions could not be kept ({type(exc).__name__}): "
+            "the pins hold, the next change is shown without a diff",
+            file=sys.stderr,
+        )
+        return
+    if not quiet:
+        print(f"kept the pinned definitions beside the pins in {path}, for later diffs")
 
 
 def _connect(args: argparse.Namespace) -> tuple[_Context, dict[str, Any]]:
@@ -286,6 +354,10 @@ async def _inspect(context: _Context, server_id: str) -> dict[str, Any]:
                 "sha256": view.digest,
                 "status": view.status,
                 "allowed": view.status != "not_allowed",
+                "upstream_name": name,
+                "definition": view.definition,
+                "broken": name in server.pins.broken or server.pins.unusable is not None,
+                "seen": server.other_digest(name),
             }
             for name, view in sorted(server.views.items())
         }
@@ -296,6 +368,7 @@ async def _inspect(context: _Context, server_id: str) -> dict[str, Any]:
             "failure": server.last_failure,
             "tools": tools,
             "missing": missing,
+            "kept": load_pinned_definitions(context.registry_dir, server_id),
             **_listing_report(server),
         }
     finally:
@@ -322,6 +395,8 @@ def _print_unusable(report: dict[str, Any]) -> int:
         reason, kept = report["cut"]
         lines.append(f"listing cut after {kept} definitions ({reason}): the rest is not exposed")
     lines.extend(report.get("pin_problems", ()))
+    if "kept" in report:
+        lines.extend(report["kept"].problems())
     for line in lines:
         print(f"{report['server_id']}: {line}", file=sys.stderr)
     return len(lines)
@@ -350,7 +425,38 @@ def _drift(report: dict[str, Any]) -> list[str]:
     return drifted + [f"{name} (pinned, no longer listed)" for name in report["missing"]]
 
 
-def _rows(report: dict[str, Any], only: set[str] | None = None) -> list[Sequence[str]]:
+def _verdict(tool: dict[str, Any]) -> str:
+    """What ``check`` says of a listed tool's pin."""
+    if tool["broken"]:
+        return PIN_UNUSABLE
+    if tool["pin"] == PinState.PINNED:
+        return PINNED_UNCHANGED
+    if tool["pin"] == PinState.UNPINNED:
+        return NOT_PINNED_YET
+    return CHANGED
+
+
+def _change_lines(tool: dict[str, Any], kept: PinnedDefinitions) -> list[str]:
+    """How a tool about to be pinned, or that changed, differs from its pin (indented)."""
+    pinned = tool["pinned"]
+    if pinned is None:
+        return definition_diff(None, tool["definition"])
+    if tool["sha256"] == pinned:
+        if tool["seen"] is None:
+            return []
+        return [
+            "    the listing matches the pin again, but a session was shown another "
+            f"definition (sha256 {tool['seen']}): re-pin once that is understood"
+        ]
+    before = kept.for_pin(tool["upstream_name"], pinned)
+    if before is None:
+        return [f"    {ONLY_DIGEST}"]
+    return definition_diff(before, tool["definition"])
+
+
+def _rows(
+    report: dict[str, Any], only: set[str] | None = None, *, verdicts: bool = False
+) -> list[Sequence[str]]:
     rows: list[Sequence[str]] = []
     for name, tool in report["tools"].items():
         if only is not None and name not in only:
@@ -362,12 +468,13 @@ def _rows(report: dict[str, Any], only: set[str] | None = None) -> list[Sequence
                 name,
                 tool["exposed"],
                 tool["class"],
-                str(tool["pin"]),
+                _verdict(tool) if verdicts else str(tool["pin"]),
                 tool["status"],
             )
         )
+    missing = REMOVED_UPSTREAM if verdicts else "missing"
     for name in report["missing"]:
-        rows.append((report["server_id"], report["state"], name, "-", "-", "missing", "-"))
+        rows.append((report["server_id"], report["state"], name, "-", "-", missing, "-"))
     if not rows:
         rows.append((report["server_id"], report["state"], "-", "-", "-", "-", "-"))
     return rows

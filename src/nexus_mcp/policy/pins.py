@@ -20,6 +20,16 @@ tool whose own entry is bad is quarantined. A file that cannot be used at all (n
 readable, not JSON, not the contract, another upstream's ``server_id``) quarantines
 every tool of that upstream, and of that upstream only (``PinFile.unusable``): native
 tools and the other upstreams are served as ever.
+
+Beside the lock file, ``pinned-definitions/<server_id>.json`` (contract
+``pinned_definitions.schema.json``) keeps the definition each pin was made from, so that
+``upstream check`` and ``upstream pin`` can show what changed. Only the operator's
+commands read it; ``serve`` never does, and the lock file's format is the one every
+version reads (an older server refuses unknown keys in it, so the definitions are not put
+there). The digest stays authoritative: a kept definition is used only when it hashes to
+the digest the lock file pins (``PinnedDefinitions.for_pin``); one that does not is
+reported by position and not shown. A pin without a kept definition (an older lock file)
+works as before; its change is shown without a diff.
 """
 
 from __future__ import annotations
@@ -48,6 +58,12 @@ PIN_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 PIN_SERVER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_PIN_ENTRIES = 10_000
 MAX_LOCK_FILE_BYTES = 16 * 1024 * 1024
+DEFINITIONS_SCHEMA_ID = "nexus.mcp.pinned_definitions"
+DEFINITIONS_DIR = "pinned-definitions"
+# Every field of a canonical definition but its name (the name is the entry's key).
+KEPT_FIELDS = tuple(f for f in DEFINITION_FIELDS if f != "name")
+# A listing is at most 8 MiB of canonical definitions (listing.py); indented, more.
+MAX_DEFINITIONS_FILE_BYTES = 64 * 1024 * 1024
 
 
 def canonical_definition(tool: Mapping[str, Any]) -> bytes:
@@ -176,14 +192,14 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _read_lock(path: Path) -> tuple[Any, str | None]:
+def _read_lock(path: Path, limit: int = MAX_LOCK_FILE_BYTES) -> tuple[Any, str | None]:
     try:
         with path.open("rb") as handle:
-            raw = handle.read(MAX_LOCK_FILE_BYTES + 1)
+            raw = handle.read(limit + 1)
     except OSError as exc:
         return None, f"cannot be read ({type(exc).__name__})"
-    if len(raw) > MAX_LOCK_FILE_BYTES:
-        return None, f"larger than {MAX_LOCK_FILE_BYTES} bytes"
+    if len(raw) > limit:
+        return None, f"larger than {limit} bytes"
     try:
         text = raw.decode("utf-8")
         return json.loads(text, object_pairs_hook=_pairs, parse_constant=_refuse_constant), None
@@ -262,18 +278,148 @@ def write_pins(pins: PinFile) -> Path:
     if pins.path is None:  # pragma: no cover - load_pins always sets it
         raise ValueError("pin file has no path")
     text = json.dumps(pins.to_document(), indent=2, sort_keys=False) + "\n"
-    directory = pins.path.parent
-    fd, temp = tempfile.mkstemp(prefix=".pins-", suffix=".tmp", dir=directory)
+    _write_atomically(pins.path, text)
+    return pins.path
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, temp = tempfile.mkstemp(prefix=".pins-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, pins.path)
+        os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
-    return pins.path
+
+
+def definitions_path(registry_dir: Path, server_id: str) -> Path:
+    """Where the definitions of an upstream's pins are kept (module docstring): a folder
+    of its own, so that no registry loader (``*.json`` of the folder) reads the file and
+    no server id's lock file can have its name."""
+    return registry_dir / DEFINITIONS_DIR / f"{server_id}.json"
+
+
+def kept_definition(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """What is kept of a definition: its pinned fields but the name."""
+    return {name: tool.get(name) for name in KEPT_FIELDS}
+
+
+@dataclass(frozen=True)
+class PinnedDefinitions:
+    """The definitions kept beside an upstream's pins: tool name -> (sha256, definition
+    with its name). ``rejected``: the positions of entries that could not be used."""
+
+    server_id: str
+    entries: Mapping[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    unusable: str | None = None
+    rejected: tuple[tuple[int, str], ...] = ()
+
+    def for_pin(self, tool_name: str, digest: str | None) -> dict[str, Any] | None:
+        """The definition pinned by ``digest``, when one is kept (else None)."""
+        found = self.entries.get(tool_name)
+        if found is None or digest is None or found[0] != digest:
+            return None
+        return found[1]
+
+    def problems(self) -> list[str]:
+        if self.unusable is not None:
+            return [f"pinned definitions not used: {self.unusable}"]
+        return [f"pinned definition #{p}: {why}; not shown" for p, why in self.rejected]
+
+
+def load_pinned_definitions(registry_dir: Path, server_id: str) -> PinnedDefinitions:
+    """The kept definitions; a missing file keeps none. Never raises for what the file
+    holds: an entry whose definition does not hash to its digest is dropped (by position)."""
+    path = definitions_path(registry_dir, server_id)
+    if not path.exists():
+        return PinnedDefinitions(server_id)
+    document, why = _read_lock(path, MAX_DEFINITIONS_FILE_BYTES)
+    if why is None:
+        why = _definitions_problem(document, server_id)
+    if why is not None:
+        return PinnedDefinitions(server_id, unusable=why)
+    entries: dict[str, tuple[str, dict[str, Any]]] = {}
+    rejected: list[tuple[int, str]] = []
+    duplicates = document["tools"].duplicates if isinstance(document["tools"], _Pairs) else ()
+    for position, (name, entry) in enumerate(document["tools"].items()):
+        why = _kept_entry_problem(name, entry, duplicates)
+        if why is None:
+            definition = {"name": name, **entry["definition"]}
+            entries[name] = (entry["sha256"], definition)
+        else:
+            rejected.append((position, why))
+    return PinnedDefinitions(server_id, entries, None, tuple(rejected))
+
+
+def _definitions_problem(document: Any, server_id: str) -> str | None:
+    if not isinstance(document, dict) or set(document) != {
+        "schema_id",
+        "schema_version",
+        "server_id",
+        "tools",
+    }:
+        return "not the pinned_definitions contract"
+    if (document["schema_id"], document["schema_version"]) != (
+        DEFINITIONS_SCHEMA_ID,
+        PINS_SCHEMA_VERSION,
+    ):
+        return "not the pinned_definitions v1 contract"
+    if document["server_id"] != server_id:
+        return "server_id differs from the file name"
+    if not isinstance(document["tools"], dict) or len(document["tools"]) > MAX_PIN_ENTRIES:
+        return "tools is not an object of at most 10000 entries"
+    return None
+
+
+def _kept_entry_problem(name: str, entry: Any, duplicates: Any) -> str | None:
+    if not PIN_NAME_RE.fullmatch(name) or name in duplicates:
+        return "its name is not a tool name given once"
+    if not isinstance(entry, dict) or set(entry) != {"sha256", "definition"}:
+        return "not an object of sha256 and definition"
+    definition = entry["definition"]
+    if not isinstance(definition, dict) or not set(definition) <= set(KEPT_FIELDS):
+        return "definition is not an object of the pinned fields"
+    if not isinstance(entry["sha256"], str) or not PIN_DIGEST_RE.fullmatch(entry["sha256"]):
+        return "sha256 is not 64 lowercase hex digits"
+    if definition_digest({"name": name, **definition}) != entry["sha256"]:
+        return "its definition does not hash to its sha256"
+    return None
+
+
+def write_pinned_definitions(
+    registry_dir: Path,
+    pins: PinFile,
+    definitions: Mapping[str, Mapping[str, Any]],
+) -> Path:
+    """Keep ``definitions`` (tool name -> wire definition) beside ``pins``, with the
+    definitions already kept for the other pins (those still pinned by the same digest);
+    atomically, like the lock file. A definition is kept only under its own digest."""
+    before = load_pinned_definitions(registry_dir, pins.server_id)
+    tools: dict[str, dict[str, Any]] = {}
+    for name in sorted(pins.digests):
+        digest = pins.digests[name]
+        given = definitions.get(name)
+        if given is not None and definition_digest({**given, "name": name}) == digest:
+            kept = kept_definition(given)
+        else:
+            found = before.for_pin(name, digest)
+            if found is None:
+                continue
+            kept = kept_definition(found)
+        tools[name] = {"sha256": digest, "definition": kept}
+    document = {
+        "schema_id": DEFINITIONS_SCHEMA_ID,
+        "schema_version": PINS_SCHEMA_VERSION,
+        "server_id": pins.server_id,
+        "tools": tools,
+    }
+    path = definitions_path(registry_dir, pins.server_id)
+    path.parent.mkdir(exist_ok=True)
+    _write_atomically(path, json.dumps(document, indent=2, ensure_ascii=True) + "\n")
+    return path
 
 
 __all__ = [
@@ -282,10 +428,15 @@ __all__ = [
     "PINS_SCHEMA",
     "PinFile",
     "PinState",
+    "PinnedDefinitions",
     "canonical_definition",
     "definition_digest",
+    "definitions_path",
+    "kept_definition",
+    "load_pinned_definitions",
     "load_pins",
     "lock_path",
     "renewed_pins",
+    "write_pinned_definitions",
     "write_pins",
 ]

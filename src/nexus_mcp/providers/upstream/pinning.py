@@ -277,6 +277,17 @@ class PinnedTools(QuarantineEvidence):
                 log.warning("upstream_tool_unclassified", server_id=self.server_id, tool=name)
         self._publish()
 
+    def other_digest(self, name: str) -> str | None:
+        """The digest other than its pin a tool was seen with (quarantine evidence) while
+        its listing matches the pin (changed, then reverted); None otherwise."""
+        view = self.views.get(name)
+        pinned = self.pins.digests.get(name)
+        if view is None or pinned is None or view.digest != pinned:
+            return None
+        if view.pin_state is not PinState.CHANGED:
+            return None
+        return self._differing(view, pinned)
+
     def _differing(self, view: ToolView, pinned: str | None) -> str:
         """The digest that differs from the pin: this process's own, or one another
         session (or replica) showed."""
