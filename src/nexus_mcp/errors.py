@@ -122,6 +122,11 @@ class InputError(NexusError):
 # of any other shape is left out (an upstream's schema is not ours to trust with text).
 _SCHEMA_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 MAX_ACCEPTED_NAMED = 16  # declared names an unexpected-argument refusal lists at most
+# A close misspelling is looked for among this many declared names at most: difflib's cost
+# is per pair, and an upstream's schema may declare thousands of names built to be costly
+# (anagrams of each other pass its quick checks), which made one call take a minute.
+MAX_SUGGESTION_CANDIDATES = 128
+MAX_SUGGESTION_SENT = 4  # names sent that are looked at for a misspelling
 PROBLEM_MISSING = "missing"
 PROBLEM_UNEXPECTED = "unexpected_argument"
 PROBLEM_WRONG_TYPE = "wrong_type"
@@ -180,15 +185,21 @@ class InvalidInputError(InputError):
         ``accepted`` names and suggests the one a sent name is a close misspelling of."""
         declared = tuple(accepted) if accepted is not None else None
         suggestion = None
-        if declared:
-            for name in list(sent)[:MAX_ACCEPTED_NAMED]:  # a few: the cost is the caller's
-                # A declared name is short: a long one cannot be its misspelling, and
-                # difflib's cost grows with the length of what it compares.
-                if isinstance(name, str) and len(name) <= 128:
-                    close = difflib.get_close_matches(name, declared, n=1)
-                    if close:
-                        suggestion = close[0]
-                        break
+        candidates = [n for n in declared or () if is_schema_name(n)]
+        if candidates and len(candidates) <= MAX_SUGGESTION_CANDIDATES:
+            looked = 0
+            for name in sent:
+                # A declared name is short (is_schema_name): a long one cannot be its
+                # misspelling, and difflib's cost grows with the length of what it compares.
+                if not isinstance(name, str) or len(name) > 128:
+                    continue
+                looked += 1
+                if looked > MAX_SUGGESTION_SENT:  # a few: the cost is the caller's
+                    break
+                close = difflib.get_close_matches(name, candidates, n=1)
+                if close:
+                    suggestion = close[0]
+                    break
         return cls(problem=PROBLEM_UNEXPECTED, accepted=declared, suggestion=suggestion)
 
     def render(self, facts: dict[str, Any]) -> str:
