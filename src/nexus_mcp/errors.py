@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
@@ -122,6 +123,9 @@ class InputError(NexusError):
 # of any other shape is left out (an upstream's schema is not ours to trust with text).
 _SCHEMA_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 MAX_ACCEPTED_NAMED = 16  # declared names an unexpected-argument refusal lists at most
+# A misspelling is looked for among at most 128 declared names, for 4 names sent: difflib
+# costs per pair, and a schema's thousands of anagram names made one refusal take a minute.
+MAX_SUGGESTION_CANDIDATES, MAX_SUGGESTION_SENT = 128, 4
 PROBLEM_MISSING = "missing"
 PROBLEM_UNEXPECTED = "unexpected_argument"
 PROBLEM_WRONG_TYPE = "wrong_type"
@@ -180,15 +184,16 @@ class InvalidInputError(InputError):
         ``accepted`` names and suggests the one a sent name is a close misspelling of."""
         declared = tuple(accepted) if accepted is not None else None
         suggestion = None
-        if declared:
-            for name in list(sent)[:MAX_ACCEPTED_NAMED]:  # a few: the cost is the caller's
-                # A declared name is short: a long one cannot be its misspelling, and
-                # difflib's cost grows with the length of what it compares.
-                if isinstance(name, str) and len(name) <= 128:
-                    close = difflib.get_close_matches(name, declared, n=1)
-                    if close:
-                        suggestion = close[0]
-                        break
+        candidates = [n for n in declared or () if is_schema_name(n)]
+        if candidates and len(candidates) <= MAX_SUGGESTION_CANDIDATES:
+            # A declared name is short (is_schema_name): a long one cannot be its
+            # misspelling, and difflib's cost grows with the length of what it compares.
+            short = (n for n in sent if isinstance(n, str) and len(n) <= 128)
+            for name in itertools.islice(short, MAX_SUGGESTION_SENT):
+                close = difflib.get_close_matches(name, candidates, n=1)
+                if close:
+                    suggestion = close[0]
+                    break
         return cls(problem=PROBLEM_UNEXPECTED, accepted=declared, suggestion=suggestion)
 
     def render(self, facts: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,19 @@ def test_a_hostile_key_cannot_reach_the_terminal_raw(tmp_path: Path, ws: Path) -
         "`\\x1b]0;owned\\x07\\x1b[2J\\x1b[31m" + "k" * (64 - len(escape)) + "...`"
     )
     assert len(line) < 200
+
+
+def test_a_file_of_thousands_of_bad_keys_is_answered_at_once_in_a_screenful(
+    tmp_path: Path, ws: Path
+) -> None:
+    # Each problem's line was found by composing the whole file again: 800 bad keys took
+    # 20 seconds, 5000 some minutes, and every one of them was printed.
+    config = tmp_path / "nexus.yaml"
+    config.write_text("mode: dev\n" + "".join(f"unknown_{i}: 1\n" for i in range(5000)))
+    started = time.monotonic()
+    lines = refusal(serve(config, ws))
+    assert time.monotonic() - started < 30
+    assert lines[0] == "nexus-mcp: invalid configuration (5000 problems):"
+    assert lines[1] == f"  {config}:2: unknown key `unknown_0`"
+    assert lines[-1] == "  ... and 4950 more problems"
+    assert len(lines) == 1 + 50 + 1

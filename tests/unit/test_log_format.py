@@ -155,3 +155,20 @@ def test_debug_keeps_library_lines_in_text_too(
     logging.getLogger("httpcore.http11").debug("send_request_headers %s", "Authorization: x")
     (line,) = err_lines(capsys)
     assert line[9:] == "DEBUG library_log logger=httpcore.http11"
+
+
+def test_a_library_level_name_cannot_forge_a_text_line(
+    isolated: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A level name is a library's to choose (logging.addLevelName): printed raw, its
+    # newline and escapes made a second line that read as the server's own.
+    level = 37
+    logging.addLevelName(level, "NOTE\n12:00:00 ERROR server_stopped \x1b[2J")
+    try:
+        configure_logging("INFO", "text")
+        logging.getLogger("some.library").log(level, "hello")
+        (line,) = err_lines(capsys)
+    finally:
+        logging.addLevelName(level, f"Level {level}")
+    assert "server_stopped" not in line.split('"')[0]
+    assert line.isascii() and line.isprintable()

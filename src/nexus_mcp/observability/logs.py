@@ -163,6 +163,7 @@ _SHARED_PROCESSORS: list[Any] = [
 LOG_FORMATS = ("auto", "text", "json")
 # A value printed bare in a text line; anything else is quoted and escaped as JSON.
 _BARE_VALUE = re.compile(r"[A-Za-z0-9_.,:/@+\-]{1,200}")
+_CLOCK = re.compile(r"\d\d:\d\d:\d\d")
 _LEVEL_LABELS = {"warning": "WARN", "critical": "CRIT", "exception": "ERROR"}
 
 
@@ -190,9 +191,12 @@ def render_text(_logger: Any, _method: str, event_dict: EventDict) -> str:
     keys sorted). The logger name is shown for library records only."""
     fields = dict(event_dict)
     timestamp = str(fields.pop("timestamp", ""))
-    clock = timestamp[11:19] if len(timestamp) >= 19 else "--:--:--"
+    clock = timestamp[11:19]
+    if not _CLOCK.fullmatch(clock):
+        clock = "--:--:--"
     level = str(fields.pop("level", "info"))
-    label = _LEVEL_LABELS.get(level, level.upper())
+    # A library names its own levels (logging.addLevelName): quoted unless plain.
+    label = _text_value(_LEVEL_LABELS.get(level, level.upper()))
     event = fields.pop("event", "")
     if event != LIBRARY_EVENT and is_own_logger(str(fields.get("logger", ""))):
         fields.pop("logger", None)

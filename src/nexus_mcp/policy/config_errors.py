@@ -18,6 +18,7 @@ to carry the input.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,6 +31,9 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from nexus_mcp.errors import ConfigError
 
 MAX_KEY_CHARS = 64
+# Problems one message lists; the rest are counted. A file of thousands of bad keys
+# (a pasted section, a generated file) is answered in a moment, in a screenful.
+MAX_PROBLEMS_SHOWN = 50
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_REFERENCE_PATTERN = r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$"
 ENV_REFERENCE_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -271,14 +275,16 @@ def format_problems(lines: Sequence[str]) -> str:
     unique = list(dict.fromkeys(lines))
     if len(unique) == 1:
         return unique[0]
-    return f"invalid configuration ({len(unique)} problems):\n  " + "\n  ".join(unique)
+    shown = unique[:MAX_PROBLEMS_SHOWN]
+    more = len(unique) - len(shown)
+    tail = f"\n  ... and {more} more problems" if more else ""
+    return f"invalid configuration ({len(unique)} problems):\n  " + "\n  ".join(shown) + tail
 
 
 def yaml_line(text: str, loc: Loc) -> int | None:
     """The 1-based line of ``loc`` in the YAML ``text`` (its key's line), or None."""
-    try:
-        node: Any = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+    node: Any = _composed(text)
+    if node is None:
         return None
     line = None
     for part in loc:
@@ -295,6 +301,16 @@ def yaml_line(text: str, loc: Loc) -> int | None:
         else:
             return line
     return line
+
+
+@functools.lru_cache(maxsize=4)
+def _composed(text: str) -> Any:
+    """The YAML node tree of ``text``, composed once for all the problems of one file
+    (composing it again for each problem made a file of many problems take minutes)."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
 
 
 def file_origin(file: Path | None, text: str | None, loc: Loc) -> str:

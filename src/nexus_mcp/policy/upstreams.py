@@ -343,21 +343,24 @@ def _env_references_as_secrets(item: Any) -> Any:
     ``secret_env`` (as ``{env: OTHER}``), so it is resolved and kept like one."""
     if not isinstance(item, Mapping) or not isinstance(item.get("env"), Mapping):
         return item
+    secret_env = item.get("secret_env")
+    if secret_env is None:
+        secret_env = {}
+    elif not isinstance(secret_env, Mapping):
+        return item  # left as written: validation names the bad ``secret_env``
     plain, moved = {}, {}
     for name, value in item["env"].items():
         try:
             variable = env_reference(value)
         except ValueError:
             variable = None
-        if variable is not None and name not in (item.get("secret_env") or {}):
+        if variable is not None and name not in secret_env:
             moved[name] = {"env": variable}
         else:
             plain[name] = value
     if not moved:
         return item
-    secret_env = item.get("secret_env")
-    merged = {**secret_env, **moved} if isinstance(secret_env, Mapping) else moved
-    return {**item, "env": plain, "secret_env": merged}
+    return {**item, "env": plain, "secret_env": {**secret_env, **moved}}
 
 
 def _labeller(items: Sequence[Any]) -> Any:

@@ -220,3 +220,17 @@ def test_a_reference_that_reached_no_loader_is_still_not_the_secret() -> None:
     assert resolve_secret("${NEXUS_TEST_X}", {"NEXUS_TEST_X": CANARY}).get_secret_value() == CANARY
     with pytest.raises(ConfigError, match="env:NEXUS_TEST_X is not set"):
         resolve_secret("${NEXUS_TEST_X}", {})
+
+
+@pytest.mark.parametrize("bad", ["API_KEY", ["API_KEY"], 5])
+def test_a_bad_secret_env_beside_an_env_reference_is_still_reported(
+    monkeypatch: pytest.MonkeyPatch, bad: Any
+) -> None:
+    # Moving ``env: {X: ${NAME}}`` into ``secret_env`` replaced a ``secret_env`` that was
+    # not a mapping: the operator's mistake vanished, and the secrets it meant with it.
+    monkeypatch.setenv("NEXUS_TEST_GH", CANARY)
+    raw = [upstream(env={"GITHUB_TOKEN": "${NEXUS_TEST_GH}"}, secret_env=bad)]
+    with pytest.raises(ConfigError) as caught:
+        load_upstreams(raw, mode="prod", native_server_id="nexus")
+    assert "`upstreams.fs.secret_env` should be a mapping" in str(caught.value)
+    assert CANARY not in str(caught.value)

@@ -234,9 +234,8 @@ def _schema_refusal(
     first error, on a declared argument only."""
     for error in errors:
         if error.validator == "additionalProperties" and not error.path:
-            return InvalidInputError.unexpected(
-                [k for k in arguments if k not in declared], declared
-            )
+            known = frozenset(declared)  # a schema may declare thousands: no tuple scans
+            return InvalidInputError.unexpected([k for k in arguments if k not in known], declared)
     error = errors[0]
     path = list(error.path)
     if error.validator == "required" and not path:
