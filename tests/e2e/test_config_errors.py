@@ -209,3 +209,44 @@ def test_a_file_of_thousands_of_bad_keys_is_answered_at_once_in_a_screenful(
     assert lines[1] == f"  {config}:2: unknown key `unknown_0`"
     assert lines[-1] == "  ... and 4950 more problems"
     assert len(lines) == 1 + 50 + 1
+
+
+def test_problems_in_the_settings_and_in_every_section_are_reported_in_one_run(
+    tmp_path: Path, ws: Path
+) -> None:
+    """The sections other loaders own (write_policies, upstreams, repos, approvals) are
+    checked too when the settings already failed: one run shows the whole file."""
+    config = tmp_path / "nexus.yaml"
+    config.write_text(
+        "mode: prodd\n"  # 1
+        "write_policies:\n"  # 2
+        "  workspace:\n"  # 3
+        f"    allowed_paths: {CANARY}/**\n"  # 4
+        "    alowed_operations: [write]\n"  # 5
+        "upstreams: {fs: 1}\n"  # 6
+        "repos: [x]\n"  # 7
+        "approvals:\n"  # 8
+        "  ttl_seconds: lots\n"  # 9
+    )
+    lines = refusal(serve(config, ws))
+
+    assert lines[0] == "nexus-mcp: invalid configuration (7 problems):"
+    body = [line.strip() for line in lines[1:]]
+    assert body[0] == f"{config}:1: `mode` should be one of: dev, prod"
+    assert f"{config}:4: `write_policies.workspace.allowed_paths` should be a list" in body
+    assert f"{config}:3: `write_policies.workspace.allowed_operations` is required" in body
+    assert any("did you mean `write_policies.workspace.allowed_operations`?" in b for b in body)
+    assert f"{config}:6: `upstreams` should be a list" in body
+    assert f"{config}:7: `repos` should be a mapping (key: value)" in body
+    assert any("approvals.ttl_seconds" in b for b in body)
+    assert CANARY not in "\n".join(lines)
+
+
+def test_a_file_with_only_section_problems_still_reports_them_as_before(
+    tmp_path: Path, ws: Path
+) -> None:
+    config = tmp_path / "nexus.yaml"
+    config.write_text("write_policies:\n  workspace:\n    allowed_paths: notes/**\n")
+    lines = refusal(serve(config, ws, "--subject", "alice"))
+    body = [line.strip() for line in lines]
+    assert f"{config}:3: `write_policies.workspace.allowed_paths` should be a list" in body

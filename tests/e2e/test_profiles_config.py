@@ -185,6 +185,6 @@ def test_a_broken_upstreams_section_is_named_without_its_value(tmp_path: Path) -
     done = profiles("show", "minimal", *with_data_dir(gw))
 
     assert done.returncode == 2
-    assert "upstreams[0].transport" in done.stderr
+    assert "upstreams.up.transport" in done.stderr
     for unwanted in ("carrier-pigeon", "\x1b", "Traceback"):
         assert unwanted not in done.stderr

@@ -137,7 +137,7 @@ def test_two_upstreams_whose_names_could_meet_stop_start_up(
     gw = make_gateway(tmp_path, [stdio_upstream(**options) for options in pair])
     message = refused_start(gw)
     assert "overlaps the prefix" in message
-    assert f"({pair[1]['server_id']})" in message
+    assert f"`upstreams.{pair[1]['server_id']}" in message
 
 
 def test_a_listed_name_ending_in_a_newline_is_never_exposed() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.logs import LOG_FORMATS, configure_logging
+from nexus_mcp.policy.config_errors import format_problems, split_problems
 from nexus_mcp.settings import ENV_PREFIX, SERVE_FLAGS, SERVE_OPTIONS, load_settings
 
 
@@ -62,7 +63,17 @@ def run_serve(args: argparse.Namespace) -> int:
     early_format = args.log_format or os.environ.get(f"{ENV_PREFIX}LOG_FORMAT", "auto")
     configure_logging("INFO", early_format if early_format in LOG_FORMATS else "auto")
     try:
-        settings = load_settings(config, overrides, flags=SERVE_FLAGS)
+        try:
+            settings = load_settings(config, overrides, flags=SERVE_FLAGS)
+        except ConfigError as exc:
+            # Every problem of the file in one run: the sections' own too.
+            from nexus_mcp.server.startup import section_problems
+
+            lines = split_problems(str(exc))
+            if lines[-1].startswith("... and "):
+                raise  # already more than a screenful
+            more = section_problems(config, os.environ, mode=overrides.get("mode"))
+            raise ConfigError(format_problems([*lines, *more])) from None
         configure_logging(settings.log_level, settings.log_format)
         if settings.workers > 1:
             from nexus_mcp.transport.workers import serve_workers

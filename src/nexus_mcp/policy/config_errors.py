@@ -281,6 +281,18 @@ def format_problems(lines: Sequence[str]) -> str:
     return f"invalid configuration ({len(unique)} problems):\n  " + "\n  ".join(shown) + tail
 
 
+PROBLEMS_HEAD = "invalid configuration ("
+
+
+def split_problems(message: str) -> list[str]:
+    """The problem lines of a ``format_problems`` message (its inverse), so the problems
+    of several loaders can be reported together, each once."""
+    head, _, rest = message.partition("\n  ")
+    if head.startswith(PROBLEMS_HEAD) and head.endswith("problems):") and rest:
+        return rest.split("\n  ")
+    return [message]
+
+
 def yaml_line(text: str, loc: Loc) -> int | None:
     """The 1-based line of ``loc`` in the YAML ``text`` (its key's line), or None."""
     node: Any = _composed(text)

@@ -30,6 +30,7 @@ from nexus_mcp.policy.approvals import (
     load_approval_keys,
     load_approval_settings,
 )
+from nexus_mcp.policy.config_errors import split_problems
 from nexus_mcp.policy.launch import describe_setting
 from nexus_mcp.policy.registry import (
     RegistrySet,
@@ -37,8 +38,9 @@ from nexus_mcp.policy.registry import (
     default_registry_dir,
     load_registry_dir,
 )
-from nexus_mcp.policy.repos import ReposConfig
+from nexus_mcp.policy.repos import ReposConfig, load_repos_config
 from nexus_mcp.policy.upstreams import (
+    load_upstreams,
     resolve_secret,
 )
 from nexus_mcp.policy.write_policy import (
@@ -47,7 +49,7 @@ from nexus_mcp.policy.write_policy import (
     load_write_policy_config,
 )
 from nexus_mcp.server.runtime import Runtime
-from nexus_mcp.settings import Settings
+from nexus_mcp.settings import Settings, config_sections
 from nexus_mcp.stores.backends import StateStores, request_state_keys
 from nexus_mcp.stores.locations import (
     server_state_paths,
@@ -194,6 +196,47 @@ def check_registry_parity(
     if not settings.is_dev:
         raise ConfigError(f"tool risks disagree with the registry: {described}")
     log.warning("registry_risk_mismatch", tools=[m.tool_name for m in mismatches])
+
+
+def section_problems(
+    config_file: Path | None, environ: Mapping[str, str], *, mode: str | None = None
+) -> list[str]:
+    """The problems of the sections their own loaders read (``repos``, ``upstreams``,
+    ``write_policies``, ``approvals``), one line each, for a start-up that already failed
+    on the settings: the operator then sees every problem of the file in one run instead
+    of one part per run. Nothing is opened, started or written.
+
+    ``mode``: the mode the settings asked for, when it is one; else the file's own, else
+    prod (whose checks are the stricter). The native server id is the default's: a bad
+    ``registry.server_id`` is already one of the settings' problems.
+    """
+    try:
+        sections = config_sections(config_file)
+    except ConfigError:
+        return []  # the file itself is unreadable: the settings said so
+    if mode not in ("dev", "prod"):
+        mode = sections.get("mode") if sections.get("mode") in ("dev", "prod") else "prod"
+    assert mode is not None
+    checks = (
+        lambda: load_repos_config(sections.get("repos"), mode=mode, source=config_file),
+        lambda: load_upstreams(
+            sections.get("upstreams"), mode=mode, native_server_id="nexus", source=config_file
+        ),
+        lambda: load_write_policy_config(
+            sections.get("write_policies"), mode=mode, source=config_file
+        ),
+        lambda: load_approval_settings(environ, sections),
+        lambda: (
+            load_approval_keys(environ, sections) if has_approval_keys(environ, sections) else None
+        ),
+    )
+    lines: list[str] = []
+    for check in checks:
+        try:
+            check()
+        except ConfigError as exc:
+            lines += split_problems(str(exc))
+    return lines
 
 
 def load_write_policies(
