@@ -48,8 +48,6 @@ from nexus_mcp.policy.profiles import (
 )
 from nexus_mcp.policy.registry import (
     RegistrySet,
-    default_registry_dir,
-    load_registry_dir,
     upstream_registry_dir,
 )
 from nexus_mcp.policy.upstreams import UpstreamConfig, load_upstreams
@@ -261,7 +259,9 @@ def known_tools(
     ``registry.upstream_directory``), and every name a configured upstream's classified
     tool is exposed under (as ``serve`` counts them)."""
     settings = settings or load_state_settings()
-    registries = served_registries(settings)
+    from nexus_mcp.server.startup import load_served_registry  # serve's own loading
+
+    registries = load_served_registry(settings)
     tools = {tool for profile in config.profiles.values() for tool in profile.tools}
     tools.update(
         entry.tool_name for registry in registries.registries.values() for entry in registry.entries
@@ -273,16 +273,6 @@ def known_tools(
             if exposed is not None and upstream.allows(entry.tool_name):
                 tools.add(exposed)
     return frozenset(tools)
-
-
-def served_registries(settings: Settings) -> RegistrySet:
-    """The registries ``serve`` loads (native, then the upstream folder), with its pins."""
-    pins = {sid: (pin.version, pin.digest) for sid, pin in settings.registry.pins.items()}
-    return load_registry_dir(
-        settings.registry.directory or default_registry_dir(),
-        pins=pins,
-        upstream_directory=settings.registry.upstream_directory,
-    )
 
 
 def configured_upstreams(
@@ -307,7 +297,9 @@ def upstream_states(
     upstreams = configured_upstreams(settings, config_file)
     if not upstreams:
         return {}
-    registries = served_registries(settings)
+    from nexus_mcp.server.startup import load_served_registry  # serve's own loading
+
+    registries = load_served_registry(settings)
     states: dict[str, str] = {}
     for upstream in upstreams:
         pins = load_pins(
