@@ -267,12 +267,20 @@ def log_stopped(settings: Settings, *, reason: str) -> None:
     log.info(STOPPED_EVENT, transport=settings.transport, reason=reason)
 
 
-class StartupLine:
-    """Calls ``on_started`` when the app's lifespan has started (uvicorn is serving)."""
+class LifespanHooks:
+    """Passes everything to ``app`` and calls ``started`` once its lifespan has started
+    (uvicorn is serving) and ``stopped`` once it has ended, cleanly or not. The start line
+    uses the first; a ``--workers`` child closes its server's stores with the second."""
 
-    def __init__(self, app: ASGIApp, on_started: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        started: Callable[[], None] | None = None,
+        stopped: Callable[[], None] | None = None,
+    ) -> None:
         self.app = app
-        self.on_started = on_started
+        self.started = started
+        self.stopped = stopped
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "lifespan":
@@ -281,8 +289,13 @@ class StartupLine:
 
         async def watch(message: Message) -> None:
             await send(message)
-            if message["type"] == "lifespan.startup.complete":
-                self.on_started()
+            if message["type"] == "lifespan.startup.complete" and self.started is not None:
+                self.started()
+            if (
+                message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed")
+                and self.stopped is not None
+            ):
+                self.stopped()
 
         await self.app(scope, receive, watch)
 
@@ -382,8 +395,8 @@ async def _serve_http(server: NexusServer) -> None:
             # The start line once uvicorn serves: from then on its own handlers take a
             # signal and shut down gracefully before raising it again.
             started = ASGIMiddlewareSpec(
-                StartupLine,
-                on_started=lambda: log_started(settings, address=http_url(settings, port)),
+                LifespanHooks,
+                started=lambda: log_started(settings, address=http_url(settings, port)),
             )
             options["middleware"] = [*options["middleware"], started]
             try:
@@ -455,8 +468,8 @@ async def _serve_stdio(server: NexusServer) -> None:
 
 __all__ = [
     "BodyLimitMiddleware",
+    "LifespanHooks",
     "SessionAffinityMiddleware",
-    "StartupLine",
     "announce",
     "bind_listener",
     "client_config",

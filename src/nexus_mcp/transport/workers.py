@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.settings import Settings
@@ -106,7 +106,7 @@ def create_app() -> ASGIApp:
     from nexus_mcp.observability.logs import configure_logging, enforce_one_handler
     from nexus_mcp.server.build import build_server
     from nexus_mcp.settings import SERVE_FLAGS, load_settings
-    from nexus_mcp.transport.serve import http_options
+    from nexus_mcp.transport.serve import LifespanHooks, http_options
 
     spec = json.loads(os.environ[WORKER_SPEC_ENV])
     config = Path(spec["config"]) if spec["config"] else None
@@ -118,27 +118,7 @@ def create_app() -> ASGIApp:
     server = build_server(settings, config_file=config)
     enforce_one_handler()
     app = server.mcp.http_app(**http_options(settings))
-    return ClosingApp(app, server.close)
-
-
-class ClosingApp:
-    """Passes everything to ``app`` and closes the server's stores after the lifespan ends."""
-
-    def __init__(self, app: ASGIApp, close: Any) -> None:
-        self.app = app
-        self.close = close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-
-        async def sent(message: Message) -> None:
-            await send(message)
-            if message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-                self.close()
-
-        await self.app(scope, receive, sent)
+    return LifespanHooks(app, stopped=server.close)
 
 
 __all__ = ["WORKER_SPEC_ENV", "check_workers", "create_app", "serve_workers"]
