@@ -35,6 +35,11 @@ from pydantic_settings import (
 )
 
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.auth_settings import (
+    DEFAULT_TOKEN_LEEWAY_SECONDS,
+    MAX_TOKEN_LEEWAY_SECONDS,
+    AuthSettings,
+)
 from nexus_mcp.policy.config_errors import (
     describe_type,
     file_origin,
@@ -47,8 +52,6 @@ from nexus_mcp.policy.upstreams import SERVER_ID_RE, SecretRef, SecretValue
 
 MIB = 1024 * 1024
 ENV_PREFIX = "NEXUS_MCP_"
-DEFAULT_TOKEN_LEEWAY_SECONDS = 30
-MAX_TOKEN_LEEWAY_SECONDS = 300  # RFC 7519: "usually no more than a few minutes"
 # Below the default tool timeout (30 s) so a slow canister ends as the spec's
 # "Runtime failure", not as TOOL_TIMEOUT; the margin is vaults.CANISTER_DEADLINE_MARGIN_SECONDS.
 DEFAULT_CANISTER_TOTAL_TIMEOUT_SECONDS = 25.0
@@ -100,34 +103,6 @@ class DevPrincipalSettings(_Section):
     canister_user_id: str | None = None
     scopes: str = ""
     read_only: bool = False
-
-
-class AuthSettings(_Section):
-    """Bearer-token verification on HTTP (FastMCP's ``JWTVerifier``)."""
-
-    jwt_secret: SecretStr | None = Field(default=None, description="HS256 shared secret")
-    jwks_url: str | None = Field(default=None, description="JWKS URL for asymmetric tokens")
-    algorithm: str = "HS256"
-    audience: str = "nexus-mcp"
-    issuer: str | None = None
-    # RFC 7519 4.1.5/4.1.6: how far an issuer's clock may run ahead before a token whose
-    # nbf or iat lies in the future is refused. exp itself is never extended.
-    leeway_seconds: int = Field(
-        default=DEFAULT_TOKEN_LEEWAY_SECONDS, ge=0, le=MAX_TOKEN_LEEWAY_SECONDS
-    )
-    # Off: a token without exp would be valid forever once leaked.
-    allow_tokens_without_exp: bool = False
-
-    @field_validator("jwt_secret")
-    @classmethod
-    def _secret_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value().encode("utf-8")) < 32:
-            raise ValueError("must be at least 32 bytes")
-        return value
-
-    @property
-    def enabled(self) -> bool:
-        return self.jwt_secret is not None or self.jwks_url is not None
 
 
 class SearchSettings(_Section):

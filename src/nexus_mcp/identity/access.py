@@ -17,6 +17,7 @@ requires scopes is visible only to principals holding all of them.
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 import time
 from collections import Counter
@@ -50,6 +51,7 @@ SELECTION_TTL_SECONDS = 2.0
 RECENT_ANSWER_SECONDS = 0.1
 RECENT_ANSWERS_KEPT = 10_000
 _UNSELECTED = object()
+MAX_SCOPE_ANSWERS = 100_000
 
 
 def profile_subject(name: str) -> str:
@@ -86,6 +88,7 @@ class GrantedTools:
         *,
         write_tools: Iterable[str],
         required_scopes: Mapping[str, frozenset[str]] | None = None,
+        tool_scopes: Mapping[str, Iterable[str]] | None = None,
         zone: str = DEFAULT_ZONE,
         cache_ttl_seconds: float = 300.0,
     ) -> None:
@@ -95,6 +98,11 @@ class GrantedTools:
         self.write_tools = frozenset(write_tools)
         # Tools whose contract requires scopes (seed 002): hidden from callers without them.
         self.required_scopes = {k: v for k, v in (required_scopes or {}).items() if v}
+        # ``auth.tool_scopes``: a name or fnmatch pattern, for native and upstream tools.
+        self.scope_rules = tuple(
+            (pattern, frozenset(scopes)) for pattern, scopes in (tool_scopes or {}).items()
+        )
+        self._scopes_of: dict[str, frozenset[str]] = {}
         self.zone = zone
         self._selections: TTLCache[tuple[str, str | None, str], str | None] = TTLCache(
             maxsize=10_000, ttl=min(SELECTION_TTL_SECONDS, cache_ttl_seconds)
@@ -190,6 +198,10 @@ class GrantedTools:
         return visible
 
     def _visible_tools(self, principal: Principal) -> frozenset[str]:
+        return self._with_scopes(self._granted(principal), principal.scopes)
+
+    def _granted(self, principal: Principal) -> frozenset[str]:
+        """What the profile, grants and read-only flag give, before any scope is asked."""
         try:
             name = self.select(principal)
         except Exception:
@@ -199,15 +211,42 @@ class GrantedTools:
             raise
         if name is None:
             return frozenset()
-        visible = self.cache.get(profile_subject(name), self.zone) | self.cache.get(
+        granted = self.cache.get(profile_subject(name), self.zone) | self.cache.get(
             principal.subject, self.zone
         )
         if self._available is not None:
-            visible &= self._available
-        if principal.read_only:
-            visible -= self.write_tools
-        missing_scopes = [t for t, s in self.required_scopes.items() if not s <= principal.scopes]
-        return visible.difference(missing_scopes) if missing_scopes else visible
+            granted &= self._available
+        return granted - self.write_tools if principal.read_only else granted
+
+    def _with_scopes(self, visible: frozenset[str], held: frozenset[str]) -> frozenset[str]:
+        if self.scope_rules:
+            return frozenset(t for t in visible if self.scopes_for(t) <= held)
+        missing = [t for t, s in self.required_scopes.items() if not s <= held]
+        return visible.difference(missing) if missing else visible
+
+    def scopes_for(self, tool: str) -> frozenset[str]:
+        """The scopes a call of ``tool`` needs: its contract's and every matching rule's."""
+        known = self._scopes_of.get(tool)
+        if known is not None:
+            return known
+        needed = self.required_scopes.get(tool, frozenset())
+        for pattern, scopes in self.scope_rules:
+            if pattern == tool or fnmatch.fnmatchcase(tool, pattern):
+                needed = needed | scopes
+        if len(self._scopes_of) < MAX_SCOPE_ANSWERS:
+            self._scopes_of[tool] = needed
+        return needed
+
+    def missing_scopes(self, principal: Principal, tool: str) -> frozenset[str]:
+        """The scopes ``tool`` needs that ``principal`` lacks, when its profile grants the tool.
+
+        Empty when the tool is not granted at all: the namespace hides it, and a scope
+        challenge would tell a caller that a tool it may never see exists.
+        """
+        needed = self.scopes_for(tool)
+        if not needed or needed <= principal.scopes or tool not in self._granted(principal):
+            return frozenset()
+        return needed - principal.scopes
 
     def forget(self, subject: str | None = None) -> None:
         """After a grant change through this server: the next request sees it."""

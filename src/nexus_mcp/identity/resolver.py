@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from nexus_mcp.policy.claims import ClaimsMapper
 from nexus_mcp.policy.launch import (
     LAUNCH_FIELDS,
     SUBJECT,
@@ -25,7 +26,7 @@ from nexus_mcp.policy.launch import (
     require_subject,
 )
 from nexus_mcp.policy.profiles import ToolProfileConfig
-from nexus_mcp.principal import Principal, principal_from_claims, principal_from_fields
+from nexus_mcp.principal import Principal, principal_from_fields
 from nexus_mcp.settings import Settings
 
 HTTP_TRANSPORTS = frozenset({"streamable-http", "http", "sse"})
@@ -47,8 +48,11 @@ class IdentityResolver:
         http_auth: bool,
         narrowed_by: tuple[str, ...] = (),
         ignored: tuple[str, ...] = (),
+        mapper: ClaimsMapper | None = None,
     ) -> None:
         self.launch = launch
+        # Verified claims to the principal, once per token (policy/claims.py).
+        self.mapper = mapper if mapper is not None else ClaimsMapper(None)
         self.dev_default = dev_default
         self.http_auth = http_auth
         # Launch settings that narrowed the dev default, and those that do not apply here.
@@ -89,10 +93,14 @@ class IdentityResolver:
         transport: str | None,
         token_claims: Mapping[str, Any] | None,
         token_subject: str | None,
+        token: str | None = None,
+        expires_at: float | None = None,
     ) -> Principal | None:
         if transport in HTTP_TRANSPORTS:
             if token_claims is not None:
-                return principal_from_claims(token_claims, subject=token_subject)
+                return self.mapper.principal(
+                    token_claims, token=token, subject=token_subject, expires_at=expires_at
+                )
             # No verifier configured (dev only; prod refuses to start like this).
             return None if self.http_auth else self.dev_default
         return self.launch or self.dev_default
@@ -115,6 +123,7 @@ def build_identity(
     *,
     profiles: ToolProfileConfig,
     profile_of: Callable[[Principal], str | None],
+    mapper: ClaimsMapper | None = None,
 ) -> IdentityResolver:
     """Decide at start-up who stdio callers (and unverified dev HTTP callers) act as.
 
@@ -152,6 +161,7 @@ def build_identity(
         http_auth=settings.auth.enabled,
         narrowed_by=narrowed_by,
         ignored=ignored,
+        mapper=mapper if mapper is not None else ClaimsMapper(settings.auth.claims),
     )
 
 

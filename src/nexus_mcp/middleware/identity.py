@@ -30,6 +30,8 @@ class IdentityMiddleware(Middleware):
             transport=transport,
             token_claims=token.claims if token is not None else None,
             token_subject=token.subject if token is not None else None,
+            token=token.token if token is not None else None,
+            expires_at=token.expires_at if token is not None else None,
         )
         state = current_call()
         if state is not None:

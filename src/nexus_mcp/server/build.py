@@ -26,6 +26,7 @@ from nexus_mcp.fixtures.integrity import resolve_fixture_key
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
 from nexus_mcp.fixtures.store import FixtureWriter
 from nexus_mcp.identity.access import GrantedTools
+from nexus_mcp.identity.oauth import build_front_door
 from nexus_mcp.identity.resolver import (
     check_launch_settings,
 )
@@ -74,6 +75,7 @@ from nexus_mcp.server.replay import (
 )
 from nexus_mcp.server.routes import add_approval_routes, add_health_routes, add_metrics_route
 from nexus_mcp.server.runtime import NexusServer, Runtime, grants_changed
+from nexus_mcp.server.scope_challenge import bind_scope_check
 from nexus_mcp.server.startup import (
     bind_observability,
     build_server_observability,
@@ -167,8 +169,12 @@ def _build_server(
     if settings.transport == "http" and not settings.is_dev and not settings.auth.enabled:
         raise ConfigError(
             "HTTP in prod mode needs token verification: set auth.jwt_secret "
-            "(NEXUS_MCP_AUTH__JWT_SECRET) or auth.jwks_url (NEXUS_MCP_AUTH__JWKS_URL)"
+            "(NEXUS_MCP_AUTH__JWT_SECRET) or auth.jwks_url (NEXUS_MCP_AUTH__JWKS_URL), "
+            "or sign callers in with your identity provider (auth.authorization_servers "
+            "or auth.oidc_proxy, docs/oauth.md)"
         )
+    # Before any state opens: discovery and the provider's configuration may stop start-up.
+    front_door = build_front_door(settings, environ) if settings.transport == "http" else None
     check_launch_settings(settings)  # before any state is created; build_identity decides
     write_policies = load_write_policies(sections, settings, source=config_file)
     replaying = settings.replay is not None
@@ -326,6 +332,7 @@ def _build_server(
                 profiles,
                 write_tools=write_tools,
                 required_scopes={n: c.required_scopes for n, c in contracts.items()},
+                tool_scopes=settings.auth.tool_scopes,
                 zone=settings.profiles.zone,
                 cache_ttl_seconds=settings.profiles.cache_ttl_seconds,
             ),
@@ -341,7 +348,7 @@ def _build_server(
             ),
             book=book,
             connector=connector,
-            verifier=build_verifier(settings) if settings.transport == "http" else None,
+            front_door=front_door,
             upstreams=upstreams,
             repos=repos,
             upstream_writes=UpstreamWrites(upstream_config, mode=settings.mode),
@@ -374,6 +381,9 @@ def _build_server(
         dereference_schemas=False,  # chain.build_middleware places it, after filtering
         request_state_security=sealing(settings, environ),
     )
+    if front_door is not None and front_door.provider is not None:
+        # The step-up answer (403 insufficient_scope) is made at the HTTP layer.
+        bind_scope_check(mcp, runtime.scope_shortfall, metadata_url=front_door.metadata_url)
     index = ToolIndex(mcp)  # by-name lookup for tools/call, FastMCP's innermost transform
     mcp.add_transform(index)
     if replay is not None:

@@ -19,7 +19,7 @@ from nexus_mcp.errors import InvalidInputError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.observability.telemetry import metrics_response
 from nexus_mcp.policy.approvals import check_mintable_tool, mint_approval_token
-from nexus_mcp.principal import Principal, principal_from_claims
+from nexus_mcp.principal import Principal
 from nexus_mcp.server.health import (
     NO_STORE,
     StoreProbe,
@@ -61,7 +61,13 @@ async def authenticate(request: Request, runtime: Runtime) -> Principal | None:
         access = await runtime.verifier.verify_token(token.strip())
         if access is None:
             return None
-        return principal_from_claims(access.claims, subject=access.subject)
+        return runtime.identity.resolve(
+            transport="streamable-http",
+            token_claims=access.claims,
+            token_subject=access.subject,
+            token=access.token,
+            expires_at=access.expires_at,
+        )
     return runtime.identity.resolve(
         transport="streamable-http", token_claims=None, token_subject=None
     )

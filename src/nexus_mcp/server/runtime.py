@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from fastmcp import FastMCP
-from fastmcp.server.auth import TokenVerifier
+from fastmcp.server.auth import AuthProvider
 
 from nexus_mcp.book import ToolBook
 from nexus_mcp.connector import Connector
 from nexus_mcp.enforcement import RegistryEnforcer
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.identity.access import GrantedTools
+from nexus_mcp.identity.oauth import FrontDoor
 from nexus_mcp.identity.resolver import (
     IdentityResolver,
     build_identity,
@@ -79,7 +80,8 @@ class Runtime:
     connector: Connector
     # Every tool the chain knows (book.py); the providers register into it.
     book: ToolBook = field(default_factory=ToolBook)
-    verifier: TokenVerifier | None = None
+    # HTTP: FastMCP's auth provider and the claims mapping (identity/oauth.py).
+    front_door: FrontDoor | None = None
     upstreams: UpstreamGateway | None = None
     repos: RepoWrites | None = None
     # Which upstream writes may run, live or in a replay (which starts no upstream).
@@ -95,11 +97,36 @@ class Runtime:
         # loaded profiles and what the namespace selects for it (policy/launch.py).
         try:
             self.identity = build_identity(
-                self.settings, profiles=self.access.profiles, profile_of=self.access.select
+                self.settings,
+                profiles=self.access.profiles,
+                profile_of=self.access.select,
+                mapper=self.front_door.mapper if self.front_door is not None else None,
             )
         except ConfigError:
             self.close()  # the stores are open already and no one else holds them
             raise
+
+    @property
+    def verifier(self) -> AuthProvider | None:
+        """What checks a bearer token on HTTP (None: stdio, or dev without token settings)."""
+        return self.front_door.provider if self.front_door is not None else None
+
+    def scope_shortfall(self, access: Any, tool: str) -> frozenset[str]:
+        """The scopes to challenge for when ``access`` calls ``tool`` (empty: no challenge).
+
+        Only a tool the caller's profile grants is challenged (``missing_scopes``); the
+        challenge names all the scopes the tool needs, from configuration.
+        """
+        principal = self.identity.resolve(
+            transport="streamable-http",
+            token_claims=access.claims,
+            token_subject=access.subject,
+            token=access.token,
+            expires_at=access.expires_at,
+        )
+        if principal is None or not self.access.missing_scopes(principal, tool):
+            return frozenset()
+        return self.access.scopes_for(tool) | frozenset(self.settings.auth.required_scopes)
 
     def registry_info(self) -> Mapping[str, Any] | None:
         # The registry is loaded once and never changes while the server runs.

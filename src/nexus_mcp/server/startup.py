@@ -5,17 +5,18 @@ observability, and the start-up lines that say who callers act as."""
 from __future__ import annotations
 
 import hmac
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fastmcp.server.auth import TokenVerifier
+from fastmcp.server.auth import AuthProvider, TokenVerifier
 from mcp.server.request_state import RequestStateSecurity
 from pydantic import SecretStr
 
 from nexus_mcp.contracts import ToolContract
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.identity.bearer import BearerTokenVerifier
+from nexus_mcp.identity.oauth import build_front_door
 from nexus_mcp.identity.resolver import (
     HTTP_TRANSPORTS,
     IdentityResolver,
@@ -92,33 +93,14 @@ NO_PRINCIPAL_HTTP_HINT = (
 )
 
 
-def build_verifier(settings: Settings) -> TokenVerifier | None:
-    """The one bearer-token verifier for HTTP: MCP requests and the plain routes alike.
+def build_verifier(
+    settings: Settings, environ: Mapping[str, str] | None = None
+) -> TokenVerifier | AuthProvider | None:
+    """The one bearer-token check for HTTP: MCP requests and the plain routes alike.
 
-    FastMCP's ``JWTVerifier`` (we use it rather than verifying tokens ourselves), subclassed
-    only to add the RFC 7519 ``exp``/``nbf``/``iat`` checks it leaves out (``identity/bearer.py``).
+    FastMCP's verifiers and OAuth providers, configured by ``identity/oauth.py``.
     """
-    auth = settings.auth
-    if not auth.enabled:
-        return None
-    require_exp = not auth.allow_tokens_without_exp
-    if auth.jwt_secret is not None:
-        return BearerTokenVerifier(
-            public_key=auth.jwt_secret.get_secret_value(),
-            algorithm=auth.algorithm,
-            audience=auth.audience,
-            issuer=auth.issuer,
-            leeway_seconds=auth.leeway_seconds,
-            require_exp=require_exp,
-        )
-    return BearerTokenVerifier(
-        jwks_uri=auth.jwks_url,
-        algorithm=auth.algorithm if auth.algorithm != "HS256" else "RS256",
-        audience=auth.audience,
-        issuer=auth.issuer,
-        leeway_seconds=auth.leeway_seconds,
-        require_exp=require_exp,
-    )
+    return build_front_door(settings, os.environ if environ is None else environ).provider
 
 
 def resolve_workspace(settings: Settings, policies: WritePolicyConfig) -> Workspace:

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from starlette.middleware import Middleware as ASGIMiddlewareSpec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,6 +37,7 @@ from nexus_mcp._version import __version__
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.logs import enforce_one_handler, get_logger
 from nexus_mcp.server.build import NexusServer
+from nexus_mcp.server.scope_challenge import ScopeChallengeMiddleware
 from nexus_mcp.settings import Settings
 from nexus_mcp.transport.routing_headers import RoutingHeadersMiddleware
 from nexus_mcp.transport.wire_errors import ScrubbingSendStream, TransportErrorsMiddleware
@@ -157,9 +159,24 @@ async def _reject(send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def public_hosts(base_url: str | None) -> list[str]:
+    """The Host header values ``auth.base_url`` names (with and without its port)."""
+    if base_url is None:
+        return []
+    parts = urlsplit(base_url)
+    if parts.hostname is None or parts.hostname in ("127.0.0.1", "localhost", "::1"):
+        return []
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return [host, f"{host}:*"]
+
+
 def http_options(settings: Settings) -> dict[str, Any]:
     """Keyword arguments for FastMCP's ``run_http_async``/``http_app`` (shared with tests)."""
-    allowed_hosts = list(settings.allowed_hosts) or list(LOOPBACK_HOSTS)
+    allowed_hosts = list(settings.allowed_hosts) or [
+        *LOOPBACK_HOSTS,
+        # The public address clients and the identity provider's redirects reach.
+        *public_hosts(settings.auth.base_url),
+    ]
     return {
         "path": settings.http_path,
         "stateless_http": settings.stateless_http,
@@ -182,6 +199,9 @@ def http_options(settings: Settings) -> dict[str, Any]:
                 if settings.state.instance_id and not settings.stateless_http
                 else []
             ),
+            # Inside FastMCP's authentication: a granted tool the token's scopes do not
+            # cover answers 403 insufficient_scope (server/scope_challenge.py).
+            *([ASGIMiddlewareSpec(ScopeChallengeMiddleware)] if settings.auth.enabled else []),
         ],
     }
 

@@ -1,0 +1,366 @@
+"""The HTTP front door: FastMCP's auth providers, configured from ``auth``.
+
+We write none of the OAuth protocol ourselves (house rule): FastMCP's verifiers check
+tokens, ``RemoteAuthProvider`` serves RFC 9728 protected resource metadata and the
+challenge, ``OIDCProxy`` is the authorization server in front of a provider without
+dynamic registration (DCR, client ID metadata documents, PKCE, the consent page bound to
+the browser, single-use codes). What this module adds is configuration made safe:
+
+- the audience is this server's resource URL unless set otherwise (RFC 8707), and a token
+  must name it: a token for another resource is refused here and never passed on (the
+  gateway never forwards a caller's ``Authorization``: ``providers/upstream/``);
+- the issuer is pinned to the configured authorization servers, and a discovered metadata
+  document must name the issuer it was asked for (RFC 8414 section 3.3, the mix-up
+  defence): a rogue document pointing at another issuer or key set stops start-up;
+- the protected resource metadata is served at both well-known forms, the path-suffixed
+  one (RFC 9728 section 3.1) and the root one clients fall back to;
+- the proxy's state (registered clients, transactions, codes, the provider's tokens) lives
+  on the configured state backend, encrypted with a key derived from ``signing_key``:
+  SQLite-free files in the data dir for one process, Redis (the shared backend's) so every
+  replica finishes a sign-in another began.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from cryptography.fernet import Fernet
+from fastmcp.server.auth import AuthProvider, RemoteAuthProvider, TokenVerifier
+from fastmcp.server.auth.jwt_issuer import derive_jwt_key
+from fastmcp.server.auth.oidc_proxy import OIDCProxy
+from fastmcp.server.auth.providers.introspection import IntrospectionTokenVerifier
+from key_value.aio.protocols import AsyncKeyValue
+from key_value.aio.wrappers.encryption import FernetEncryptionWrapper
+from mcp.server.auth.routes import build_resource_metadata_url
+from pydantic import AnyHttpUrl
+from starlette.routing import Route
+
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.identity.bearer import BearerTokenVerifier
+from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.policy.auth_settings import AuthSettings, is_loopback_url
+from nexus_mcp.policy.claims import ClaimsMapper
+from nexus_mcp.settings import Settings
+
+log = get_logger(__name__)
+
+DISCOVERY_PATHS = ("/.well-known/openid-configuration", "/.well-known/oauth-authorization-server")
+MAX_DISCOVERY_BYTES = 512 * 1024
+ROOT_METADATA_PATH = "/.well-known/oauth-protected-resource"
+STORAGE_SALT = "nexus-mcp-oauth-state"
+
+
+@dataclass(frozen=True)
+class FrontDoor:
+    """What the HTTP server gets: the provider FastMCP runs, and the claims mapper."""
+
+    provider: AuthProvider | None
+    mapper: ClaimsMapper
+    resource_url: str | None = None
+    metadata_url: str | None = None
+
+    @property
+    def verifier(self) -> AuthProvider | None:
+        return self.provider
+
+
+class ResourceServer(RemoteAuthProvider):
+    """``RemoteAuthProvider`` that also serves the metadata at the root well-known path.
+
+    RFC 9728 section 3.1 puts it at ``/.well-known/oauth-protected-resource/mcp``; clients
+    that lose the path (and the 2025-03-26 era's) ask ``/.well-known/oauth-protected-resource``.
+    One resource per server, so both answer the same document.
+    """
+
+    def get_routes(self, mcp_path: str | None = None) -> list[Route]:
+        routes = super().get_routes(mcp_path)
+        return [*routes, *_root_metadata_routes(routes)]
+
+
+class FrontDoorProxy(OIDCProxy):
+    """``OIDCProxy`` whose upstream tokens are checked by our verifier (exp, nbf, iat too)."""
+
+    def __init__(self, *, leeway_seconds: int, **options: Any) -> None:
+        self._leeway_seconds = leeway_seconds
+        super().__init__(**options)
+
+    def get_token_verifier(
+        self,
+        *,
+        algorithm: str | None = None,
+        audience: str | None = None,
+        required_scopes: list[str] | None = None,
+        timeout_seconds: int | None = None,
+    ) -> TokenVerifier:
+        del timeout_seconds
+        return BearerTokenVerifier(
+            jwks_uri=str(self.oidc_config.jwks_uri),
+            issuer=str(self.oidc_config.issuer),
+            algorithm=algorithm,
+            audience=audience,
+            required_scopes=required_scopes,
+            leeway_seconds=self._leeway_seconds,
+        )
+
+    def get_routes(self, mcp_path: str | None = None) -> list[Route]:
+        routes = super().get_routes(mcp_path)
+        return [*routes, *_root_metadata_routes(routes)]
+
+
+def _root_metadata_routes(routes: list[Route]) -> list[Route]:
+    suffixed = [
+        r for r in routes if isinstance(r, Route) and r.path.startswith(ROOT_METADATA_PATH + "/")
+    ]
+    if not suffixed or any(r.path == ROOT_METADATA_PATH for r in routes if isinstance(r, Route)):
+        return []
+    first = suffixed[0]
+    return [Route(ROOT_METADATA_PATH, endpoint=first.endpoint, methods=["GET", "OPTIONS"])]
+
+
+def discover(issuer: str, *, timeout: float, dev: bool) -> dict[str, Any]:
+    """The authorization server's metadata (OIDC discovery, then RFC 8414), checked.
+
+    The document must name exactly the issuer asked for (RFC 8414 3.3); otherwise an
+    attacker who controls the document could send token checks to a key set of its own.
+    """
+    base = issuer.rstrip("/")
+    failures: list[str] = []
+    for path in DISCOVERY_PATHS:
+        url = base + path
+        try:
+            response = httpx.get(url, timeout=timeout, follow_redirects=False)
+        except httpx.HTTPError as exc:
+            failures.append(type(exc).__name__)
+            continue
+        if response.status_code != 200 or len(response.content) > MAX_DISCOVERY_BYTES:
+            failures.append(f"HTTP {response.status_code}")
+            continue
+        try:
+            document = json.loads(response.content)
+        except ValueError:
+            failures.append("not JSON")
+            continue
+        if not isinstance(document, dict):
+            failures.append("not a JSON object")
+            continue
+        if document.get("issuer") != issuer and document.get("issuer") != base:
+            raise ConfigError(
+                f"the authorization server metadata at {url} names another issuer: "
+                "refusing it (RFC 8414 section 3.3)"
+            )
+        jwks_uri = document.get("jwks_uri")
+        if not isinstance(jwks_uri, str) or not jwks_uri:
+            raise ConfigError(f"the authorization server metadata at {url} has no jwks_uri")
+        if not dev and not jwks_uri.startswith("https://") and not is_loopback_url(jwks_uri):
+            raise ConfigError(f"the authorization server at {issuer} publishes its keys over http")
+        return document
+    raise ConfigError(
+        f"cannot read the authorization server metadata of {issuer} "
+        f"({', '.join(failures)}): set 'auth.jwks_url' or check 'auth.authorization_servers'"
+    )
+
+
+def _token_verifier(settings: Settings, *, resource_path: str) -> TokenVerifier | None:
+    auth = settings.auth
+    audience = auth.audiences(resource_path)
+    required = list(auth.required_scopes) or None
+    require_exp = not auth.allow_tokens_without_exp
+    issuer: str | list[str] | None = auth.issuer
+    if issuer is None and auth.authorization_servers:
+        # The tokens must come from the servers this resource names, and only those.
+        issuer = list(auth.authorization_servers)
+        issuer = issuer[0] if len(issuer) == 1 else issuer
+    if auth.jwt_secret is not None:
+        return BearerTokenVerifier(
+            public_key=auth.jwt_secret.get_secret_value(),
+            algorithm=auth.algorithm,
+            audience=audience,
+            issuer=issuer,
+            required_scopes=required,
+            leeway_seconds=auth.leeway_seconds,
+            require_exp=require_exp,
+        )
+    if auth.introspection is not None:
+        spec = auth.introspection
+        return IntrospectionTokenVerifier(
+            introspection_url=spec.url,
+            client_id=spec.client_id,
+            client_secret=spec.client_secret,
+            client_auth_method=spec.client_auth_method,
+            timeout_seconds=spec.timeout_seconds,
+            required_scopes=required,
+            audience=audience,
+            cache_ttl_seconds=spec.cache_seconds or None,
+        )
+    jwks_url = auth.jwks_url
+    if jwks_url is None and auth.authorization_servers:
+        if len(auth.authorization_servers) > 1:
+            raise ConfigError(
+                "with several 'auth.authorization_servers', set 'auth.jwks_url' "
+                "(the key set their tokens are signed with)"
+            )
+        document = discover(auth.authorization_servers[0], timeout=10.0, dev=settings.is_dev)
+        jwks_url = str(document["jwks_uri"])
+    if jwks_url is None:
+        return None
+    # HS* over a JWKS would verify with a public key as the HMAC secret (key confusion).
+    algorithm = auth.algorithm if not auth.algorithm.upper().startswith("HS") else "RS256"
+    return BearerTokenVerifier(
+        jwks_uri=jwks_url,
+        algorithm=algorithm,
+        audience=audience,
+        issuer=issuer,
+        required_scopes=required,
+        leeway_seconds=auth.leeway_seconds,
+        require_exp=require_exp,
+    )
+
+
+def scopes_supported(auth: AuthSettings) -> list[str]:
+    if auth.scopes_supported:
+        return list(auth.scopes_supported)
+    named = {*auth.required_scopes, *(s for v in auth.tool_scopes.values() for s in v)}
+    return sorted(named)
+
+
+def proxy_storage(settings: Settings, environ: Mapping[str, str], key: bytes) -> AsyncKeyValue:
+    """Where the proxy keeps its state: the state backend's, encrypted (``STORAGE_SALT``)."""
+    storage_key = derive_jwt_key(high_entropy_material=key.decode(), salt=STORAGE_SALT)
+    fernet = Fernet(key=storage_key)
+    if settings.state.backend == "shared":
+        from key_value.aio.stores.redis import RedisStore
+        from key_value.aio.wrappers.prefix_collections import PrefixCollectionsWrapper
+
+        from nexus_mcp.stores.backends import resolve_url
+
+        url = resolve_url(settings.state.redis_url, "state.redis_url", settings, environ)
+        store: AsyncKeyValue = PrefixCollectionsWrapper(
+            key_value=RedisStore(url=url), prefix=f"{settings.state.key_prefix}-oauth"
+        )
+    else:
+        from key_value.aio.stores.filetree import (
+            FileTreeStore,
+            FileTreeV1CollectionSanitizationStrategy,
+            FileTreeV1KeySanitizationStrategy,
+        )
+
+        folder = Path(settings.data_dir) / "oauth"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        store = FileTreeStore(
+            data_directory=folder,
+            key_sanitization_strategy=FileTreeV1KeySanitizationStrategy(folder),
+            collection_sanitization_strategy=FileTreeV1CollectionSanitizationStrategy(folder),
+        )
+    # A record that does not decrypt (another key) is a miss: the client signs in again.
+    return FernetEncryptionWrapper(key_value=store, fernet=fernet, raise_on_decryption_error=False)
+
+
+def _check_public_url(settings: Settings) -> None:
+    base = settings.auth.base_url
+    if base is None or settings.is_dev:
+        return
+    if not base.startswith("https://") and not is_loopback_url(base):
+        raise ConfigError(
+            "invalid setting 'auth.base_url': prod needs https:// (tokens and codes travel "
+            "to it), or a loopback address behind a TLS-terminating proxy"
+        )
+
+
+def _proxy(settings: Settings, environ: Mapping[str, str]) -> AuthProvider:
+    auth = settings.auth
+    spec = auth.oidc_proxy
+    assert spec is not None and auth.base_url is not None
+    signing_key = derive_jwt_key(
+        high_entropy_material=spec.signing_key.get_secret_value(),
+        salt="nexus-mcp-oauth-signing",
+    )
+    config_url = spec.config_url or spec.issuer.rstrip("/") + DISCOVERY_PATHS[0]
+    try:
+        provider = FrontDoorProxy(
+            leeway_seconds=auth.leeway_seconds,
+            config_url=config_url,
+            client_id=spec.client_id,
+            client_secret=(
+                spec.client_secret.get_secret_value() if spec.client_secret is not None else None
+            ),
+            audience=spec.audience,
+            algorithm=spec.algorithm,
+            required_scopes=list(auth.required_scopes) or None,
+            verify_id_token=spec.verify_id_token,
+            base_url=auth.base_url,
+            redirect_path=spec.redirect_path,
+            allowed_client_redirect_uris=(
+                list(spec.allowed_client_redirect_uris)
+                if spec.allowed_client_redirect_uris is not None
+                else None
+            ),
+            valid_scopes=sorted({*spec.scopes, *scopes_supported(auth)}),
+            client_storage=proxy_storage(settings, environ, signing_key),
+            jwt_signing_key=signing_key,
+            require_authorization_consent=True if spec.consent == "always" else "remember",
+            forward_resource=spec.forward_resource,
+            extra_authorize_params=dict(spec.extra_authorize_params) or None,
+            fastmcp_access_token_expiry_seconds=spec.access_token_ttl_seconds,
+            timeout_seconds=spec.discovery_timeout_seconds,
+        )
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - discovery failed, or FastMCP refused it
+        raise ConfigError(
+            f"cannot set up 'auth.oidc_proxy' for {spec.issuer} ({type(exc).__name__}): "
+            "check the issuer, its discovery document and the client id"
+        ) from None
+    issuer = str(provider.oidc_config.issuer).rstrip("/")
+    if issuer != spec.issuer.rstrip("/"):
+        raise ConfigError(
+            "the provider's discovery document names another issuer than 'auth.oidc_proxy.issuer': "
+            "refusing it (RFC 8414 section 3.3)"
+        )
+    return provider
+
+
+def build_front_door(settings: Settings, environ: Mapping[str, str]) -> FrontDoor:
+    """The auth provider for HTTP (None without token settings: dev only, or stdio)."""
+    auth = settings.auth
+    mapper = ClaimsMapper(auth.claims)
+    if not auth.enabled:
+        return FrontDoor(provider=None, mapper=mapper)
+    _check_public_url(settings)
+    resource = auth.resource_url(settings.http_path)
+    metadata = str(build_resource_metadata_url(AnyHttpUrl(resource))) if resource else None
+    if auth.oidc_proxy is not None:
+        return FrontDoor(
+            provider=_proxy(settings, environ),
+            mapper=mapper,
+            resource_url=resource,
+            metadata_url=metadata,
+        )
+    verifier = _token_verifier(settings, resource_path=settings.http_path)
+    if verifier is None:
+        raise ConfigError("'auth' names no way to verify tokens")
+    if auth.authorization_servers and auth.base_url is not None:
+        provider: AuthProvider = ResourceServer(
+            token_verifier=verifier,
+            authorization_servers=[AnyHttpUrl(s) for s in auth.authorization_servers],
+            base_url=auth.base_url,
+            scopes_supported=scopes_supported(auth),
+            resource_name=settings.server_name,
+        )
+        return FrontDoor(provider, mapper, resource_url=resource, metadata_url=metadata)
+    return FrontDoor(provider=verifier, mapper=mapper)
+
+
+__all__ = [
+    "FrontDoor",
+    "FrontDoorProxy",
+    "ResourceServer",
+    "build_front_door",
+    "discover",
+    "proxy_storage",
+    "scopes_supported",
+]
