@@ -50,10 +50,32 @@ CLAIMS = {
 
 
 @asynccontextmanager
+async def served(settings: Settings) -> AsyncIterator[str]:
+    """``settings`` served on a real socket at ``settings.port``; yields the base URL."""
+    server = build_server(settings, audit_sinks=[MemoryAuditSink()])
+    app = server.mcp.http_app(**http_options(settings))
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=settings.port, log_config=None, log_level="warning"
+    )
+    http = uvicorn.Server(config)
+    task = asyncio.create_task(http.serve())
+    try:
+        deadline = time.monotonic() + 10
+        while not http.started:
+            assert not task.done(), "uvicorn exited during start-up"
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{settings.port}"
+    finally:
+        http.should_exit = True
+        await asyncio.wait_for(task, timeout=10)
+        server.close()
+
+
+@asynccontextmanager
 async def oauth_nexus(tmp_path: Path, **auth: Any) -> AsyncIterator[str]:
     """A prod server on a real socket whose resource URL is its own address."""
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
     (workspace / "hello.txt").write_text("hello")
@@ -65,28 +87,14 @@ async def oauth_nexus(tmp_path: Path, **auth: Any) -> AsyncIterator[str]:
         data_dir=tmp_path / "data",
         auth={
             "jwt_secret": SECRET,
-            "base_url": base,
+            "base_url": f"http://127.0.0.1:{port}",
             "authorization_servers": [ISSUER],
             "claims": CLAIMS,
             **auth,
         },
     )
-    server = build_server(settings, audit_sinks=[MemoryAuditSink()])
-    app = server.mcp.http_app(**http_options(settings))
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, log_level="warning")
-    http = uvicorn.Server(config)
-    task = asyncio.create_task(http.serve())
-    try:
-        deadline = time.monotonic() + 10
-        while not http.started:
-            assert not task.done(), "uvicorn exited during start-up"
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+    async with served(settings) as base:
         yield base
-    finally:
-        http.should_exit = True
-        await asyncio.wait_for(task, timeout=10)
-        server.close()
 
 
 def token(base: str, **claims: Any) -> str:
