@@ -182,7 +182,9 @@ def http_options(settings: Settings) -> dict[str, Any]:
         "stateless_http": settings.stateless_http,
         "host_origin_protection": True,
         "allowed_hosts": allowed_hosts,
-        "allowed_origins": list(settings.allowed_origins) or None,
+        # The sign-in pages' own origin (behind a TLS proxy the request looks like http).
+        "allowed_origins": list(settings.allowed_origins)
+        or ([settings.auth.base_url] if settings.auth.base_url else None),
         "middleware": [
             ASGIMiddlewareSpec(BodyLimitMiddleware, max_bytes=settings.limits.max_request_bytes),
             # JSON-RPC errors the SDK and FastMCP build from request content quote it back
@@ -206,10 +208,19 @@ def http_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+def signs_in(settings: Settings) -> str | None:
+    """The public MCP URL when clients sign in by OAuth (no token to paste), else None."""
+    auth = settings.auth
+    if auth.base_url is None or not (auth.authorization_servers or auth.oidc_proxy):
+        return None
+    return auth.resource_url(settings.http_path)
+
+
 def client_config(settings: Settings, *, url: str | None) -> dict[str, Any]:
     if url is not None:
-        entry: dict[str, Any] = {"url": url}
-        if settings.auth.enabled:
+        resource = signs_in(settings)
+        entry: dict[str, Any] = {"url": resource or url}
+        if settings.auth.enabled and resource is None:
             # Tokens decide who calls (prod HTTP always): show where the caller's goes.
             entry["headers"] = {"Authorization": TOKEN_PLACEHOLDER}
         return {"mcpServers": {"nexus": entry}}
@@ -359,6 +370,12 @@ def announce(settings: Settings, *, port: int) -> None:
         "client config (paste into your MCP client):",
         json.dumps(client_config(settings, url=url), indent=2),
     ]
+    if signs_in(settings) is not None:
+        lines.append(
+            "clients sign in with your identity provider (OAuth): no token to paste; "
+            f"metadata at {settings.auth.base_url}/.well-known/oauth-protected-resource"
+            f"{settings.http_path}"
+        )
     if settings.is_dev and not settings.auth.enabled:
         lines.append("dev mode: callers act as the dev principal; never expose this port.")
     sys.stderr.write("\n".join(lines) + "\n")
