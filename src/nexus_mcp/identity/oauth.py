@@ -32,6 +32,7 @@ import httpx
 from cryptography.fernet import Fernet
 from fastmcp.server.auth import AuthProvider, RemoteAuthProvider, TokenVerifier
 from fastmcp.server.auth.jwt_issuer import derive_jwt_key
+from fastmcp.server.auth.oauth_proxy import OAuthProxy
 from fastmcp.server.auth.oidc_proxy import OIDCProxy
 from fastmcp.server.auth.providers.introspection import IntrospectionTokenVerifier
 from key_value.aio.protocols import AsyncKeyValue
@@ -106,6 +107,14 @@ class FrontDoorProxy(OIDCProxy):
             required_scopes=required_scopes,
             leeway_seconds=self._leeway_seconds,
         )
+
+    def get_routes(self, mcp_path: str | None = None) -> list[Route]:
+        routes = super().get_routes(mcp_path)
+        return [*routes, *_root_metadata_routes(routes)]
+
+
+class PlainFrontDoorProxy(OAuthProxy):
+    """``OAuthProxy`` for a provider without discovery, with the root metadata route too."""
 
     def get_routes(self, mcp_path: str | None = None) -> list[Route]:
         routes = super().get_routes(mcp_path)
@@ -240,7 +249,7 @@ def proxy_storage(settings: Settings, environ: Mapping[str, str], key: bytes) ->
 
         url = resolve_url(settings.state.redis_url, "state.redis_url", settings, environ)
         store: AsyncKeyValue = PrefixCollectionsWrapper(
-            key_value=RedisStore(url=url), prefix=f"{settings.state.key_prefix}-oauth"
+            key_value=RedisStore(url=url), prefix=f"{settings.state.key_prefix}:oauth"
         )
     else:
         from key_value.aio.stores.filetree import (
@@ -279,34 +288,53 @@ def _proxy(settings: Settings, environ: Mapping[str, str]) -> AuthProvider:
         high_entropy_material=spec.signing_key.get_secret_value(),
         salt="nexus-mcp-oauth-signing",
     )
-    config_url = spec.config_url or spec.issuer.rstrip("/") + DISCOVERY_PATHS[0]
+    common: dict[str, Any] = {
+        "base_url": auth.base_url,
+        "redirect_path": spec.redirect_path,
+        "allowed_client_redirect_uris": (
+            list(spec.allowed_client_redirect_uris)
+            if spec.allowed_client_redirect_uris is not None
+            else None
+        ),
+        "valid_scopes": sorted({*spec.scopes, *scopes_supported(auth)}),
+        "client_storage": proxy_storage(settings, environ, signing_key),
+        "jwt_signing_key": signing_key,
+        "require_authorization_consent": True if spec.consent == "always" else "remember",
+        "forward_resource": spec.forward_resource,
+        "fastmcp_access_token_expiry_seconds": spec.access_token_ttl_seconds,
+    }
+    secret = spec.client_secret.get_secret_value() if spec.client_secret is not None else None
     try:
+        if not spec.discovers:
+            # A plain OAuth 2 provider: FastMCP's OAuthProxy with the endpoints given.
+            return PlainFrontDoorProxy(
+                upstream_authorization_endpoint=str(spec.authorization_endpoint),
+                upstream_token_endpoint=str(spec.token_endpoint),
+                upstream_client_id=spec.client_id,
+                upstream_client_secret=secret,
+                token_verifier=BearerTokenVerifier(
+                    jwks_uri=spec.jwks_url,
+                    issuer=spec.issuer,
+                    audience=spec.audience,
+                    algorithm=spec.algorithm,
+                    required_scopes=list(auth.required_scopes) or None,
+                    leeway_seconds=auth.leeway_seconds,
+                ),
+                extra_authorize_params=dict(spec.extra_authorize_params) or None,
+                **common,
+            )
         provider = FrontDoorProxy(
             leeway_seconds=auth.leeway_seconds,
-            config_url=config_url,
+            config_url=spec.config_url or spec.issuer.rstrip("/") + DISCOVERY_PATHS[0],
             client_id=spec.client_id,
-            client_secret=(
-                spec.client_secret.get_secret_value() if spec.client_secret is not None else None
-            ),
+            client_secret=secret,
             audience=spec.audience,
             algorithm=spec.algorithm,
             required_scopes=list(auth.required_scopes) or None,
             verify_id_token=spec.verify_id_token,
-            base_url=auth.base_url,
-            redirect_path=spec.redirect_path,
-            allowed_client_redirect_uris=(
-                list(spec.allowed_client_redirect_uris)
-                if spec.allowed_client_redirect_uris is not None
-                else None
-            ),
-            valid_scopes=sorted({*spec.scopes, *scopes_supported(auth)}),
-            client_storage=proxy_storage(settings, environ, signing_key),
-            jwt_signing_key=signing_key,
-            require_authorization_consent=True if spec.consent == "always" else "remember",
-            forward_resource=spec.forward_resource,
             extra_authorize_params=dict(spec.extra_authorize_params) or None,
-            fastmcp_access_token_expiry_seconds=spec.access_token_ttl_seconds,
             timeout_seconds=spec.discovery_timeout_seconds,
+            **common,
         )
     except ConfigError:
         raise
@@ -318,8 +346,8 @@ def _proxy(settings: Settings, environ: Mapping[str, str]) -> AuthProvider:
     issuer = str(provider.oidc_config.issuer).rstrip("/")
     if issuer != spec.issuer.rstrip("/"):
         raise ConfigError(
-            "the provider's discovery document names another issuer than 'auth.oidc_proxy.issuer': "
-            "refusing it (RFC 8414 section 3.3)"
+            "the provider's discovery document names another issuer than "
+            "'auth.oidc_proxy.issuer': refusing it (RFC 8414 section 3.3)"
         )
     return provider
 
@@ -358,6 +386,7 @@ def build_front_door(settings: Settings, environ: Mapping[str, str]) -> FrontDoo
 __all__ = [
     "FrontDoor",
     "FrontDoorProxy",
+    "PlainFrontDoorProxy",
     "ResourceServer",
     "build_front_door",
     "discover",

@@ -110,6 +110,11 @@ class OIDCProxySettings(_Section):
     # unless ``config_url`` names another.
     issuer: StrictStr
     config_url: StrictStr | None = None
+    # A provider without OIDC discovery (a plain OAuth 2 server): its endpoints and the key
+    # set its access tokens are signed with, instead of the discovery document.
+    authorization_endpoint: StrictStr | None = None
+    token_endpoint: StrictStr | None = None
+    jwks_url: StrictStr | None = None
     client_id: StrictStr = Field(min_length=1)
     client_secret: SecretStr | None = None
     # Signs the tokens this server gives MCP clients and encrypts the provider's tokens it
@@ -137,7 +142,31 @@ class OIDCProxySettings(_Section):
     discovery_timeout_seconds: int = Field(default=10, ge=1, le=60)
 
     _secret = field_validator("signing_key")(_secret_long_enough)
-    _issuer = field_validator("issuer", "config_url")(check_http_url)
+    _urls = field_validator(
+        "issuer", "config_url", "authorization_endpoint", "token_endpoint", "jwks_url"
+    )(check_http_url)
+
+    @model_validator(mode="after")
+    def _endpoints_together(self) -> OIDCProxySettings:
+        given = [
+            n
+            for n in ("authorization_endpoint", "token_endpoint", "jwks_url")
+            if getattr(self, n) is not None
+        ]
+        if given and len(given) != 3:
+            raise ValueError(
+                "without discovery give all of authorization_endpoint, token_endpoint and jwks_url"
+            )
+        if given and (self.config_url is not None or self.verify_id_token):
+            raise ValueError(
+                "explicit endpoints replace discovery: leave config_url and verify_id_token out"
+            )
+        return self
+
+    @property
+    def discovers(self) -> bool:
+        return self.authorization_endpoint is None
+
     _scopes = field_validator("scopes")(_check_scopes)
 
     @field_validator("redirect_path")
