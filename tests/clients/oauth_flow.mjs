@@ -6,7 +6,9 @@
 //
 // PLAN: {"url": "http://127.0.0.1:P/mcp", "redirect_uri": "http://127.0.0.1:CB/callback",
 //        "client_metadata": {...overrides of the registered metadata}, "scope": "...",
-//        "calls": [{"name": "...", "arguments": {...}}]}
+//        "calls": [{"name": "...", "arguments": {...}}],
+//        "calls_after_refresh": [...]}  (optional: then the access token is spoiled, so that
+//        the server answers 401 and the SDK refreshes it with the refresh token, and these run)
 //
 // The browser is the caller's: when the SDK redirects to the authorization server, this prints
 // one line {"authorize": URL} on stdout and reads one line on stdin, the URL the browser was
@@ -15,6 +17,7 @@
 //
 // Output, last line on stdout:
 //   {"tools": [names], "calls": [{"result": CallToolResult} | {"threw": message}],
+//    "calls_after_refresh": [...] (when asked), "refreshed": whether the tokens changed,
 //    "tokens": {"scope", "token_type", "has_refresh_token"}, "authorizations": N,
 //    "registration": {"token_endpoint_auth_method", "grant_types", "scope"},
 //    "authorize_params": [{"resource", "scope", "code_challenge_method", "has_state"}],
@@ -171,20 +174,32 @@ async function main() {
   const options = { timeout: REQUEST_TIMEOUT_MS };
   try {
     const { tools } = await client.listTools({}, options);
-    const calls = [];
-    for (const call of plan.calls ?? []) {
-      const params = { name: call.name, arguments: call.arguments ?? {} };
-      try {
-        calls.push({ result: await client.callTool(params, undefined, options) });
-      } catch (error) {
-        calls.push({ threw: error instanceof Error ? error.message : String(error) });
+    const runCalls = async (list) => {
+      const results = [];
+      for (const call of list ?? []) {
+        const params = { name: call.name, arguments: call.arguments ?? {} };
+        try {
+          results.push({ result: await client.callTool(params, undefined, options) });
+        } catch (error) {
+          results.push({ threw: error instanceof Error ? error.message : String(error) });
+        }
       }
+      return results;
+    };
+    const calls = await runCalls(plan.calls);
+    const extra = {};
+    if (plan.calls_after_refresh) {
+      const before = provider.saved;
+      provider.saved = { ...before, access_token: `${before?.access_token ?? ""}spoiled` };
+      extra.calls_after_refresh = await runCalls(plan.calls_after_refresh);
+      extra.refreshed = provider.saved.access_token !== `${before?.access_token ?? ""}spoiled`;
     }
     const tokens = provider.saved ?? {};
     const registered = provider.client ?? {};
     return {
       tools: tools.map((tool) => tool.name),
       calls,
+      ...extra,
       tokens: {
         scope: tokens.scope ?? null,
         token_type: tokens.token_type ?? null,

@@ -532,6 +532,25 @@ def test_the_sdk_signs_in_and_calls_a_tool(oidc: OidcProvider, probe: str, tmp_p
     assert out["token_requests"] == [{"grant_type": "authorization_code", "resource": probe}]
 
 
+def test_the_sdk_refreshes_a_refused_token(probe: str, tmp_path: Path) -> None:
+    redirect_uri = "http://127.0.0.1:2/callback"
+    plan = {
+        "url": probe,
+        "redirect_uri": redirect_uri,
+        "calls": [{"name": "whoami"}],
+        "calls_after_refresh": [{"name": "whoami"}],
+    }
+    out = sdk_oauth_flow(plan, work=tmp_path, sign_in=_alice_signs_in(redirect_uri))
+    assert out["exit"] == 0, out
+    assert out["refreshed"] is True and out["authorizations"] == 1
+    (call,) = out["calls_after_refresh"]
+    assert call["result"]["structuredContent"]["sub"] == "alice"
+    assert out["token_requests"] == [
+        {"grant_type": "authorization_code", "resource": probe},
+        {"grant_type": "refresh_token", "resource": probe},
+    ]
+
+
 def test_the_sdk_flow_refuses_a_redirect_with_another_state(
     oidc: OidcProvider, probe: str, tmp_path: Path
 ) -> None:
