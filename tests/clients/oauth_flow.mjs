@@ -6,6 +6,7 @@
 //
 // PLAN: {"url": "http://127.0.0.1:P/mcp", "redirect_uri": "http://127.0.0.1:CB/callback",
 //        "client_metadata": {...overrides of the registered metadata}, "scope": "...",
+//        "client_information": {"client_id": ...} (optional: a pre-registered client, no DCR),
 //        "calls": [{"name": "...", "arguments": {...}}],
 //        "calls_after_refresh": [...]}  (optional: then the access token is spoiled, so that
 //        the server answers 401 and the SDK refreshes it with the refresh token, and these run)
@@ -13,7 +14,9 @@
 // The browser is the caller's: when the SDK redirects to the authorization server, this prints
 // one line {"authorize": URL} on stdout and reads one line on stdin, the URL the browser was
 // redirected to at redirect_uri (with code and state, or error). The state is checked here: the
-// SDK does not check it. At most MAX_AUTHORIZATIONS sign-ins are asked for.
+// SDK does not check it. At most MAX_AUTHORIZATIONS sign-ins are asked for. A call the
+// server answers 403 insufficient_scope (step-up) makes the SDK ask for another sign-in with
+// the scope the challenge names; the call is then retried once ({"result", "stepped_up"}).
 //
 // Output, last line on stdout:
 //   {"tools": [names], "calls": [{"result": CallToolResult} | {"threw": message}],
@@ -34,7 +37,7 @@ import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/
 
 const CLIENT_INFO = { name: "nexus-mcp-tests-oauth", version: "1.0.0" };
 const REQUEST_TIMEOUT_MS = 60_000;
-const MAX_AUTHORIZATIONS = 2;
+const MAX_AUTHORIZATIONS = 4;
 
 class FlowFailed extends Error {}
 
@@ -42,7 +45,8 @@ class FlowFailed extends Error {}
 class MemoryOAuthProvider {
   constructor(plan) {
     this.plan = plan;
-    this.client = undefined;
+    // A client registered beforehand (no dynamic registration), as an operator gives one.
+    this.client = plan.client_information;
     this.saved = undefined;
     this.verifier = undefined;
     this.lastState = undefined;
@@ -141,18 +145,14 @@ async function main() {
       fetch: recordingFetch(tokenRequests),
     });
 
-  let transport = newTransport();
-  for (let attempt = 0; ; attempt += 1) {
-    try {
-      await client.connect(transport, { timeout: REQUEST_TIMEOUT_MS });
-      break;
-    } catch (error) {
-      if (!(error instanceof UnauthorizedError) || !provider.pending) throw error;
-      if (attempt >= MAX_AUTHORIZATIONS) throw new FlowFailed("the server kept asking for authorization");
-    }
+  // One sign-in: the authorize URL out, the browser's redirect in, the code to the SDK.
+  const signIn = async (current) => {
     const authorizeUrl = provider.pending;
     provider.pending = undefined;
     authorizeSeen.push(authorizeParams(authorizeUrl));
+    if (authorizeSeen.length > MAX_AUTHORIZATIONS) {
+      throw new FlowFailed("the server kept asking for authorization");
+    }
     process.stdout.write(`${JSON.stringify({ authorize: authorizeUrl.href })}\n`);
     const line = await stdin.next();
     if (line.done) throw new FlowFailed("no redirect URL on stdin");
@@ -167,7 +167,18 @@ async function main() {
     }
     const code = params.get("code");
     if (!code) throw new FlowFailed("no code in the redirect");
-    await transport.finishAuth(code);
+    await current.finishAuth(code);
+  };
+
+  let transport = newTransport();
+  for (;;) {
+    try {
+      await client.connect(transport, { timeout: REQUEST_TIMEOUT_MS });
+      break;
+    } catch (error) {
+      if (!(error instanceof UnauthorizedError) || !provider.pending) throw error;
+    }
+    await signIn(transport);
     transport = newTransport();
   }
 
@@ -181,6 +192,16 @@ async function main() {
         try {
           results.push({ result: await client.callTool(params, undefined, options) });
         } catch (error) {
+          if (error instanceof UnauthorizedError && provider.pending) {
+            // Step-up (403 insufficient_scope): sign in again for the scope, then retry.
+            try {
+              await signIn(transport);
+              results.push({ result: await client.callTool(params, undefined, options), stepped_up: true });
+            } catch (again) {
+              results.push({ threw: again instanceof Error ? again.message : String(again) });
+            }
+            continue;
+          }
           results.push({ threw: error instanceof Error ? error.message : String(error) });
         }
       }

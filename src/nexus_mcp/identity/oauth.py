@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 from cryptography.fernet import Fernet
-from fastmcp.server.auth import AuthProvider, RemoteAuthProvider, TokenVerifier
+from fastmcp.server.auth import AccessToken, AuthProvider, RemoteAuthProvider, TokenVerifier
 from fastmcp.server.auth.jwt_issuer import derive_jwt_key
 from fastmcp.server.auth.oauth_proxy import OAuthProxy
 from fastmcp.server.auth.oidc_proxy import OIDCProxy
@@ -68,6 +68,17 @@ class FrontDoor:
     @property
     def verifier(self) -> AuthProvider | None:
         return self.provider
+
+
+class ScopedVerifier(TokenVerifier):
+    """A verifier whose required scopes FastMCP's middleware checks (403, not 401)."""
+
+    def __init__(self, inner: TokenVerifier, required_scopes: list[str]) -> None:
+        super().__init__(required_scopes=required_scopes)
+        self.inner = inner
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        return await self.inner.verify_token(token)
 
 
 class ResourceServer(RemoteAuthProvider):
@@ -177,7 +188,9 @@ def discover(issuer: str, *, timeout: float, dev: bool) -> dict[str, Any]:
 def _token_verifier(settings: Settings, *, resource_path: str) -> TokenVerifier | None:
     auth = settings.auth
     audience = auth.audiences(resource_path)
-    required = list(auth.required_scopes) or None
+    # Required scopes are checked by the provider (FastMCP's RequireAuthMiddleware answers
+    # 403 insufficient_scope), not by the verifier (which could only answer 401).
+    required = None
     require_exp = not auth.allow_tokens_without_exp
     issuer: str | list[str] | None = auth.issuer
     if issuer is None and auth.authorization_servers:
@@ -378,8 +391,14 @@ def build_front_door(settings: Settings, environ: Mapping[str, str]) -> FrontDoo
             base_url=auth.base_url,
             scopes_supported=scopes_supported(auth),
             resource_name=settings.server_name,
+            # What the 401 and 403 challenges ask for: a client's first sign-in asks for
+            # these and no more; a tool's own scopes come by step-up.
+            challenge_scopes=list(auth.required_scopes),
         )
+        provider.required_scopes = list(auth.required_scopes)
         return FrontDoor(provider, mapper, resource_url=resource, metadata_url=metadata)
+    if auth.required_scopes:
+        verifier = ScopedVerifier(verifier, list(auth.required_scopes))
     return FrontDoor(provider=verifier, mapper=mapper)
 
 
@@ -388,6 +407,7 @@ __all__ = [
     "FrontDoorProxy",
     "PlainFrontDoorProxy",
     "ResourceServer",
+    "ScopedVerifier",
     "build_front_door",
     "discover",
     "proxy_storage",
