@@ -37,6 +37,7 @@ from nexus_mcp._version import __version__
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.logs import enforce_one_handler, get_logger
 from nexus_mcp.server.build import NexusServer
+from nexus_mcp.server.oauth_errors import OAuthErrorsMiddleware
 from nexus_mcp.server.scope_challenge import ScopeChallengeMiddleware
 from nexus_mcp.settings import Settings
 from nexus_mcp.transport.routing_headers import RoutingHeadersMiddleware
@@ -170,6 +171,13 @@ def public_hosts(base_url: str | None) -> list[str]:
     return [host, f"{host}:*"]
 
 
+def front_door_paths(settings: Settings) -> tuple[str, ...]:
+    """The routes of FastMCP's OAuthProxy (its authorization server) and its callback."""
+    proxy = settings.auth.oidc_proxy
+    callback = (proxy.redirect_path,) if proxy is not None else ()
+    return ("/authorize", "/token", "/register", "/revoke", "/consent", *callback)
+
+
 def http_options(settings: Settings) -> dict[str, Any]:
     """Keyword arguments for FastMCP's ``run_http_async``/``http_app`` (shared with tests)."""
     allowed_hosts = list(settings.allowed_hosts) or [
@@ -199,6 +207,12 @@ def http_options(settings: Settings) -> dict[str, Any]:
                     )
                 ]
                 if settings.state.instance_id and not settings.stateless_http
+                else []
+            ),
+            # The front door's OAuth errors keep their code, never the request's words.
+            *(
+                [ASGIMiddlewareSpec(OAuthErrorsMiddleware, paths=front_door_paths(settings))]
+                if settings.auth.oidc_proxy is not None
                 else []
             ),
             # Inside FastMCP's authentication: a granted tool the token's scopes do not
