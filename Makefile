@@ -36,11 +36,11 @@ run: $(VENV)/.installed
 # The non-Python MCP clients the end-to-end tests drive (tests/e2e/test_clients.py), at the
 # exact versions of tests/clients/package-lock.json; reinstalled only when the pins change.
 $(CLIENTS)/node_modules/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
-	@echo "==> installing the npm test clients (TypeScript SDK, MCP Inspector) into $(CLIENTS)"
+	@echo "==> installing the npm test parts (TypeScript SDK, MCP Inspector, oidc-provider) into $(CLIENTS)"
 	$(NPM) ci --prefix $(CLIENTS) --no-audit --no-fund
 	touch $@
 
-## clients: install the TypeScript SDK and MCP Inspector the client tests drive (node, npm)
+## clients: install the TypeScript SDK, MCP Inspector and OpenID provider the tests drive (node, npm)
 clients: $(CLIENTS)/node_modules/.installed
 
 ## test: the whole suite, the command CI runs (the npm client tests skip without npm)

@@ -323,7 +323,8 @@ def test_real_tokens_not_for_this_server_are_refused(
 def test_the_metadata_names_the_provider(nexus: str, oidc: OidcProvider) -> None:
     document = httpx.get(f"{nexus}/.well-known/oauth-protected-resource/mcp", timeout=5).json()
     assert document["resource"] == f"{nexus}/mcp"
-    assert [s.rstrip("/") for s in document["authorization_servers"]] == [oidc.issuer]
+    # Exactly the issuer (no trailing slash added): RFC 8414 3.3 compares them.
+    assert document["authorization_servers"] == [oidc.issuer]
     assert document["scopes_supported"] == ["files:read", "files:write"]
 
 

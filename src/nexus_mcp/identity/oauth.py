@@ -37,8 +37,10 @@ from fastmcp.server.auth.oidc_proxy import OIDCProxy
 from fastmcp.server.auth.providers.introspection import IntrospectionTokenVerifier
 from key_value.aio.protocols import AsyncKeyValue
 from key_value.aio.wrappers.encryption import FernetEncryptionWrapper
-from mcp.server.auth.routes import build_resource_metadata_url
+from mcp.server.auth.routes import build_resource_metadata_url, cors_middleware
 from pydantic import AnyHttpUrl
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from nexus_mcp.errors import ConfigError
@@ -82,16 +84,48 @@ class ScopedVerifier(TokenVerifier):
 
 
 class ResourceServer(RemoteAuthProvider):
-    """``RemoteAuthProvider`` that also serves the metadata at the root well-known path.
+    """``RemoteAuthProvider`` whose metadata names the authorization servers exactly as
+    configured, at the path-suffixed and the root well-known paths.
 
     RFC 9728 section 3.1 puts it at ``/.well-known/oauth-protected-resource/mcp``; clients
     that lose the path (and the 2025-03-26 era's) ask ``/.well-known/oauth-protected-resource``.
-    One resource per server, so both answer the same document.
+    One resource per server, so both answer the same document. FastMCP serializes the
+    servers as pydantic URLs, which turns an issuer ``https://idp.example`` into
+    ``https://idp.example/``: another issuer identifier (RFC 8414 section 2), which a client
+    that compares it with the provider's metadata (section 3.3) must reject.
     """
+
+    def __init__(self, *, issuers: list[str], **options: Any) -> None:
+        super().__init__(**options)
+        self.issuers = issuers
 
     def get_routes(self, mcp_path: str | None = None) -> list[Route]:
         routes = super().get_routes(mcp_path)
-        return [*routes, *_root_metadata_routes(routes)]
+        if self._resource_url is None:
+            return routes
+        document = {
+            "resource": str(self._resource_url),
+            "authorization_servers": self.issuers,
+            "scopes_supported": self.scopes_supported,
+            "bearer_methods_supported": ["header"],
+            **({"resource_name": self.resource_name} if self.resource_name else {}),
+        }
+
+        async def metadata(_request: Request) -> Response:
+            return JSONResponse(document, headers={"Cache-Control": "public, max-age=3600"})
+
+        endpoint = cors_middleware(metadata, ["GET", "OPTIONS"])
+        paths = [
+            r.path
+            for r in routes
+            if isinstance(r, Route) and r.path.startswith(ROOT_METADATA_PATH + "/")
+        ]
+        others = [r for r in routes if not (isinstance(r, Route) and r.path in paths)]
+        served = [*paths, *([ROOT_METADATA_PATH] if ROOT_METADATA_PATH not in paths else [])]
+        return [
+            *others,
+            *(Route(p, endpoint=endpoint, methods=["GET", "OPTIONS"]) for p in served),
+        ]
 
 
 class FrontDoorProxy(OIDCProxy):
@@ -386,6 +420,7 @@ def build_front_door(settings: Settings, environ: Mapping[str, str]) -> FrontDoo
         raise ConfigError("'auth' names no way to verify tokens")
     if auth.authorization_servers and auth.base_url is not None:
         provider: AuthProvider = ResourceServer(
+            issuers=list(auth.authorization_servers),
             token_verifier=verifier,
             authorization_servers=[AnyHttpUrl(s) for s in auth.authorization_servers],
             base_url=auth.base_url,
