@@ -89,6 +89,16 @@ write_policies:
 # Approval tokens: keep the secret out of this file, in NEXUS_MCP_APPROVAL_SECRET.
 # approvals:
 #   ttl_seconds: 300
+
+# Over HTTP (serve --transport http), agents sign in with your identity provider and its
+# groups give roles (docs/oauth.md):
+# auth:
+#   base_url: https://nexus.example.com
+#   authorization_servers: [https://sso.example.com/realms/engineering]
+#   claims:
+#     subject: email
+#     rules:
+#       - {{group: engineering, role: editor}}
 """
 
 
