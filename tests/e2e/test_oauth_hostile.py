@@ -233,3 +233,31 @@ def test_public_key_shape(provider: Provider) -> None:
     pem = provider.keys.public_key
     text = pem.get_secret_value() if hasattr(pem, "get_secret_value") else str(pem)
     serialization.load_pem_public_key(text.encode())
+
+
+def test_stdio_keeps_its_launch_identity_and_never_asks_the_provider(tmp_path: Path) -> None:
+    """Sign-in settings are HTTP's: a stdio server neither discovers nor verifies tokens."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    settings = Settings(
+        mode="prod",
+        transport="stdio",
+        workspace=workspace,
+        data_dir=tmp_path / "data",
+        subject="alice",
+        role="editor",
+        auth={
+            "base_url": "https://nexus.example.test",
+            # Nothing listens there: a discovery attempt would stop start-up.
+            "authorization_servers": ["http://127.0.0.1:9"],
+        },
+    )
+    server = build_server(settings, audit_sinks=[MemoryAuditSink()])
+    try:
+        assert server.runtime.verifier is None
+        principal = server.runtime.identity.resolve(
+            transport="stdio", token_claims=None, token_subject=None
+        )
+        assert principal is not None and principal.subject == "alice"
+    finally:
+        server.close()
