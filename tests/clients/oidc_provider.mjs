@@ -13,7 +13,8 @@
 //                 "claims": {"email", "groups", "roles"} is put into that client's
 //                 client_credentials access tokens (it is not client metadata)
 //   "resources": {RESOURCE_URL: {"scope": "space separated", "audience"?: string,
-//                 "ttl"?: seconds}}; any other resource indicator is refused (invalid_target)
+//                 "ttl"?: seconds, "format"?: "jwt" (default) | "opaque"}}; any other
+//                 resource indicator is refused (invalid_target)
 //   "defaultResource"?: RESOURCE_URL used when a request names none
 //   "consent"?:  "auto" (default: the consent prompt is granted as requested) or "form"
 //                (GET /interaction/UID renders a form that posts to /interaction/UID/confirm)
@@ -134,8 +135,9 @@ function configuration() {
             scope: server.scope ?? "",
             audience: server.audience ?? indicator,
             accessTokenTTL: server.ttl ?? 3600,
-            accessTokenFormat: "jwt",
-            jwt: { sign: { alg: "RS256" } },
+            // "opaque": a reference token the resource server must introspect (RFC 7662).
+            accessTokenFormat: server.format === "opaque" ? "opaque" : "jwt",
+            ...(server.format === "opaque" ? {} : { jwt: { sign: { alg: "RS256" } } }),
           };
         },
       },
