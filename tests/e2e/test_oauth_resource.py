@@ -50,9 +50,10 @@ CLAIMS = {
 
 
 @asynccontextmanager
-async def served(settings: Settings) -> AsyncIterator[str]:
+async def served(settings: Settings, audit: MemoryAuditSink | None = None) -> AsyncIterator[str]:
     """``settings`` served on a real socket at ``settings.port``; yields the base URL."""
-    server = build_server(settings, audit_sinks=[MemoryAuditSink()])
+    sink = audit if audit is not None else MemoryAuditSink()
+    server = build_server(settings, audit_sinks=[sink])
     app = server.mcp.http_app(**http_options(settings))
     config = uvicorn.Config(
         app, host="127.0.0.1", port=settings.port, log_config=None, log_level="warning"
@@ -73,7 +74,9 @@ async def served(settings: Settings) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def oauth_nexus(tmp_path: Path, **auth: Any) -> AsyncIterator[str]:
+async def oauth_nexus(
+    tmp_path: Path, audit: MemoryAuditSink | None = None, **auth: Any
+) -> AsyncIterator[str]:
     """A prod server on a real socket whose resource URL is its own address."""
     port = free_port()
     workspace = tmp_path / "ws"
@@ -93,7 +96,7 @@ async def oauth_nexus(tmp_path: Path, **auth: Any) -> AsyncIterator[str]:
             **auth,
         },
     )
-    async with served(settings) as base:
+    async with served(settings, audit) as base:
         yield base
 
 
@@ -260,8 +263,9 @@ async def test_groups_map_to_roles_and_an_unknown_group_gets_nothing(tmp_path: P
 
 
 async def test_a_granted_tool_without_its_scope_is_challenged(tmp_path: Path) -> None:
+    audit = MemoryAuditSink()
     async with (
-        oauth_nexus(tmp_path, tool_scopes={"nexus_write_file": ["files:write"]}) as base,
+        oauth_nexus(tmp_path, audit, tool_scopes={"nexus_write_file": ["files:write"]}) as base,
         httpx.AsyncClient() as client,
     ):
         url = f"{base}/mcp"
@@ -279,6 +283,11 @@ async def test_a_granted_tool_without_its_scope_is_challenged(tmp_path: Path) ->
         assert 'scope="files:write"' in challenge
         assert f'resource_metadata="{base}/.well-known/oauth-protected-resource/mcp"' in challenge
         assert "x.txt" not in response.text
+        # Audited as the refusal it is, without the arguments.
+        [blocked] = [r for r in audit.records() if r.get("outcome") == "INSUFFICIENT_SCOPE"]
+        assert blocked["event"] == "tool_call_blocked" and blocked["tool"] == "nexus_write_file"
+        assert blocked["subject"] == "ada@eng.example.test" and blocked["role"] == "editor"
+        assert "x.txt" not in json.dumps(blocked)
         # With the scope the same call runs.
         scoped = await session(client, url, token(base, scope="files:read files:write"))
         assert "nexus_write_file" in await tool_names(client, url, scoped)

@@ -409,6 +409,13 @@ def build_front_door(settings: Settings, environ: Mapping[str, str]) -> FrontDoo
     resource = auth.resource_url(settings.http_path)
     metadata = str(build_resource_metadata_url(AnyHttpUrl(resource))) if resource else None
     if auth.oidc_proxy is not None:
+        log.info(
+            "sign_in",
+            mode="front_door",
+            resource=resource,
+            provider=auth.oidc_proxy.issuer,
+            metadata=metadata,
+        )
         return FrontDoor(
             provider=_proxy(settings, environ),
             mapper=mapper,
@@ -431,6 +438,14 @@ def build_front_door(settings: Settings, environ: Mapping[str, str]) -> FrontDoo
             challenge_scopes=list(auth.required_scopes),
         )
         provider.required_scopes = list(auth.required_scopes)
+        log.info(
+            "sign_in",
+            mode="resource_server",
+            resource=resource,
+            authorization_servers=list(auth.authorization_servers),
+            metadata=metadata,
+            claims_mapping=auth.claims is not None,
+        )
         return FrontDoor(provider, mapper, resource_url=resource, metadata_url=metadata)
     if auth.required_scopes:
         verifier = ScopedVerifier(verifier, list(auth.required_scopes))

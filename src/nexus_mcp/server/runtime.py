@@ -22,8 +22,9 @@ from nexus_mcp.identity.resolver import (
     IdentityResolver,
     build_identity,
 )
+from nexus_mcp.ids import new_id
 from nexus_mcp.notes.vaults import VaultRouter
-from nexus_mcp.observability.audit import AuditLog
+from nexus_mcp.observability.audit import TOOL_CALL_BLOCKED, AuditEvent, AuditLog
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.observability.telemetry import Observability
 from nexus_mcp.policy.approvals import (
@@ -53,6 +54,8 @@ from nexus_mcp.workspace.files import Workspace
 from nexus_mcp.workspace.replay import LexicalPaths
 
 log = get_logger(__name__)
+# The audit outcome of a call the HTTP layer answered 403 insufficient_scope.
+OUTCOME_INSUFFICIENT_SCOPE = "INSUFFICIENT_SCOPE"
 
 
 @dataclass
@@ -126,6 +129,21 @@ class Runtime:
         )
         if principal is None or not self.access.missing_scopes(principal, tool):
             return frozenset()
+        # A refusal like any other: in the audit trail (the tool is one the caller may see).
+        call_id = new_id()
+        self.audit_log.emit(
+            AuditEvent(
+                event=TOOL_CALL_BLOCKED,
+                tool_call_id=call_id,
+                correlation_id=call_id,
+                tool=tool,
+                subject=principal.log_subject,
+                role=principal.effective_role,
+                outcome=OUTCOME_INSUFFICIENT_SCOPE,
+                reason="insufficient_scope",
+                transport="streamable-http",
+            )
+        )
         return self.access.scopes_for(tool) | frozenset(self.settings.auth.required_scopes)
 
     def registry_info(self) -> Mapping[str, Any] | None:
