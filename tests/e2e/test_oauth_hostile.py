@@ -261,3 +261,41 @@ def test_stdio_keeps_its_launch_identity_and_never_asks_the_provider(tmp_path: P
         assert principal is not None and principal.subject == "alice"
     finally:
         server.close()
+
+
+def test_the_front_door_key_may_not_be_the_approval_secret(
+    tmp_path: Path, provider: Provider
+) -> None:
+    shared = "one-secret-for-two-kinds-of-token-0123456789"
+    provider.metadata = {
+        "issuer": provider.issuer,
+        "jwks_uri": provider.issuer + "/jwks",
+        "authorization_endpoint": provider.issuer + "/authorize",
+        "token_endpoint": provider.issuer + "/token",
+        "response_types_supported": ["code"],
+        "subject_types_supported": ["public"],
+        "id_token_signing_alg_values_supported": ["RS256"],
+    }
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    settings = Settings(
+        mode="prod",
+        transport="http",
+        workspace=workspace,
+        data_dir=tmp_path / "data",
+        auth={
+            "base_url": "http://127.0.0.1:8765",
+            "oidc_proxy": {
+                "issuer": provider.issuer,
+                "client_id": "nexus",
+                "client_secret": "front-door-client-secret",
+                "signing_key": shared,
+            },
+        },
+    )
+    with pytest.raises(ConfigError, match=r"approval secret must differ from auth\.oidc_proxy"):
+        build_server(
+            settings,
+            audit_sinks=[MemoryAuditSink()],
+            env={"NEXUS_MCP_APPROVAL_SECRET": shared},
+        )

@@ -242,17 +242,21 @@ def load_approvals(
     """Approval keys and settings; a policy that requires approval without keys stops start-up."""
     approval_settings = load_approval_settings(environ, sections)
     keys = load_approval_keys(environ, sections) if has_approval_keys(environ, sections) else None
-    jwt_secret = settings.auth.jwt_secret
-    if (
-        keys is not None
-        and jwt_secret is not None
-        and any(
-            hmac.compare_digest(keys.secret_for(kid) or b"", jwt_secret.get_secret_value().encode())
-            for kid in keys.kids
-        )
+    proxy = settings.auth.oidc_proxy
+    for name, secret in (
+        ("auth.jwt_secret", settings.auth.jwt_secret),
+        ("auth.oidc_proxy.signing_key", proxy.signing_key if proxy is not None else None),
     ):
-        # With one secret and one audience an approval token would also verify as a bearer.
-        raise ConfigError("the approval secret must differ from auth.jwt_secret")
+        if (
+            keys is not None
+            and secret is not None
+            and any(
+                hmac.compare_digest(keys.secret_for(kid) or b"", secret.get_secret_value().encode())
+                for kid in keys.kids
+            )
+        ):
+            # One secret for two kinds of token: a leak of either forges both.
+            raise ConfigError(f"the approval secret must differ from {name}")
     repo_policies = [r.write_policy for r in (repos.repositories.values() if repos else ())]
     needs_tokens = any(
         p.require_approval and p.approval_mode == "token"
