@@ -155,11 +155,26 @@ async def http_nexus(
         "data_dir": data_dir,
         "auth": {"jwt_secret": SECRET, "audience": AUDIENCE},
         "profiles": {"cache_ttl_seconds": TTL_SECONDS},
+        "port": 0,
     }
     values.update(overrides)
-    server = build_server(Settings(**values), audit_sinks=[audit])
+    async with serve_settings(Settings(**values), audit) as served:
+        yield served
+
+
+@asynccontextmanager
+async def serve_settings(
+    settings: Settings, audit: MemoryAuditSink
+) -> AsyncIterator[tuple[NexusServer, str]]:
+    """``settings`` built and served on a real uvicorn socket in this process (port 0: a
+    free one); yields the server and its MCP URL. The app is built with the same
+    ``http_options`` as ``nexus-mcp serve``; uvicorn is shut down gracefully (not
+    cancelled), so its listening socket is closed before we return."""
+    server = build_server(settings, audit_sinks=[audit])
     app = server.mcp.http_app(**http_options(server.runtime.settings))
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, log_level="warning")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=settings.port, log_config=None, log_level="warning"
+    )
     http = uvicorn.Server(config)
     task = asyncio.create_task(http.serve())
     try:
@@ -169,7 +184,7 @@ async def http_nexus(
             assert time.monotonic() < deadline, "uvicorn did not start"
             await asyncio.sleep(0.01)
         port = http.servers[0].sockets[0].getsockname()[1]
-        yield server, f"http://127.0.0.1:{port}/mcp"
+        yield server, f"http://127.0.0.1:{port}{settings.http_path}"
     finally:
         http.should_exit = True
         await asyncio.wait_for(task, timeout=10)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -31,6 +30,7 @@ from .test_oauth_front_door import (
     exchange,
     front_door_config,
     pkce,
+    provider_config,
     register,
 )
 from .test_oauth_signin import post_init
@@ -59,22 +59,10 @@ def ports() -> tuple[int, int]:
     return _port(), _port()
 
 
-def provider_config(request: pytest.FixtureRequest) -> dict[str, Any]:
-    # The public address is replica A's (the balancer's, in a real fleet).
-    base = f"http://127.0.0.1:{request.getfixturevalue('ports')[0]}"
-    return {
-        "accounts": FRONT_ACCOUNTS,
-        "clients": [
-            {
-                "client_id": "nexus-front",
-                "client_secret": FRONT_SECRET,
-                "redirect_uris": [f"{base}/auth/callback"],
-                "grant_types": ["authorization_code", "refresh_token"],
-                "scope": "openid email groups files:read files:write",
-            }
-        ],
-        "resources": {f"{base}/mcp": {"scope": "files:read files:write"}},
-    }
+@pytest.fixture(scope="module")
+def nexus_port(ports: tuple[int, int]) -> int:
+    """The fleet's public address is replica A's (the balancer's, in a real fleet)."""
+    return ports[0]
 
 
 oidc = oidc_provider_fixture(provider_config)

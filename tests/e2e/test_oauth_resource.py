@@ -14,7 +14,6 @@ own sign-in, are in ``test_oauth_provider.py``. What is pinned here:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -24,14 +23,12 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from nexus_mcp.observability.audit import MemoryAuditSink
-from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
-from nexus_mcp.transport.serve import http_options
 from tests.support.tokens import FromNow, claims_json, hs256
 
+from .access_helpers import serve_settings
 from .servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -53,24 +50,8 @@ CLAIMS = {
 async def served(settings: Settings, audit: MemoryAuditSink | None = None) -> AsyncIterator[str]:
     """``settings`` served on a real socket at ``settings.port``; yields the base URL."""
     sink = audit if audit is not None else MemoryAuditSink()
-    server = build_server(settings, audit_sinks=[sink])
-    app = server.mcp.http_app(**http_options(settings))
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=settings.port, log_config=None, log_level="warning"
-    )
-    http = uvicorn.Server(config)
-    task = asyncio.create_task(http.serve())
-    try:
-        deadline = time.monotonic() + 10
-        while not http.started:
-            assert not task.done(), "uvicorn exited during start-up"
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{settings.port}"
-    finally:
-        http.should_exit = True
-        await asyncio.wait_for(task, timeout=10)
-        server.close()
+    async with serve_settings(settings, sink) as (_, url):
+        yield url.removesuffix(settings.http_path)
 
 
 @asynccontextmanager

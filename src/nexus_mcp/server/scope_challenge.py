@@ -22,9 +22,10 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.server.asgi_body import read_body, replaying
 
 log = get_logger(__name__)
 
@@ -86,16 +87,7 @@ class ScopeChallengeMiddleware:
         if bound is None or access is None:
             await self.app(scope, receive, send)
             return
-        messages: list[Message] = []
-        body = b""
-        while True:  # bounded by BodyLimitMiddleware outside this layer
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        messages, body = await read_body(receive)
         name = tool_call_name(body)
         check, metadata_url = bound
         missing = frozenset(check(access, name)) if name is not None else frozenset()
@@ -103,12 +95,7 @@ class ScopeChallengeMiddleware:
             log.info("scope_challenge", scopes=sorted(missing))
             await _forbid(send, challenge(missing, metadata_url))
             return
-        replay = iter(messages)
-
-        async def replayed() -> Message:
-            return next(replay, None) or await receive()
-
-        await self.app(scope, replayed, send)
+        await self.app(scope, replaying(messages, receive), send)
 
 
 async def _forbid(send: Send, www_authenticate: str) -> None:

@@ -35,9 +35,10 @@ from mcp.shared.inbound import (
     decode_header_value,
     find_duplicated_routing_header,
 )
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.server.asgi_body import read_body, replaying
 from nexus_mcp.transport.wire_errors import FIXED_MESSAGES, HEADER_MISMATCH
 
 log = get_logger(__name__)
@@ -113,16 +114,7 @@ class RoutingHeadersMiddleware:
             return
         # Read the whole body (bounded by BodyLimitMiddleware outside this layer), then
         # hand the same bytes to the app.
-        messages: list[Message] = []
-        body = b""
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        messages, body = await read_body(receive)
         try:
             decoded: Any = json.loads(body)
         except (ValueError, RecursionError):
@@ -133,12 +125,7 @@ class RoutingHeadersMiddleware:
             log.warning("request_header_mismatch", problem=reason)
             await _refuse(send, _request_id(decoded))
             return
-        replay = iter(messages)
-
-        async def replayed() -> Message:
-            return next(replay, None) or await receive()
-
-        await self.app(scope, replayed, send)
+        await self.app(scope, replaying(messages, receive), send)
 
 
 def _request_id(body: Any) -> Any:
