@@ -33,7 +33,7 @@ from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
-from tests.support.loopback import serve_in_thread
+from tests.support.loopback import drip_fed_response, serve_in_thread
 
 from .test_oauth_resource import INIT, MCP_HEADERS, served, session, tool_names
 
@@ -80,6 +80,12 @@ def app_for(provider: Provider) -> Starlette:
         }
         return JSONResponse(document)
 
+    async def huge(request: Request) -> Response:
+        return Response(b"{" + b" " * (600 * 1024) + b"}", media_type="application/json")
+
+    async def drip(request: Request) -> Response:
+        return drip_fed_response(b'{"issuer": "')
+
     async def jwks(request: Request) -> Response:
         provider.jwks_hits += 1
         return JSONResponse({"keys": [provider.jwk()]})
@@ -88,6 +94,8 @@ def app_for(provider: Provider) -> Starlette:
         routes=[
             Route("/.well-known/openid-configuration", metadata),
             Route("/jwks", jwks),
+            Route("/huge/.well-known/openid-configuration", huge),
+            Route("/drip/.well-known/openid-configuration", drip),
         ]
     )
 
@@ -141,6 +149,24 @@ def test_a_rogue_or_broken_metadata_document_stops_start_up(
         build_server(settings_for(tmp_path, provider), audit_sinks=[MemoryAuditSink()])
     assert "rogue" not in str(caught.value)
     assert provider.jwks_hits == 0
+
+
+@pytest.mark.parametrize("shape", ["huge", "drip"])
+def test_a_huge_or_drip_fed_metadata_document_stops_start_up_in_time(
+    tmp_path: Path, provider: Provider, shape: str
+) -> None:
+    settings = settings_for(tmp_path, provider)
+    auth = settings.auth.model_copy(
+        update={
+            "authorization_servers": (f"{provider.issuer}/{shape}",),
+            "discovery_timeout_seconds": 1,
+        }
+    )
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="cannot read the authorization server metadata"):
+        build_server(settings.model_copy(update={"auth": auth}), audit_sinks=[MemoryAuditSink()])
+    # Two well-known paths tried, each bounded in all (the drip never ends by itself).
+    assert time.monotonic() - started < 5
 
 
 def test_discovery_does_not_follow_redirects(tmp_path: Path, provider: Provider) -> None:

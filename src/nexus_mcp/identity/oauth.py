@@ -23,6 +23,7 @@ the browser, single-use codes). What this module adds is configuration made safe
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,21 @@ def _root_metadata_routes(routes: list[Route]) -> list[Route]:
     return [Route(ROOT_METADATA_PATH, endpoint=first.endpoint, methods=["GET", "OPTIONS"])]
 
 
+def _fetch(url: str, *, timeout: float) -> tuple[int, bytes | None]:
+    """GET ``url`` within ``timeout`` in all (a drip-fed answer cannot hold start-up), and
+    at most ``MAX_DISCOVERY_BYTES`` of it (None: more). Redirects are not followed."""
+    deadline = time.monotonic() + timeout
+    with httpx.stream("GET", url, timeout=timeout, follow_redirects=False) as response:
+        content = b""
+        for chunk in response.iter_bytes():
+            content += chunk
+            if len(content) > MAX_DISCOVERY_BYTES:
+                return response.status_code, None
+            if time.monotonic() > deadline:
+                raise TimeoutError
+        return response.status_code, content
+
+
 def discover(issuer: str, *, timeout: float, dev: bool) -> dict[str, Any]:
     """The authorization server's metadata (OIDC discovery, then RFC 8414), checked.
 
@@ -187,15 +203,15 @@ def discover(issuer: str, *, timeout: float, dev: bool) -> dict[str, Any]:
     for path in DISCOVERY_PATHS:
         url = base + path
         try:
-            response = httpx.get(url, timeout=timeout, follow_redirects=False)
-        except httpx.HTTPError as exc:
+            status, content = _fetch(url, timeout=timeout)
+        except (httpx.HTTPError, TimeoutError) as exc:
             failures.append(type(exc).__name__)
             continue
-        if response.status_code != 200 or len(response.content) > MAX_DISCOVERY_BYTES:
-            failures.append(f"HTTP {response.status_code}")
+        if status != 200 or content is None:
+            failures.append(f"HTTP {status}" if content is not None else "too large")
             continue
         try:
-            document = json.loads(response.content)
+            document = json.loads(content)
         except ValueError:
             failures.append("not JSON")
             continue
@@ -260,7 +276,11 @@ def _token_verifier(settings: Settings, *, resource_path: str) -> TokenVerifier 
                 "with several 'auth.authorization_servers', set 'auth.jwks_url' "
                 "(the key set their tokens are signed with)"
             )
-        document = discover(auth.authorization_servers[0], timeout=10.0, dev=settings.is_dev)
+        document = discover(
+            auth.authorization_servers[0],
+            timeout=float(auth.discovery_timeout_seconds),
+            dev=settings.is_dev,
+        )
         jwks_url = str(document["jwks_uri"])
     if jwks_url is None:
         return None

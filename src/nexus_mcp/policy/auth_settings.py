@@ -254,6 +254,8 @@ class AuthSettings(_Section):
     required_scopes: tuple[str, ...] = ()
     # Tool name (or fnmatch pattern) -> scopes a call needs beyond what its profile grants.
     tool_scopes: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # Start-up reads the authorization server's metadata within this long, in all.
+    discovery_timeout_seconds: int = Field(default=10, ge=1, le=60)
     introspection: IntrospectionSettings | None = None
     oidc_proxy: OIDCProxySettings | None = None
     claims: ClaimsMapping | None = None
