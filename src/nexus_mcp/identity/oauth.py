@@ -13,11 +13,14 @@ the browser, single-use codes). What this module adds is configuration made safe
   document must name the issuer it was asked for (RFC 8414 section 3.3, the mix-up
   defence): a rogue document pointing at another issuer or key set stops start-up;
 - the protected resource metadata is served at both well-known forms, the path-suffixed
-  one (RFC 9728 section 3.1) and the root one clients fall back to;
+  one (RFC 9728 section 3.1) and the root one clients fall back to, naming the
+  authorization servers exactly as configured;
+- required scopes are checked by FastMCP's middleware (403 ``insufficient_scope`` with the
+  scope to ask for), not inside the verifier (which could only answer 401);
 - the proxy's state (registered clients, transactions, codes, the provider's tokens) lives
   on the configured state backend, encrypted with a key derived from ``signing_key``:
-  SQLite-free files in the data dir for one process, Redis (the shared backend's) so every
-  replica finishes a sign-in another began.
+  files in the data dir for one process, Redis (the shared backend's) so every replica
+  finishes a sign-in another began.
 """
 
 from __future__ import annotations
@@ -67,10 +70,6 @@ class FrontDoor:
     mapper: ClaimsMapper
     resource_url: str | None = None
     metadata_url: str | None = None
-
-    @property
-    def verifier(self) -> AuthProvider | None:
-        return self.provider
 
 
 class ScopedVerifier(TokenVerifier):
