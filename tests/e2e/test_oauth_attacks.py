@@ -1,0 +1,84 @@
+"""Attacks on the OAuth sign-in (issue 25) that found defects, over real sockets.
+
+- ``auth.required_scopes`` are "scopes every request needs", but the plain HTTP routes
+  (``POST /approvals/mint``) verified the bearer token themselves and never asked for
+  them: an approver's token without the required scope minted approval tokens that the
+  MCP endpoint would have answered 403 for.
+- The front door's IdP callback answered a request carrying ``error`` and
+  ``error_description`` (no valid state needed) with an HTML page quoting both: any
+  text an attacker puts in a link shown on this server's own origin (content spoofing),
+  against the rule that errors never echo input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.oidc import OidcProvider
+
+from .test_oauth_front_door import nexus, nexus_port, oidc  # noqa: F401 - fixtures
+from .test_oauth_resource import INIT, MCP_HEADERS, oauth_nexus, token
+
+pytestmark = pytest.mark.slow
+
+APPROVAL_SECRET = "attack-approval-secret-0123456789abcdef-CANARY"
+ADMINS = {
+    "subject": "email",
+    "rules": [{"group": "nexus-admins", "role": "admin"}],
+}
+MINT = {"tool": "nexus_write_file", "arguments": {"path": "a.txt", "content": "x"}}
+
+
+async def test_the_mint_route_asks_for_the_required_scopes_as_the_mcp_endpoint_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEXUS_MCP_APPROVAL_SECRET", APPROVAL_SECRET)
+    async with oauth_nexus(tmp_path, required_scopes=["nexus:use"], claims=ADMINS) as base:
+        lacking = token(base, groups=["nexus-admins"], scope="files:read")
+        holding = token(base, groups=["nexus-admins"], scope="files:read nexus:use")
+        async with httpx.AsyncClient() as client:
+            # The MCP endpoint refuses the token without the required scope ...
+            mcp = await client.post(
+                f"{base}/mcp",
+                content=INIT,
+                headers={**MCP_HEADERS, "Authorization": f"Bearer {lacking}"},
+            )
+            assert mcp.status_code == 403
+            # ... and so does the plain route: no approval token for it.
+            refused = await client.post(
+                f"{base}/approvals/mint",
+                json=MINT,
+                headers={"Authorization": f"Bearer {lacking}"},
+            )
+            assert refused.status_code in (401, 403), refused.text
+            assert "approval_token" not in refused.text
+            # The same caller with the scope mints (the route works).
+            minted = await client.post(
+                f"{base}/approvals/mint",
+                json=MINT,
+                headers={"Authorization": f"Bearer {holding}"},
+            )
+            assert minted.status_code == 200, minted.text
+            assert "approval_token" in minted.json()
+
+
+CANARY = "Your account is locked call 555-0100 CANARY"
+
+
+@pytest.mark.parametrize("state", [None, "made-up-transaction"])
+def test_the_idp_callback_error_page_quotes_nothing_of_the_request(
+    nexus: str,  # noqa: F811 - the fixture
+    oidc: OidcProvider,  # noqa: F811 - the fixture
+    state: str | None,
+) -> None:
+    params = {"error": "access_denied<b>CANARY</b>", "error_description": CANARY}
+    if state is not None:
+        params["state"] = state
+    response = httpx.get(f"{nexus}/auth/callback", params=params)
+    assert response.status_code == 400
+    assert "CANARY" not in response.text
+    assert "555-0100" not in response.text
+    assert "made-up-transaction" not in response.text

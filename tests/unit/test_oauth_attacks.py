@@ -1,0 +1,74 @@
+"""Attacks on the claims mapping (``policy/claims.py``) that found defects.
+
+- With ``subject: email`` (the documented mapping for providers whose ``sub`` is opaque)
+  the subject came from the email claim even when the provider said it was unverified:
+  anyone who could set an unverified address (a multi-tenant provider, a self-service
+  profile) took over that address's subject rules, direct grants and profile assignment.
+- ``email_verified`` sent as the string ``"false"`` (some providers and userinfo bridges
+  do) counted as verified.
+- A group list longer than the part read (``MAX_CLAIM_VALUES``) lost its tail, so padding
+  one's own groups pushed a restrictive rule's group out of sight and a later, wider rule
+  matched instead: an over-long list now gets nothing (fail closed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nexus_mcp.policy.auth_settings import ClaimsMapping
+from nexus_mcp.policy.claims import MAX_CLAIM_VALUES, ClaimsMapper, map_claims
+
+BY_EMAIL = ClaimsMapping.model_validate(
+    {
+        "subject": "email",
+        "rules": [
+            {"subject": "ops@example.com", "role": "admin", "vault_id": "v-ops"},
+            {"group": "engineering", "role": "editor"},
+        ],
+    }
+)
+
+
+@pytest.mark.parametrize("verified", [False, "false", "FALSE"])
+def test_an_unverified_email_is_never_the_subject(verified: Any) -> None:
+    forged = {"sub": "u-9", "email": "ops@example.com", "email_verified": verified}
+    assert map_claims(BY_EMAIL, forged) is None
+    # Not through a group rule either: the subject would still be the address.
+    assert map_claims(BY_EMAIL, {**forged, "groups": ["engineering"]}) is None
+    assert ClaimsMapper(BY_EMAIL).principal(forged, token="t-" + str(verified)) is None
+
+
+def test_a_verified_or_silent_email_is_the_subject() -> None:
+    for verified in (True, "true", None):
+        claims = {"sub": "u-1", "email": "ops@example.com", "email_verified": verified}
+        principal = map_claims(BY_EMAIL, {k: v for k, v in claims.items() if v is not None})
+        assert principal is not None
+        assert (principal.subject, principal.role) == ("ops@example.com", "admin")
+
+
+@pytest.mark.parametrize("verified", ["false", "False", "no", 0])
+def test_an_email_rule_needs_a_verified_email_whatever_the_claim_type(verified: Any) -> None:
+    mapping = ClaimsMapping.model_validate(
+        {"rules": [{"email": "*@corp.example", "role": "editor"}]}
+    )
+    claims = {"sub": "u-2", "email": "eve@corp.example", "email_verified": verified}
+    assert map_claims(mapping, claims) is None
+
+
+def test_padding_the_group_list_cannot_hide_a_restrictive_rule() -> None:
+    mapping = ClaimsMapping.model_validate(
+        {
+            "rules": [
+                {"group": "contractors", "role": "viewer", "read_only": True},
+                {"email": "*@corp.example", "role": "editor"},
+            ]
+        }
+    )
+    claims = {"sub": "u-3", "email": "c@corp.example", "email_verified": True}
+    honest = map_claims(mapping, {**claims, "groups": ["contractors"]})
+    assert honest is not None and honest.read_only
+    padded = [f"g{i}" for i in range(MAX_CLAIM_VALUES)] + ["contractors"]
+    principal = map_claims(mapping, {**claims, "groups": padded})
+    assert principal is None or (principal.read_only and principal.role == "viewer")
