@@ -9,16 +9,25 @@
 - A group list longer than the part read (``MAX_CLAIM_VALUES``) lost its tail, so padding
   one's own groups pushed a restrictive rule's group out of sight and a later, wider rule
   matched instead: an over-long list now gets nothing (fail closed).
+- The front door's state folder (``<data_dir>/oauth``) was not among the server state the
+  file tools never reach, so serving the data dir itself put the proxy's records (client
+  registrations, transactions, codes, upstream tokens: encrypted, but deletable) in reach.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nexus_mcp.errors import InvalidPathError
+from nexus_mcp.identity.oauth import proxy_storage
 from nexus_mcp.policy.auth_settings import ClaimsMapping
 from nexus_mcp.policy.claims import MAX_CLAIM_VALUES, ClaimsMapper, map_claims
+from nexus_mcp.settings import Settings
+from nexus_mcp.stores.locations import server_state_paths
+from nexus_mcp.workspace.files import Workspace
 
 BY_EMAIL = ClaimsMapping.model_validate(
     {
@@ -72,3 +81,16 @@ def test_padding_the_group_list_cannot_hide_a_restrictive_rule() -> None:
     padded = [f"g{i}" for i in range(MAX_CLAIM_VALUES)] + ["contractors"]
     principal = map_claims(mapping, {**claims, "groups": padded})
     assert principal is None or (principal.read_only and principal.role == "viewer")
+
+
+async def test_the_front_doors_state_is_out_of_the_file_tools_reach(tmp_path: Path) -> None:
+    """Served folder == data dir (accepted in prod): the proxy's records were in reach."""
+    settings = Settings(mode="prod", transport="http", workspace=tmp_path, data_dir=tmp_path)
+    store = proxy_storage(settings, {}, b"k" * 43 + b"=")
+    await store.put(collection="clients", key="c-1", value={"client_id": "c-1"})
+    written = [p for p in (tmp_path / "oauth").rglob("*") if p.is_file()]
+    assert written
+    workspace = Workspace(tmp_path, hidden=server_state_paths(settings, tmp_path))
+    for path in [tmp_path / "oauth", *written]:
+        with pytest.raises(InvalidPathError):
+            workspace.resolve(str(path.relative_to(tmp_path)), must_exist=True)

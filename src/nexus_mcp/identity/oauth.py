@@ -26,7 +26,6 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -50,6 +49,7 @@ from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.auth_settings import AuthSettings, is_loopback_url
 from nexus_mcp.policy.claims import ClaimsMapper
 from nexus_mcp.settings import Settings
+from nexus_mcp.stores.locations import oauth_state_path
 
 log = get_logger(__name__)
 
@@ -325,7 +325,7 @@ def proxy_storage(settings: Settings, environ: Mapping[str, str], key: bytes) ->
             FileTreeV1KeySanitizationStrategy,
         )
 
-        folder = Path(settings.data_dir) / "oauth"
+        folder = oauth_state_path(settings)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         store = FileTreeStore(
             data_directory=folder,
