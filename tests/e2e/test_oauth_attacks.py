@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +22,7 @@ import pytest
 from tests.support.oidc import OidcProvider
 
 from .test_oauth_front_door import nexus, nexus_port, oidc  # noqa: F401 - fixtures
-from .test_oauth_resource import INIT, MCP_HEADERS, oauth_nexus, token
+from .test_oauth_resource import INIT, MCP_HEADERS, oauth_nexus, session, token
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +84,55 @@ def test_the_idp_callback_error_page_quotes_nothing_of_the_request(
     assert "CANARY" not in response.text
     assert "555-0100" not in response.text
     assert "made-up-transaction" not in response.text
+
+
+def _call(name: str, request_id: int = 3) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": {"path": "hello.txt"}},
+    }
+
+
+SMUGGLED = {
+    "batch": json.dumps([_call("nexus_read_file")]),
+    "batch-of-two": json.dumps([_call("nexus_list_files", 4), _call("nexus_read_file")]),
+    "upper-case": json.dumps(_call("NEXUS_READ_FILE")),
+    "fullwidth": json.dumps(_call("nexus_read_ｆile")),
+    "trailing-space": json.dumps(_call("nexus_read_file ")),
+    # Duplicate keys: the challenge and the handler must not read different names.
+    "duplicate-name": (
+        '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": '
+        '{"name": "nexus_list_files", "arguments": {"path": "hello.txt"}, '
+        '"name": "nexus_read_file"}}'
+    ),
+    "duplicate-params": (
+        '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", '
+        '"params": {"name": "nexus_list_files", "arguments": {}}, '
+        '"params": {"name": "nexus_read_file", "arguments": {"path": "hello.txt"}}}'
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SMUGGLED))
+async def test_a_tool_call_past_the_scope_check_never_runs(tmp_path: Path, shape: str) -> None:
+    """Whatever shape the body takes, a tool whose scope the token lacks does not run:
+    either the 403 challenge or the chain's unknown-tool answer, never the file."""
+    async with (
+        oauth_nexus(tmp_path, tool_scopes={"nexus_read_file": ["files:secret"]}) as base,
+        httpx.AsyncClient() as client,
+    ):
+        url = f"{base}/mcp"
+        headers = await session(client, url, token(base))
+        response = await client.post(url, content=SMUGGLED[shape], headers=headers)
+        if shape == "upper-case":
+            # The check can fail: with the scope, the file is read.
+            scoped = await session(client, url, token(base, scope="files:read files:secret"))
+            read = await client.post(
+                url, content=json.dumps(_call("nexus_read_file")), headers=scoped
+            )
+            assert "hello" in read.text.replace("hello.txt", "")
+        assert "hello" not in response.text.replace("hello.txt", "")
+        if response.status_code == 403:
+            assert 'scope="files:secret"' in response.headers["www-authenticate"]
