@@ -12,6 +12,9 @@
 - The front door's state folder (``<data_dir>/oauth``) was not among the server state the
   file tools never reach, so serving the data dir itself put the proxy's records (client
   registrations, transactions, codes, upstream tokens: encrypted, but deletable) in reach.
+- ``is_loopback_url`` took any host name starting with ``127.`` for loopback, so prod
+  accepted ``http://127.attacker.example`` as the public address (tokens and codes over
+  plain http) and as the provider's key set URL.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from nexus_mcp.errors import InvalidPathError
-from nexus_mcp.identity.oauth import proxy_storage
-from nexus_mcp.policy.auth_settings import ClaimsMapping
+from nexus_mcp.errors import ConfigError, InvalidPathError
+from nexus_mcp.identity.oauth import build_front_door, proxy_storage
+from nexus_mcp.policy.auth_settings import ClaimsMapping, is_loopback_url
 from nexus_mcp.policy.claims import MAX_CLAIM_VALUES, ClaimsMapper, map_claims
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.locations import server_state_paths
@@ -94,3 +97,35 @@ async def test_the_front_doors_state_is_out_of_the_file_tools_reach(tmp_path: Pa
     for path in [tmp_path / "oauth", *written]:
         with pytest.raises(InvalidPathError):
             workspace.resolve(str(path.relative_to(tmp_path)), must_exist=True)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.attacker.example",
+        "http://127.0.0.1.nip.io:8000",
+        "http://127-0-0-1.attacker.example",
+        "http://localhost.attacker.example",
+    ],
+)
+def test_a_host_name_that_only_starts_like_loopback_is_not_loopback(
+    tmp_path: Path, url: str
+) -> None:
+    assert not is_loopback_url(url)
+    # So prod refuses it as the public address, as any other http:// one.
+    settings = Settings(
+        mode="prod",
+        transport="http",
+        workspace=tmp_path,
+        data_dir=tmp_path / "data",
+        auth={"jwt_secret": "s" * 32, "base_url": url},
+    )
+    with pytest.raises(ConfigError, match="auth.base_url"):
+        build_front_door(settings, {})
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8000", "http://127.1.2.3", "http://localhost:1", "http://[::1]:9"]
+)
+def test_loopback_addresses_are_loopback(url: str) -> None:
+    assert is_loopback_url(url)

@@ -18,6 +18,7 @@ require scopes. Pydantic models only: the providers are built in ``identity/oaut
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -85,8 +86,15 @@ def check_http_url(value: str, *, path_allowed: bool = True) -> str:
 
 
 def is_loopback_url(value: str) -> bool:
+    """``localhost`` or a loopback IP address (127.0.0.0/8, ::1); a host *name* that only
+    starts like one (``127.attacker.example``) resolves wherever its owner wants."""
     host = urlsplit(value).hostname or ""
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class IntrospectionSettings(_Section):
