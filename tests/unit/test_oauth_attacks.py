@@ -120,7 +120,7 @@ def test_a_host_name_that_only_starts_like_loopback_is_not_loopback(
         data_dir=tmp_path / "data",
         auth={"jwt_secret": "s" * 32, "base_url": url},
     )
-    with pytest.raises(ConfigError, match="auth.base_url"):
+    with pytest.raises(ConfigError, match=r"auth\.base_url"):
         build_front_door(settings, {})
 
 
