@@ -8,6 +8,12 @@
   ``error_description`` (no valid state needed) with an HTML page quoting both: any
   text an attacker puts in a link shown on this server's own origin (content spoofing),
   against the rule that errors never echo input.
+- Signing in at a provider without ``auth.claims`` made every user the provider knows a
+  viewer (the fallback role of a token without our ``role`` claim) who could read the
+  workspace.
+
+Guards that held (kept as regression tests): a tool call whose scope the token lacks does
+not run whatever the body's shape (batch, name variants, duplicate JSON keys).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from tests.support.oidc import OidcProvider
 
@@ -136,3 +143,23 @@ async def test_a_tool_call_past_the_scope_check_never_runs(tmp_path: Path, shape
         assert "hello" not in response.text.replace("hello.txt", "")
         if response.status_code == 403:
             assert 'scope="files:secret"' in response.headers["www-authenticate"]
+
+
+async def test_without_a_claims_mapping_a_providers_user_is_not_viewer_by_accident(
+    tmp_path: Path,
+) -> None:
+    """The team's provider signs in everyone it knows; without ``auth.claims`` its tokens
+    (no ``role`` claim: no provider sends ours) made every such user a viewer who could
+    read the workspace. Now start-up asks for the mapping; ``default_role`` is the way to
+    let everyone in, and says so."""
+    with pytest.raises(ValidationError, match="needs 'claims'"):
+        async with oauth_nexus(tmp_path, claims=None):
+            pass
+    everyone = {"default_role": "viewer"}
+    async with oauth_nexus(tmp_path, claims=everyone) as base, httpx.AsyncClient() as client:
+        url = f"{base}/mcp"
+        anyone = token(base, sub="someone-new", groups=[], email=None)
+        headers = await session(client, url, anyone)
+        read = json.dumps(_call("nexus_read_file"))
+        response = await client.post(url, content=read, headers=headers)
+        assert "hello" in response.text.replace("hello.txt", "")

@@ -15,6 +15,9 @@
 - ``is_loopback_url`` took any host name starting with ``127.`` for loopback, so prod
   accepted ``http://127.attacker.example`` as the public address (tokens and codes over
   plain http) and as the provider's key set URL.
+- Signing in at a provider (``authorization_servers``, ``oidc_proxy``) without
+  ``auth.claims`` made every user the provider knows a viewer (no ``role`` claim: the
+  fallback role); now start-up asks for the mapping.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from nexus_mcp.errors import ConfigError, InvalidPathError
 from nexus_mcp.identity.oauth import build_front_door, proxy_storage
-from nexus_mcp.policy.auth_settings import ClaimsMapping, is_loopback_url
+from nexus_mcp.policy.auth_settings import AuthSettings, ClaimsMapping, is_loopback_url
 from nexus_mcp.policy.claims import MAX_CLAIM_VALUES, ClaimsMapper, map_claims
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.locations import server_state_paths
@@ -129,3 +133,24 @@ def test_a_host_name_that_only_starts_like_loopback_is_not_loopback(
 )
 def test_loopback_addresses_are_loopback(url: str) -> None:
     assert is_loopback_url(url)
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        {"base_url": "https://n.example", "authorization_servers": ["https://idp.example"]},
+        {
+            "base_url": "https://n.example",
+            "oidc_proxy": {
+                "issuer": "https://idp.example",
+                "client_id": "c",
+                "signing_key": "k" * 32,
+            },
+        },
+    ],
+)
+def test_signing_in_at_a_provider_needs_a_claims_mapping(auth: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="needs 'claims'"):
+        AuthSettings.model_validate(auth)
+    # Letting every user of the provider in is a choice made in words.
+    assert AuthSettings.model_validate({**auth, "claims": {"default_role": "viewer"}}).enabled

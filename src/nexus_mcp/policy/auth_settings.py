@@ -310,6 +310,13 @@ class AuthSettings(_Section):
                 "with 'oidc_proxy' this server is the authorization server: "
                 "leave 'authorization_servers' out"
             )
+        if (self.authorization_servers or self.oidc_proxy is not None) and self.claims is None:
+            # The provider signs in everyone it knows, and its tokens carry no role of
+            # ours: without a mapping each of them would be a viewer by accident.
+            raise ValueError(
+                "signing in at an identity provider needs 'claims' (its rules say who gets "
+                "which role; 'default_role' lets every user of the provider in)"
+            )
         if self.introspection is not None and self.jwks_url is not None:
             raise ValueError("choose one way to verify tokens, not introspection and jwks_url")
         return self
