@@ -15,6 +15,8 @@
 - ``is_loopback_url`` took any host name starting with ``127.`` for loopback, so prod
   accepted ``http://127.attacker.example`` as the public address (tokens and codes over
   plain http) and as the provider's key set URL.
+- Email rules compared with ``str.lower``, which maps the KELVIN SIGN onto ``k``: a
+  verified address at a look-alike (IDN) domain matched another domain's rule.
 - Signing in at a provider (``authorization_servers``, ``oidc_proxy``) without
   ``auth.claims`` made every user the provider knows a viewer (no ``role`` claim: the
   fallback role); now start-up asks for the mapping.
@@ -154,3 +156,21 @@ def test_signing_in_at_a_provider_needs_a_claims_mapping(auth: dict[str, Any]) -
         AuthSettings.model_validate(auth)
     # Letting every user of the provider in is a choice made in words.
     assert AuthSettings.model_validate({**auth, "claims": {"default_role": "viewer"}}).enabled
+
+
+@pytest.mark.parametrize(
+    ("rule", "email"),
+    [
+        ("karen@corp.example", "\u212aaren@corp.example"),  # KELVIN SIGN lowers to "k"
+        ("*@kpmg.example", "bob@\u212apmg.example"),  # an IDN domain anyone may register
+    ],
+)
+def test_an_email_rule_folds_ascii_case_only(rule: str, email: str) -> None:
+    """``str.lower`` maps some non-ASCII letters onto ASCII ones: a verified address at a
+    look-alike domain (or mailbox) matched another's rule."""
+    mapping = ClaimsMapping.model_validate({"rules": [{"email": rule, "role": "admin"}]})
+    claims = {"sub": "u-4", "email": email, "email_verified": True}
+    assert map_claims(mapping, claims) is None
+    # ASCII case still folds (RFC 5321 domains are case-insensitive).
+    ascii_email = "KAREN@CORP.EXAMPLE" if "karen" in rule else "bob@KPMG.example"
+    assert map_claims(mapping, {**claims, "email": ascii_email}) is not None

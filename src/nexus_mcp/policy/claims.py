@@ -22,6 +22,7 @@ expires), so a rule change applies to the next token, as a role change at the pr
 from __future__ import annotations
 
 import hashlib
+import string
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -36,6 +37,7 @@ MAX_CLAIM_VALUES = 1000  # a group list longer than this gets nothing (fail clos
 MAX_VALUE_CHARS = 512
 CACHE_SIZE = 10_000
 CACHE_SECONDS = 300.0
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 
 def _strings(value: Any) -> Iterable[str]:
@@ -73,14 +75,20 @@ def _too_many(value: Any) -> bool:
     return isinstance(value, list | tuple) and len(value) > MAX_CLAIM_VALUES
 
 
+def _fold(value: str) -> str:
+    """ASCII letters to lower case, nothing else: ``str.lower`` also maps the KELVIN SIGN
+    onto ``k``, so a look-alike (IDN) domain would meet another's rule."""
+    return value.translate(_ASCII_LOWER)
+
+
 def _email_matches(pattern: str, email: str | None) -> bool:
     if email is None:
         return False
     if pattern.startswith("*@"):
-        # "*@example.com": the domain after the last "@", compared without case.
+        # "*@example.com": the domain after the last "@", compared without ASCII case.
         _, at, domain = email.rpartition("@")
-        return bool(at) and domain.lower() == pattern[2:].lower()
-    return email.lower() == pattern.lower()
+        return bool(at) and _fold(domain) == _fold(pattern[2:])
+    return _fold(email) == _fold(pattern)
 
 
 def _matches(rule: ClaimRule, *, subject: str, email: str | None, groups: set[str]) -> bool:
