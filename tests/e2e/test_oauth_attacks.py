@@ -11,6 +11,8 @@
 - Signing in at a provider without ``auth.claims`` made every user the provider knows a
   viewer (the fallback role of a token without our ``role`` claim) who could read the
   workspace.
+- In prod the front door took a provider whose discovery document names a plain-http
+  key set or token endpoint (the resource server's discovery refused the first).
 
 Guards that held (kept as regression tests): a tool call whose scope the token lacks does
 not run whatever the body's shape (batch, name variants, duplicate JSON keys).
@@ -26,9 +28,14 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.observability.audit import MemoryAuditSink
+from nexus_mcp.server import build_server
+from nexus_mcp.settings import Settings
 from tests.support.oidc import OidcProvider
 
 from .test_oauth_front_door import nexus, nexus_port, oidc  # noqa: F401 - fixtures
+from .test_oauth_hostile import Provider, provider  # noqa: F401 - a fixture
 from .test_oauth_resource import INIT, MCP_HEADERS, oauth_nexus, session, token
 
 pytestmark = pytest.mark.slow
@@ -163,3 +170,43 @@ async def test_without_a_claims_mapping_a_providers_user_is_not_viewer_by_accide
         read = json.dumps(_call("nexus_read_file"))
         response = await client.post(url, content=read, headers=headers)
         assert "hello" in response.text.replace("hello.txt", "")
+
+
+@pytest.mark.parametrize("field", ["jwks_uri", "token_endpoint"])
+def test_the_front_doors_discovered_endpoints_are_https_in_prod(
+    tmp_path: Path,
+    provider: Provider,  # noqa: F811 - the fixture
+    field: str,
+) -> None:
+    """As for the resource server's discovery: a provider document (itself over https, or
+    loopback here) naming a plain-http key set or token endpoint is refused in prod."""
+    provider.metadata = {
+        "issuer": provider.issuer,
+        "jwks_uri": provider.issuer + "/jwks",
+        "authorization_endpoint": provider.issuer + "/authorize",
+        "token_endpoint": provider.issuer + "/token",
+        "response_types_supported": ["code"],
+        "subject_types_supported": ["public"],
+        "id_token_signing_alg_values_supported": ["RS256"],
+        field: "http://idp.invalid/" + field,
+    }
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    settings = Settings(
+        mode="prod",
+        transport="http",
+        workspace=workspace,
+        data_dir=tmp_path / "data",
+        auth={
+            "base_url": "http://127.0.0.1:8765",
+            "oidc_proxy": {
+                "issuer": provider.issuer,
+                "client_id": "nexus",
+                "client_secret": "front-door-client-secret",
+                "signing_key": "front-door-signing-key-0123456789abcdef",
+            },
+            "claims": {"default_role": "viewer"},
+        },
+    )
+    with pytest.raises(ConfigError, match="https://"):
+        build_server(settings, audit_sinks=[MemoryAuditSink()], env={})

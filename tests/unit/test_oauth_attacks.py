@@ -17,6 +17,10 @@
   plain http) and as the provider's key set URL.
 - Email rules compared with ``str.lower``, which maps the KELVIN SIGN onto ``k``: a
   verified address at a look-alike (IDN) domain matched another domain's rule.
+- Prod took plain-http provider URLs (``authorization_servers``, ``jwks_url``, the
+  introspection URL, the front door's issuer, config URL and endpoints): whoever is on
+  the path names the key set or answers introspection. Only a discovered ``jwks_uri``
+  was checked, from a document that itself could come over http.
 - Signing in at a provider (``authorization_servers``, ``oidc_proxy``) without
   ``auth.claims`` made every user the provider knows a viewer (no ``role`` claim: the
   fallback role); now start-up asks for the mapping.
@@ -174,3 +178,63 @@ def test_an_email_rule_folds_ascii_case_only(rule: str, email: str) -> None:
     # ASCII case still folds (RFC 5321 domains are case-insensitive).
     ascii_email = "KAREN@CORP.EXAMPLE" if "karen" in rule else "bob@KPMG.example"
     assert map_claims(mapping, {**claims, "email": ascii_email}) is not None
+
+
+def _prod_auth(tmp_path: Path, **auth: Any) -> Settings:
+    return Settings(
+        mode="prod",
+        transport="http",
+        workspace=tmp_path,
+        data_dir=tmp_path / "data",
+        auth={"claims": {"default_role": "viewer"}, **auth},
+    )
+
+
+PROXY = {"client_id": "c", "signing_key": "k" * 32}
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        # The metadata document over plain http: whoever is on the path names the key set
+        # (the issuer check passes, the copy names the issuer it was asked for).
+        {"base_url": "https://n.example", "authorization_servers": ["http://idp.invalid"]},
+        {
+            "base_url": "https://n.example",
+            "authorization_servers": ["https://idp.invalid"],
+            "jwks_url": "http://keys.invalid/jwks",
+        },
+        {"jwks_url": "http://keys.invalid/jwks"},
+        {
+            "introspection": {
+                "url": "http://idp.invalid/introspect",
+                "client_id": "c",
+                "client_secret": "client-secret",
+            }
+        },
+        {"base_url": "https://n.example", "oidc_proxy": {"issuer": "http://idp.invalid", **PROXY}},
+        {
+            "base_url": "https://n.example",
+            "oidc_proxy": {
+                "issuer": "https://idp.invalid",
+                "config_url": "http://idp.invalid/.well-known/openid-configuration",
+                **PROXY,
+            },
+        },
+        {
+            "base_url": "https://n.example",
+            "oidc_proxy": {
+                "issuer": "https://idp.invalid",
+                "authorization_endpoint": "https://idp.invalid/authorize",
+                "token_endpoint": "http://idp.invalid/token",
+                "jwks_url": "https://idp.invalid/jwks",
+                **PROXY,
+            },
+        },
+    ],
+)
+def test_prod_reaches_the_provider_over_https_only(tmp_path: Path, auth: dict[str, Any]) -> None:
+    """Keys, metadata, introspection answers and the client secret travel these URLs: over
+    plain http anyone on the path forges tokens' acceptance. Refused before any request."""
+    with pytest.raises(ConfigError, match="https://"):
+        build_front_door(_prod_auth(tmp_path, **auth), {})
