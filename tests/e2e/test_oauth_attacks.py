@@ -15,7 +15,9 @@
   key set or token endpoint (the resource server's discovery refused the first).
 
 Guards that held (kept as regression tests): a tool call whose scope the token lacks does
-not run whatever the body's shape (batch, name variants, duplicate JSON keys).
+not run whatever the body's shape (batch, name variants, duplicate JSON keys); the issuer
+is compared exactly against the configured authorization servers (a trailing slash, case,
+a dot segment, a parent path or no ``iss`` at all are refused).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from tests.support.oidc import OidcProvider
 
 from .test_oauth_front_door import nexus, nexus_port, oidc  # noqa: F401 - fixtures
 from .test_oauth_hostile import Provider, provider  # noqa: F401 - a fixture
-from .test_oauth_resource import INIT, MCP_HEADERS, oauth_nexus, session, token
+from .test_oauth_resource import INIT, ISSUER, MCP_HEADERS, oauth_nexus, session, token
 
 pytestmark = pytest.mark.slow
 
@@ -210,3 +212,29 @@ def test_the_front_doors_discovered_endpoints_are_https_in_prod(
     )
     with pytest.raises(ConfigError, match="https://"):
         build_server(settings, audit_sinks=[MemoryAuditSink()], env={})
+
+
+async def test_the_issuer_is_compared_exactly_and_only_the_configured_ones_pass(
+    tmp_path: Path,
+) -> None:
+    other = "https://idp.example.test/realms/ops"
+    async with (
+        oauth_nexus(tmp_path, authorization_servers=[ISSUER, other]) as base,
+        httpx.AsyncClient() as client,
+    ):
+        url = f"{base}/mcp"
+
+        async def status(bearer: str) -> int:
+            headers = {**MCP_HEADERS, "Authorization": f"Bearer {bearer}"}
+            return (await client.post(url, content=INIT, headers=headers)).status_code
+
+        assert await status(token(base)) == 200
+        assert await status(token(base, iss=other)) == 200
+        for iss in (
+            ISSUER + "/",
+            ISSUER.upper(),
+            "https://idp.example.test/realms/eng/../eng",
+            "https://idp.example.test/realms",
+            None,
+        ):
+            assert await status(token(base, iss=iss)) == 401, iss
