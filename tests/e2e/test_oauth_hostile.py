@@ -276,6 +276,7 @@ def test_stdio_keeps_its_launch_identity_and_never_asks_the_provider(tmp_path: P
             "base_url": "https://nexus.example.test",
             # Nothing listens there: a discovery attempt would stop start-up.
             "authorization_servers": ["http://127.0.0.1:9"],
+            "claims": {"rules": [{"group": "engineering", "role": "editor"}]},
         },
     )
     server = build_server(settings, audit_sinks=[MemoryAuditSink()])
@@ -317,6 +318,7 @@ def test_the_front_door_key_may_not_be_the_approval_secret(
                 "client_secret": "front-door-client-secret",
                 "signing_key": shared,
             },
+            "claims": {"rules": [{"group": "engineering", "role": "editor"}]},
         },
     )
     with pytest.raises(ConfigError, match=r"approval secret must differ from auth\.oidc_proxy"):

@@ -181,7 +181,9 @@ def test_the_proxy_needs_a_long_signing_key_and_a_base_url() -> None:
     proxy["signing_key"] = "k" * 32
     with pytest.raises(ValidationError, match="base_url"):
         AuthSettings.model_validate({"oidc_proxy": proxy})
-    auth = AuthSettings.model_validate({"base_url": "https://n.example/", "oidc_proxy": proxy})
+    auth = AuthSettings.model_validate(
+        {"base_url": "https://n.example/", "oidc_proxy": proxy, "claims": {}}
+    )
     assert auth.enabled and auth.resource_url("/mcp") == "https://n.example/mcp"
 
 

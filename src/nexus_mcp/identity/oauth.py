@@ -29,7 +29,6 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,6 +52,7 @@ from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.auth_settings import AuthSettings, is_loopback_url
 from nexus_mcp.policy.claims import ClaimsMapper
 from nexus_mcp.settings import Settings
+from nexus_mcp.stores.locations import oauth_state_path
 
 log = get_logger(__name__)
 
@@ -324,7 +324,7 @@ def proxy_storage(settings: Settings, environ: Mapping[str, str], key: bytes) ->
             FileTreeV1KeySanitizationStrategy,
         )
 
-        folder = Path(settings.data_dir) / "oauth"
+        folder = oauth_state_path(settings)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         store = FileTreeStore(
             data_directory=folder,
@@ -344,6 +344,36 @@ def _check_public_url(settings: Settings) -> None:
             "invalid setting 'auth.base_url': prod needs https:// (tokens and codes travel "
             "to it), or a loopback address behind a TLS-terminating proxy"
         )
+
+
+def _provider_urls(auth: AuthSettings) -> list[tuple[str, str | None]]:
+    urls: list[tuple[str, str | None]] = [("auth.jwks_url", auth.jwks_url)]
+    urls += [("auth.authorization_servers", s) for s in auth.authorization_servers]
+    if auth.introspection is not None:
+        urls.append(("auth.introspection.url", auth.introspection.url))
+    spec = auth.oidc_proxy
+    if spec is not None:
+        urls += [
+            (f"auth.oidc_proxy.{name}", getattr(spec, name))
+            for name in ("issuer", "config_url", "authorization_endpoint", "token_endpoint")
+        ]
+        urls.append(("auth.oidc_proxy.jwks_url", spec.jwks_url))
+    return urls
+
+
+def _check_provider_urls(settings: Settings) -> None:
+    """Prod reaches the provider over https only (loopback aside): its metadata names the
+    key set, its key set and introspection answers decide which tokens pass, and the
+    client secret travels to its token endpoint. Over plain http whoever is on the path
+    decides all of that (a copied metadata document passes the issuer check)."""
+    if settings.is_dev:
+        return
+    for name, url in _provider_urls(settings.auth):
+        if url is not None and not url.startswith("https://") and not is_loopback_url(url):
+            raise ConfigError(
+                f"invalid setting '{name}': prod reaches the identity provider over "
+                "https:// only (its keys and answers decide which tokens pass)"
+            )
 
 
 def _proxy(settings: Settings, environ: Mapping[str, str]) -> AuthProvider:
@@ -415,6 +445,19 @@ def _proxy(settings: Settings, environ: Mapping[str, str]) -> AuthProvider:
             "the provider's discovery document names another issuer than "
             "'auth.oidc_proxy.issuer': refusing it (RFC 8414 section 3.3)"
         )
+    config = provider.oidc_config
+    for url in (config.jwks_uri, config.token_endpoint):
+        text = str(url) if url is not None else None
+        if (
+            not settings.is_dev
+            and text is not None
+            and not text.startswith("https://")
+            and not is_loopback_url(text)
+        ):
+            raise ConfigError(
+                f"the provider at {spec.issuer} publishes its keys or token endpoint over "
+                "http: prod reaches the identity provider over https:// only"
+            )
     return provider
 
 
@@ -425,6 +468,7 @@ def build_front_door(settings: Settings, environ: Mapping[str, str]) -> FrontDoo
     if not auth.enabled:
         return FrontDoor(provider=None, mapper=mapper)
     _check_public_url(settings)
+    _check_provider_urls(settings)
     resource = auth.resource_url(settings.http_path)
     metadata = str(build_resource_metadata_url(AnyHttpUrl(resource))) if resource else None
     if auth.oidc_proxy is not None:

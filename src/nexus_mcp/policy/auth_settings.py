@@ -18,6 +18,7 @@ require scopes. Pydantic models only: the providers are built in ``identity/oaut
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -85,8 +86,15 @@ def check_http_url(value: str, *, path_allowed: bool = True) -> str:
 
 
 def is_loopback_url(value: str) -> bool:
+    """``localhost`` or a loopback IP address (127.0.0.0/8, ::1); a host *name* that only
+    starts like one (``127.attacker.example``) resolves wherever its owner wants."""
     host = urlsplit(value).hostname or ""
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class IntrospectionSettings(_Section):
@@ -301,6 +309,13 @@ class AuthSettings(_Section):
             raise ValueError(
                 "with 'oidc_proxy' this server is the authorization server: "
                 "leave 'authorization_servers' out"
+            )
+        if (self.authorization_servers or self.oidc_proxy is not None) and self.claims is None:
+            # The provider signs in everyone it knows, and its tokens carry no role of
+            # ours: without a mapping each of them would be a viewer by accident.
+            raise ValueError(
+                "signing in at an identity provider needs 'claims' (its rules say who gets "
+                "which role; 'default_role' lets every user of the provider in)"
             )
         if self.introspection is not None and self.jwks_url is not None:
             raise ValueError("choose one way to verify tokens, not introspection and jwks_url")

@@ -7,7 +7,10 @@ a mapping the team's identity provider speaks its own words (``email``, ``groups
 
 - the subject comes from one claim (``sub`` by default), optionally prefixed;
 - rules are tried in order and the first that matches gives the role, profile, read-only
-  flag and vault; a group is looked for in every group claim (a list or one string);
+  flag and vault; a group is looked for in every group claim (a list or one string), and
+  a list longer than ``MAX_CLAIM_VALUES`` gets nothing (its tail is never silently lost);
+- an email the provider did not verify (``email_verified`` present and not true) matches
+  no rule and, when the email is the subject claim, gives no principal at all;
 - no match gives nothing, never viewer by accident: the caller has no principal and the
   chain hides every tool (``default_role`` is the one way to let everyone in);
 - scopes come from the token's scope claims only; a rule never adds one.
@@ -19,6 +22,7 @@ expires), so a rule change applies to the next token, as a role change at the pr
 from __future__ import annotations
 
 import hashlib
+import string
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -29,10 +33,11 @@ from cachetools import TTLCache
 from nexus_mcp.policy.auth_settings import ClaimRule, ClaimsMapping
 from nexus_mcp.principal import Principal, parse_scopes, principal_from_claims
 
-MAX_CLAIM_VALUES = 1000  # group lists longer than this are read only this far
+MAX_CLAIM_VALUES = 1000  # a group list longer than this gets nothing (fail closed)
 MAX_VALUE_CHARS = 512
 CACHE_SIZE = 10_000
 CACHE_SECONDS = 300.0
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 
 def _strings(value: Any) -> Iterable[str]:
@@ -54,14 +59,36 @@ def _scopes(value: Any) -> frozenset[str]:
     return parse_scopes(list(_strings(value)))
 
 
+def _unverified(claims: Mapping[str, Any]) -> bool:
+    """The provider says the email is not verified (OIDC Core 5.1): any value but true.
+
+    A missing claim says nothing (many providers leave it out); present, only ``true``
+    (or the string some providers and userinfo bridges send) counts as verified.
+    """
+    if "email_verified" not in claims:
+        return False
+    value = claims["email_verified"]
+    return not (value is True or (isinstance(value, str) and value.lower() == "true"))
+
+
+def _too_many(value: Any) -> bool:
+    return isinstance(value, list | tuple) and len(value) > MAX_CLAIM_VALUES
+
+
+def _fold(value: str) -> str:
+    """ASCII letters to lower case, nothing else: ``str.lower`` also maps the KELVIN SIGN
+    onto ``k``, so a look-alike (IDN) domain would meet another's rule."""
+    return value.translate(_ASCII_LOWER)
+
+
 def _email_matches(pattern: str, email: str | None) -> bool:
     if email is None:
         return False
     if pattern.startswith("*@"):
-        # "*@example.com": the domain after the last "@", compared without case.
+        # "*@example.com": the domain after the last "@", compared without ASCII case.
         _, at, domain = email.rpartition("@")
-        return bool(at) and domain.lower() == pattern[2:].lower()
-    return email.lower() == pattern.lower()
+        return bool(at) and _fold(domain) == _fold(pattern[2:])
+    return _fold(email) == _fold(pattern)
 
 
 def _matches(rule: ClaimRule, *, subject: str, email: str | None, groups: set[str]) -> bool:
@@ -79,14 +106,23 @@ def map_claims(mapping: ClaimsMapping | None, claims: Mapping[str, Any]) -> Prin
     raw_subject = claims.get(mapping.subject)
     if not isinstance(raw_subject, str) or not raw_subject.strip():
         return None
+    unverified = _unverified(claims)
+    if unverified and mapping.subject == mapping.email:
+        # An address anyone may have typed names nobody: not as the subject either (its
+        # subject rules, grants and assignment belong to whoever verified it).
+        return None
     if len(raw_subject) > MAX_VALUE_CHARS:
         return None
     subject = mapping.subject_prefix + raw_subject.strip()
     email_claim = claims.get(mapping.email)
     email = email_claim if isinstance(email_claim, str) else None
     # An email the provider has not verified names nobody (OIDC Core 5.1).
-    if email is not None and claims.get("email_verified") is False:
+    if email is not None and unverified:
         email = None
+    # A group list longer than what is read would lose its tail, and with it a
+    # restrictive rule's group placed there on purpose: such a token gets nothing.
+    if any(_too_many(claims.get(name)) for name in mapping.groups):
+        return None
     groups = {g for name in mapping.groups for g in _strings(claims.get(name))}
     rule = next(
         (r for r in mapping.rules if _matches(r, subject=subject, email=email, groups=groups)),

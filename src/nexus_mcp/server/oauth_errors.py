@@ -6,7 +6,9 @@ request: a redirect URI an attacker chose (``javascript:...``), a client id, a p
 message naming fields and values. The envelope rule holds here too (DESIGN.md: no input
 value is echoed), so this ASGI layer keeps each error's code, which clients act on, and
 replaces its description with a fixed phrase for that code, in JSON bodies and in the
-``error_description`` of a redirect back to a client. Success answers pass untouched.
+``error_description`` of a redirect back to a client; an HTML error page (the IdP
+callback's quotes the ``error_description`` of any link) becomes one fixed page. Success
+answers pass untouched.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from fastmcp.server.auth.oauth_proxy.ui import create_error_html
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 FIXED = {
@@ -38,6 +41,12 @@ FIXED = {
 }
 GENERIC_CODE = "invalid_request"
 MAX_ERROR_BODY = 64 * 1024
+# FastMCP's HTML error pages (the IdP callback's, the consent page's) quote the request
+# too: the callback's ``error_description`` from a link anyone can send. One fixed page.
+ERROR_PAGE = create_error_html(
+    error_title="Sign-in failed",
+    error_message="The sign-in could not be completed. Start it again from your client.",
+).encode("utf-8")
 
 
 def fixed_code(value: object) -> str:
@@ -99,7 +108,7 @@ class OAuthErrorsMiddleware:
                     ]
                     await send({**message, "headers": headers})
                     return
-                if status < 400 or not _is_json(headers):
+                if status < 400 or not (_is_json(headers) or _is_html(headers)):
                     await send(message)
                     return
                 start = {**message, "headers": headers}  # hold it: the body decides
@@ -111,7 +120,10 @@ class OAuthErrorsMiddleware:
             if message.get("more_body", False) and sum(map(len, chunks)) <= MAX_ERROR_BODY:
                 return
             body = b"".join(chunks)
-            scrubbed = scrub_json(body) if len(body) <= MAX_ERROR_BODY else None
+            if _is_html(start["headers"]):
+                scrubbed: bytes | None = ERROR_PAGE
+            else:
+                scrubbed = scrub_json(body) if len(body) <= MAX_ERROR_BODY else None
             if scrubbed is None:
                 scrubbed = json.dumps(
                     {"error": GENERIC_CODE, "error_description": FIXED[GENERIC_CODE]}
@@ -127,11 +139,19 @@ class OAuthErrorsMiddleware:
         await self.app(scope, receive, outbound)
 
 
-def _is_json(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(
-        k.lower() == b"content-type" and v.split(b";")[0].strip().lower() == b"application/json"
-        for k, v in headers
+def _content_type(headers: list[tuple[bytes, bytes]]) -> bytes:
+    return next(
+        (v.split(b";")[0].strip().lower() for k, v in headers if k.lower() == b"content-type"),
+        b"",
     )
+
+
+def _is_json(headers: list[tuple[bytes, bytes]]) -> bool:
+    return _content_type(headers) == b"application/json"
+
+
+def _is_html(headers: list[tuple[bytes, bytes]]) -> bool:
+    return _content_type(headers) == b"text/html"
 
 
 __all__ = ["FIXED", "OAuthErrorsMiddleware", "scrub_json", "scrub_location"]

@@ -61,6 +61,10 @@ async def authenticate(request: Request, runtime: Runtime) -> Principal | None:
         access = await runtime.verifier.verify_token(token.strip())
         if access is None:
             return None
+        # ``auth.required_scopes`` bind every request: FastMCP's middleware asks for them
+        # on the MCP endpoint only, and a plain route checks the token itself.
+        if not set(runtime.settings.auth.required_scopes) <= set(access.scopes or ()):
+            return None
         return runtime.identity.resolve(
             transport="streamable-http",
             token_claims=access.claims,

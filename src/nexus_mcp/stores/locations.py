@@ -32,6 +32,9 @@ AUDIT_FILE_SETTING = f"'audit_file' ({ENV_PREFIX}AUDIT_FILE / --audit-file)"
 GRANTS_DB_SETTING = f"'profiles.grants_db' ({ENV_PREFIX}PROFILES__GRANTS_DB)"
 
 
+OAUTH_DIR = "oauth"
+
+
 def idempotency_path(settings: Settings) -> Path:
     return settings.data_dir / IDEMPOTENCY_DB
 
@@ -47,6 +50,12 @@ def grants_path(settings: Settings) -> Path:
 def upstream_quarantine_path(settings: Settings) -> Path:
     """Upstream quarantine evidence kept across restarts (embedded backend)."""
     return settings.data_dir / UPSTREAM_QUARANTINE_DB
+
+
+def oauth_state_path(settings: Settings) -> Path:
+    """The front door's state (registered clients, codes, the provider's tokens, encrypted)
+    on the embedded backend (``identity/oauth.py``)."""
+    return settings.data_dir / OAUTH_DIR
 
 
 def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
@@ -70,7 +79,7 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
         nonces_path(settings),
         upstream_quarantine_path(settings),
     ]
-    paths = [settings.audit_path, settings.data_dir / VAULTS_DIR]
+    paths = [settings.audit_path, settings.data_dir / VAULTS_DIR, oauth_state_path(settings)]
     paths += [db.with_name(db.name + suffix) for db in databases for suffix in SQLITE_SIDECARS]
     if not is_within(data_dir, served_root.resolve()):
         paths.append(data_dir)
@@ -187,10 +196,12 @@ __all__ = [
     "GRANTS_DB_SETTING",
     "IDEMPOTENCY_DB",
     "NONCES_DB",
+    "OAUTH_DIR",
     "grants_path",
     "idempotency_path",
     "load_state_settings",
     "nonces_path",
+    "oauth_state_path",
     "prepare_folder",
     "prepare_state",
     "server_state_paths",
