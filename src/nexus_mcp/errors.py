@@ -589,7 +589,7 @@ class FixtureNotFoundError(NexusError):
 
 # The store names an UNAVAILABLE message may carry (our own labels, never an address).
 UNAVAILABLE_STORES = frozenset(
-    {"grants", "idempotency", "nonces", "limits", "postgres", "upstream_quarantine"}
+    {"approvals", "grants", "idempotency", "nonces", "limits", "postgres", "upstream_quarantine"}
 )
 
 

@@ -176,11 +176,18 @@ def write_note(root: Path, rel: str, text: str) -> Path:
     return path
 
 
-KEPT_STATE = ("audit.jsonl", "grants.sqlite3", "idempotency.sqlite3", "nonces.sqlite3")
+KEPT_STATE = (
+    "audit.jsonl",
+    "grants.sqlite3",
+    "idempotency.sqlite3",
+    "nonces.sqlite3",
+    "approval_requests.sqlite3",
+)
 
 
 def data_snapshot(data_dir: Path) -> dict[str, bytes]:
-    """The data dir without the stores the server always keeps (audit, grants, idempotency)."""
+    """The data dir without the stores the server always keeps (audit, grants, idempotency,
+    nonces, approval requests)."""
     return {k: v for k, v in snapshot(data_dir).items() if not k.startswith(KEPT_STATE)}
 
 

@@ -130,6 +130,9 @@ UNUSABLE: dict[str, tuple[dict[str, Any], str, str]] = {
         "NEXUS_MCP_AUDIT_FILE",
     ),
     "nonce-store-is-a-folder": ({"data_dir": "d"}, "dir:d/nonces.sqlite3", "NEXUS_MCP_DATA_DIR"),
+    "approval-requests-store-is-a-folder": (
+        {"data_dir": "d"}, "dir:d/approval_requests.sqlite3-wal", "NEXUS_MCP_DATA_DIR"
+    ),
     "wal-sidecar-is-a-folder": (
         {"data_dir": "d"}, "dir:d/idempotency.sqlite3-wal", "NEXUS_MCP_DATA_DIR"
     ),
@@ -173,3 +176,14 @@ def test_home_folder_served_with_the_default_data_dir_hides_all_of_it(clean_env:
     settings = Settings()
     hidden = server_state_paths(settings, clean_env)
     assert settings.data_dir.resolve() in hidden
+
+
+def test_a_folder_served_inside_the_data_dir_never_reaches_the_approval_requests(
+    tmp_path: Path,
+) -> None:
+    # A caller who could write the file could approve its own pending request.
+    data = tmp_path / "data"
+    served = data / "demo-workspace"
+    hidden = server_state_paths(Settings(data_dir=data), served)
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        assert data / f"approval_requests.sqlite3{suffix}" in hidden

@@ -1,21 +1,22 @@
 """The one place that picks the state backend (``state.backend``) and opens its stores.
 
-- ``embedded`` (default): grants, idempotency records and used approval nonces in SQLite
-  files in the data dir; call budgets and rate limits in process memory. One server
-  process (several processes sharing one data dir share the SQLite files, but not the
-  budgets).
+- ``embedded`` (default): grants, idempotency records, used approval nonces and approval
+  requests in SQLite files in the data dir; call budgets and rate limits in process
+  memory. One server process (several processes sharing one data dir share the SQLite
+  files, but not the budgets).
 - ``shared``: grants, assignments and idempotency records in PostgreSQL
   (``stores/postgres.py``, ``postgres_grants.py``, ``postgres_idempotency.py``); approval
-  nonces, budgets and rate limits in Redis (``stores/redis_state.py``); a grant change
-  made anywhere reaches every replica's visible-tools cache through PostgreSQL
-  ``LISTEN/NOTIFY`` (the cache's TTL and its one-second revision refresh are the
-  backstop). Every replica enforces the same limits.
+  nonces, budgets and rate limits in Redis (``stores/redis_state.py``), approval requests
+  in Redis too (``stores/redis_approvals.py``); a grant change made anywhere reaches
+  every replica's visible-tools cache through PostgreSQL ``LISTEN/NOTIFY`` (the cache's
+  TTL and its one-second revision refresh are the backstop). Every replica enforces the
+  same limits.
 
 Policy code and middleware see the protocols only (``TupleStore``, ``IdempotencyStore``,
-``NonceStore``, ``CallBudget``, ``RateLimiter``). The shared backend refuses to start
-against a database this build has not migrated (``nexus-mcp state migrate``) or a newer
-one, and against a store it cannot reach; once running, an outage refuses calls with
-``UNAVAILABLE`` and the pools reconnect by themselves.
+``NonceStore``, ``CallBudget``, ``RateLimiter``, ``ApprovalRequestStore``). The shared
+backend refuses to start against a database this build has not migrated (``nexus-mcp
+state migrate``) or a newer one, and against a store it cannot reach; once running, an
+outage refuses calls with ``UNAVAILABLE`` and the pools reconnect by themselves.
 """
 
 from __future__ import annotations
@@ -35,9 +36,19 @@ from nexus_mcp.policy.budgets import (
 )
 from nexus_mcp.policy.upstreams import SecretValue, resolve_secret
 from nexus_mcp.settings import Settings
+from nexus_mcp.stores.approval_requests import (
+    ApprovalRequestStore,
+    MemoryApprovalRequestStore,
+    SqliteApprovalRequestStore,
+)
 from nexus_mcp.stores.grants import SqliteTupleStore, TupleStore
 from nexus_mcp.stores.idempotency import IdempotencyStore, SqliteIdempotencyStore
-from nexus_mcp.stores.locations import grants_path, idempotency_path, nonces_path
+from nexus_mcp.stores.locations import (
+    approval_requests_path,
+    grants_path,
+    idempotency_path,
+    nonces_path,
+)
 from nexus_mcp.stores.nonces import NonceStore, SqliteNonceStore
 
 log = get_logger(__name__)
@@ -58,6 +69,9 @@ class StateStores:
     limits: CallLimits  # the rate limit and the session budget of every call
     # Shared backend: the Redis client the stores above use (upstream quarantine evidence).
     redis: Any = None
+    # Approval requests waiting for an operator (issue 26). Keyword-only in practice: the
+    # default (process memory) keeps older positional callers working.
+    approval_requests: ApprovalRequestStore = field(default_factory=MemoryApprovalRequestStore)
     # Shared backend: start the cross-replica grant-change listener (watch_grants).
     _watch: Callable[[Callable[[str], None]], None] | None = None
     # Shared backend: one round trip to each server (``probe``); blocking.
@@ -204,17 +218,28 @@ def _open_embedded(settings: Settings) -> StateStores:
         closers.append(idempotency.close)
         nonces = SqliteNonceStore(nonces_path(settings))
         closers.append(nonces.close)
+        approval_requests = SqliteApprovalRequestStore(approval_requests_path(settings))
+        closers.append(approval_requests.close)
     except BaseException:
         for close in reversed(closers):
             close()
         raise
-    return StateStores(EMBEDDED, grants, idempotency, nonces, _limits(settings), _closers=closers)
+    return StateStores(
+        EMBEDDED,
+        grants,
+        idempotency,
+        nonces,
+        _limits(settings),
+        approval_requests=approval_requests,
+        _closers=closers,
+    )
 
 
 def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
     from nexus_mcp.stores.postgres import GrantsListener, PostgresPool, check_schema
     from nexus_mcp.stores.postgres_grants import PostgresTupleStore
     from nexus_mcp.stores.postgres_idempotency import PostgresIdempotencyStore
+    from nexus_mcp.stores.redis_approvals import RedisApprovalRequestStore
     from nexus_mcp.stores.redis_state import (
         RedisCallLimits,
         RedisNonceStore,
@@ -280,6 +305,7 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
             RedisSessionBudget(client, state.key_prefix, budgets.max_calls_per_session),
         ),
         redis=client,
+        approval_requests=RedisApprovalRequestStore(client, state.key_prefix),
         _watch=watch,
         _probe=probe,
         _closers=closers,

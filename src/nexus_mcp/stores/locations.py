@@ -20,6 +20,7 @@ IDEMPOTENCY_DB = "idempotency.sqlite3"
 NONCES_DB = "nonces.sqlite3"
 GRANTS_DB = "grants.sqlite3"
 UPSTREAM_QUARANTINE_DB = "upstream_quarantine.sqlite3"
+APPROVAL_REQUESTS_DB = "approval_requests.sqlite3"
 VAULTS_DIR = "vaults"
 SQLITE_SIDECARS = ("", "-wal", "-shm", "-journal")
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -43,6 +44,11 @@ def nonces_path(settings: Settings) -> Path:
     return settings.data_dir / NONCES_DB
 
 
+def approval_requests_path(settings: Settings) -> Path:
+    """Approval requests waiting for (or decided by) an operator (embedded backend)."""
+    return settings.data_dir / APPROVAL_REQUESTS_DB
+
+
 def grants_path(settings: Settings) -> Path:
     return settings.profiles.grants_db or settings.data_dir / GRANTS_DB
 
@@ -63,10 +69,10 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
 
     The per-user data directory lies inside the served folder when that is the home folder
     (``~/.local/share/nexus-mcp``), and ``--data-dir`` may put it anywhere; then the audit
-    log, the grants, the idempotency records and the used approval nonces are in reach of
-    the file tools. A caller must not read the audit trail, delete it, rewrite its own
-    grants or forget a spent approval (nor read or forge the fixtures ``--record`` writes).
-    That is the whole data
+    log, the grants, the idempotency records, the used approval nonces and the approval
+    requests are in reach of the file tools. A caller must not read the audit trail,
+    delete it, rewrite its own grants, forget a spent approval or approve its own pending
+    request (nor read or forge the fixtures ``--record`` writes). That is the whole data
     directory, unless the served folder is itself inside it (``make run`` serves
     ``.nexus-data/demo-workspace``); then each state file (with SQLite's sidecar files)
     and the vault folders. Files configured elsewhere are always included. Callers keep
@@ -78,6 +84,7 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
         idempotency_path(settings),
         nonces_path(settings),
         upstream_quarantine_path(settings),
+        approval_requests_path(settings),
     ]
     paths = [settings.audit_path, settings.data_dir / VAULTS_DIR, oauth_state_path(settings)]
     paths += [db.with_name(db.name + suffix) for db in databases for suffix in SQLITE_SIDECARS]
@@ -140,6 +147,7 @@ def prepare_state(settings: Settings) -> None:
         (idempotency_path(settings), DATA_DIR_SETTING),
         (nonces_path(settings), DATA_DIR_SETTING),
         (upstream_quarantine_path(settings), DATA_DIR_SETTING),
+        (approval_requests_path(settings), DATA_DIR_SETTING),
     ]
     files = [(settings.audit_path, AUDIT_FILE_SETTING if settings.audit_file else DATA_DIR_SETTING)]
     files += [
@@ -190,6 +198,7 @@ def _reason(exc: OSError) -> str:
 
 
 __all__ = [
+    "APPROVAL_REQUESTS_DB",
     "AUDIT_FILE_SETTING",
     "DATA_DIR_SETTING",
     "GRANTS_DB",
@@ -197,6 +206,7 @@ __all__ = [
     "IDEMPOTENCY_DB",
     "NONCES_DB",
     "OAUTH_DIR",
+    "approval_requests_path",
     "grants_path",
     "idempotency_path",
     "load_state_settings",
