@@ -128,6 +128,9 @@ def _schema_bound(ctx: Any) -> int | float | None:
     return None
 
 
+META_APPROVAL_REQUEST_ID = "nexus.mcp/approval_request_id"
+
+
 def safe_facts(error: NexusError | None) -> dict[str, Any] | None:
     """The facts of a refusal that may be written down (audit, recording): scalars only."""
     if error is None or not error.facts:
@@ -140,8 +143,11 @@ def to_envelope(error: NexusError) -> ToolResult:
     1.x and the MCP Inspector validate it against the tool's ``outputSchema`` even when
     ``isError`` is set, and throw on a refusal instead of showing it (DESIGN.md)."""
     payload = error.to_payload()
+    # An approval request's id (ours, never the caller's) travels in _meta as well.
+    request_id = error.facts.get("approval_request_id")
     return ToolResult(
         content=[TextContent(type="text", text=json.dumps(payload, separators=(",", ":")))],
+        meta={META_APPROVAL_REQUEST_ID: request_id} if isinstance(request_id, str) else None,
         is_error=True,
     )
 

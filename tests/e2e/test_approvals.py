@@ -57,8 +57,9 @@ POLICY: dict[str, Any] = {
     }
 }
 REQUIRED_MESSAGE = (
-    "this write requires an approval token: ask an approver to mint one for this tool "
-    "and these exact arguments, then pass it as approval_token"
+    "this write requires approval: request {request_id} waits in the approvals inbox "
+    "(nexus-mcp approvals show {request_id}); call again with the same arguments once it "
+    "is approved, or pass an approval_token minted for this tool and these exact arguments"
 )
 
 Builder = Callable[..., NexusServer]
@@ -196,7 +197,11 @@ async def test_a_write_without_a_token_says_how_to_get_one_and_changes_nothing(
     before = snapshot(workspace)
     async with Client(server.mcp) as client:
         result = await call(client, "nexus_write_file", write_args("k-none"))
-    assert envelope(result) == {"error": REQUIRED_MESSAGE, "code": "APPROVAL_REQUIRED"}
+    payload = envelope(result)
+    assert payload["code"] == "APPROVAL_REQUIRED"
+    # The request it opened in the approvals inbox, named, and the token way still told.
+    request_id = result["_meta"]["nexus.mcp/approval_request_id"]
+    assert payload["error"] == REQUIRED_MESSAGE.format(request_id=request_id)
     assert snapshot(workspace) == before
     record = assert_blocked(audit, "APPROVAL_REQUIRED")
     assert (record["policy_decision"], record["policy_rule"]) == ("allowed", "allowed")

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from nexus_mcp.commands.inbox import add_inbox_commands
 from nexus_mcp.errors import ApprovalError, ConfigError, InvalidInputError
 from nexus_mcp.policy.approvals import (
     ENV_AUDIENCE,
@@ -59,7 +60,9 @@ class _UsageError(Exception):
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``approvals mint`` and ``approvals verify`` on the top-level CLI."""
-    approvals = subparsers.add_parser("approvals", help="mint and verify approval tokens")
+    approvals = subparsers.add_parser(
+        "approvals", help="the approvals inbox; mint and verify approval tokens"
+    )
     actions = approvals.add_subparsers(dest="approvals_command", required=True)
 
     mint = actions.add_parser("mint", help="print an approval token for one exact call")
@@ -73,6 +76,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     verify.add_argument("token", help="the approval token")
     _add_binding_flags(verify)
     verify.set_defaults(func=run_verify)
+
+    # The inbox: requests an agent's write opened, decided by a person (commands/inbox.py).
+    add_inbox_commands(actions)
 
 
 def run_mint(args: argparse.Namespace) -> int:

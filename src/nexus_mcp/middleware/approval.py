@@ -20,7 +20,9 @@ from nexus_mcp.connector import chained_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
 from nexus_mcp.identity.resolver import MODERN_PROTOCOL
+from nexus_mcp.middleware.inbox import Inbox
 from nexus_mcp.policy.approvals import (
+    ApprovalClaims,
     ApprovalKeys,
     ApprovalSettings,
     approval_jti_digest,
@@ -75,7 +77,10 @@ class ApprovalMiddleware(Middleware):
         profile_of: Callable[[Principal], str | None] | None = None,
         upstream_policy: Callable[[str, str], WriteDecision] | None = None,
         write_gates: Mapping[str, WriteGate] | None = None,
+        inbox: Inbox | None = None,
     ) -> None:
+        # Approval requests a person decides on (middleware/inbox.py); None: tokens only.
+        self.inbox = inbox
         # Tools whose toolset decides its own writes (tool name -> its gate).
         self.write_gates = write_gates if write_gates is not None else {}
         # Write policy for tools of upstream servers: (server_id, tool) -> decision.
@@ -124,7 +129,7 @@ class ApprovalMiddleware(Middleware):
                 can_elicit=self._can_elicit(context),
             )
             if mode == "token":
-                await self._check_token(state)
+                await self._check_token(state, gate)
             elif mode == "elicit":
                 if gate is not None and state.principal is not None:
                     # The caller is the approver: a write it could not approve is refused
@@ -180,11 +185,17 @@ class ApprovalMiddleware(Middleware):
                 workspace.check_subtree(operation, workspace.named(named[0]), moved_to=moved_to)
         return decision
 
-    async def _check_token(self, state: CallState) -> None:
+    async def _check_token(self, state: CallState, gate: WriteGate | None = None) -> None:
         principal = state.principal
+        token = plumbing_value(state, ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN)
+        if not token and self.inbox is not None and principal is not None:
+            # No token: the inbox opens a request for a person, or holds its approval.
+            describe = gate.describe(state) if gate is not None else None
+            claims = await self.inbox.approval_for(state, principal, describe)
+            self._take(state, claims)
+            return
         if self.keys is None or principal is None:
             raise ApprovalRequiredError(reason="no_approval_keys")
-        token = plumbing_value(state, ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN)
         if not token:
             raise ApprovalRequiredError()
         claims = verify_approval_token(
@@ -195,17 +206,20 @@ class ApprovalMiddleware(Middleware):
             tool=state.tool_name,
             arguments=state.arguments,
         )
+        self._take(state, claims)
+        state.approval = {
+            "approver": claims.sub,
+            "host_id": claims.host_id,
+            "jti_digest": approval_jti_digest(claims),
+        }
+
+    def _take(self, state: CallState, claims: ApprovalClaims) -> None:
         if state.tool_name in self.connector_tools:
             # Spent by the connector when the tool is about to run (DESIGN.md step 9), so
             # a refusal by documents or limits does not burn the approval.
             state.pending_approval = claims
         else:
             spend_approval(claims, self.nonce_store)
-        state.approval = {
-            "approver": claims.sub,
-            "host_id": claims.host_id,
-            "jti_digest": approval_jti_digest(claims),
-        }
 
     def _approval_mode(self, policy_mode: str, state: CallState) -> str:
         """The policy's mode, or elicitation for callers of a profile the operator chose."""

@@ -57,6 +57,11 @@ APPROVAL_LEEWAY_SECONDS = 30
 MIN_APPROVAL_TTL_SECONDS = 120
 MAX_APPROVAL_TTL_SECONDS = 300
 DEFAULT_APPROVAL_TTL_SECONDS = 300
+# How long an approval request waits in the inbox for a person (and, approved, for the
+# caller's retry).
+DEFAULT_REQUEST_TTL_SECONDS = 3600
+MIN_REQUEST_TTL_SECONDS = 60
+MAX_REQUEST_TTL_SECONDS = 7 * 24 * 3600
 MIN_SECRET_BYTES = 32
 MAX_TOKEN_CHARS = 4096
 MIN_JTI_CHARS = 22  # 128 bits in base64url
@@ -90,7 +95,16 @@ ENV_AUDIENCE = "NEXUS_MCP_APPROVAL_AUDIENCE"
 ENV_ISSUER = "NEXUS_MCP_APPROVAL_ISSUER"
 ENV_TTL = "NEXUS_MCP_APPROVAL_TTL_SECONDS"
 CONFIG_SECTION = "approvals"
-SECTION_KEYS = ("secret", "keys", "active_kid", "audience", "issuer", "ttl_seconds")
+SECTION_KEYS = (
+    "secret",
+    "keys",
+    "active_kid",
+    "audience",
+    "issuer",
+    "ttl_seconds",
+    "request_ttl_seconds",
+    "allow_self_approval",
+)
 # Said by every minting path (POST /approvals/mint, ``nexus-mcp approvals mint``) alike.
 NOT_A_WRITE_TOOL_MESSAGE = "tool is not a write tool of this server"
 
@@ -152,6 +166,9 @@ class ApprovalSettings:
     audience: str = DEFAULT_AUDIENCE
     issuer: str = DEFAULT_ISSUER
     ttl_seconds: int = DEFAULT_APPROVAL_TTL_SECONDS
+    request_ttl_seconds: int = DEFAULT_REQUEST_TTL_SECONDS
+    # An approver may approve a request of their own subject only when this is on.
+    allow_self_approval: bool = False
 
     def __post_init__(self) -> None:
         for name in ("audience", "issuer"):
@@ -166,6 +183,16 @@ class ApprovalSettings:
                 f"`approvals.ttl_seconds` should be between {MIN_APPROVAL_TTL_SECONDS} and "
                 f"{MAX_APPROVAL_TTL_SECONDS}"
             )
+        wait = self.request_ttl_seconds
+        if isinstance(wait, bool) or not isinstance(wait, int):
+            raise ConfigError("`approvals.request_ttl_seconds` should be a whole number")
+        if not MIN_REQUEST_TTL_SECONDS <= wait <= MAX_REQUEST_TTL_SECONDS:
+            raise ConfigError(
+                f"`approvals.request_ttl_seconds` should be between {MIN_REQUEST_TTL_SECONDS} "
+                f"and {MAX_REQUEST_TTL_SECONDS}"
+            )
+        if not isinstance(self.allow_self_approval, bool):
+            raise ConfigError("`approvals.allow_self_approval` should be true or false")
 
 
 @dataclass(frozen=True)
@@ -420,7 +447,13 @@ def load_approval_settings(
             raise ConfigError(
                 f"{ENV_TTL}: `approvals.ttl_seconds` should be a whole number"
             ) from None
-    return ApprovalSettings(audience=audience, issuer=issuer, ttl_seconds=ttl)
+    return ApprovalSettings(
+        audience=audience,
+        issuer=issuer,
+        ttl_seconds=ttl,
+        request_ttl_seconds=section.get("request_ttl_seconds", DEFAULT_REQUEST_TTL_SECONDS),
+        allow_self_approval=section.get("allow_self_approval", False),
+    )
 
 
 def _decode_signed_payload(keys: ApprovalKeys, token: str) -> dict[str, Any]:

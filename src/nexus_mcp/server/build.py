@@ -37,6 +37,7 @@ from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.middleware.documents import DocumentsMiddleware
 from nexus_mcp.middleware.envelope import EnvelopeMiddleware
 from nexus_mcp.middleware.identity import IdentityMiddleware
+from nexus_mcp.middleware.inbox import Inbox, secret_args_of
 from nexus_mcp.middleware.limits import LimitsMiddleware
 from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
 from nexus_mcp.notes.vaults import VaultRouter, check_canister_deadline
@@ -479,6 +480,12 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             profile_of=runtime.access.select,
             upstream_policy=runtime.upstream_writes.decide if runtime.upstream_writes else None,
             write_gates=repo_write_gates(runtime),
+            inbox=Inbox(
+                runtime.state.approval_requests,
+                runtime.approval_settings,
+                runtime.workspace,
+                secret_args=functools.partial(secret_args_of, runtime.book.contracts),
+            ),
         ),
         documents=DocumentsMiddleware(runtime.enforcer),
         limits=LimitsMiddleware(
