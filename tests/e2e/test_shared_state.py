@@ -170,6 +170,31 @@ async def test_fifty_concurrent_uses_of_one_token_across_replicas_accept_exactly
     assert codes <= {"APPROVAL_REPLAYED", "APPROVAL_INVALID"}, codes
 
 
+async def test_the_inbox_is_the_fleet_s_and_an_approved_request_runs_once_across_it(
+    replicas: Builder, workspace: Path
+) -> None:
+    servers = [replicas(n) for n in range(3)]
+    args = write_args("k-inbox", path="scratch/inbox.txt")
+    opened = await call(servers[0], WRITE, args)
+    assert envelope(opened)["code"] == "APPROVAL_REQUIRED"
+    request_id = opened["_meta"]["nexus.mcp/approval_request_id"]
+    # Another replica finds the same request, and decides it on the shared store.
+    again = await call(servers[1], WRITE, {**args, "idempotency_key": "k-inbox-2"})
+    assert again["_meta"]["nexus.mcp/approval_request_id"] == request_id
+    store = servers[2].runtime.state.approval_requests
+    assert [r.id for r in store.pending()] == [request_id]
+    store.decide(request_id, approve=True, approver="bob-approver")
+
+    async def attempt(n: int) -> dict[str, Any]:
+        return await call(servers[n % 3], WRITE, {**args, "idempotency_key": f"inbox-{n}"})
+
+    results = await asyncio.gather(*(attempt(n) for n in range(30)))
+    accepted = [r for r in results if r["isError"] is False]
+    assert len(accepted) == 1
+    assert (workspace / "scratch/inbox.txt").read_text() == CONTENT
+    assert {envelope(r)["code"] for r in results if r["isError"]} == {"APPROVAL_REQUIRED"}
+
+
 async def test_an_idempotent_write_runs_once_and_replays_on_another_replica(
     replicas: Builder, workspace: Path
 ) -> None:
