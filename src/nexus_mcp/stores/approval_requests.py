@@ -198,6 +198,22 @@ def decide_refusal(status: str, expired: bool) -> str | None:
     return "expired" if expired else None
 
 
+def apply_decision(
+    found: ApprovalRequest, *, approve: bool, approver: str, reason: str | None, moment: float
+) -> ApprovalRequest:
+    """``found`` decided at ``moment``, or ``ApprovalDecisionError`` when it cannot be."""
+    why = decide_refusal(found.status, moment >= found.expires_at)
+    if why is not None:
+        raise ApprovalDecisionError(why)
+    return replace(
+        found,
+        status=APPROVED if approve else DENIED,
+        decided_by=approver,
+        decided_at=moment,
+        reason=reason,
+    )
+
+
 def use_refusal(status: str, expired: bool) -> str | None:
     if status == APPROVED:
         return "expired" if expired else None
@@ -285,15 +301,8 @@ class MemoryApprovalRequestStore:
             found = self._by_id.get(request_id) if well_formed_id(request_id) else None
             if found is None:
                 raise ApprovalDecisionError("unknown")
-            why = decide_refusal(found.status, moment >= found.expires_at)
-            if why is not None:
-                raise ApprovalDecisionError(why)
-            decided = replace(
-                found,
-                status=APPROVED if approve else DENIED,
-                decided_by=approver,
-                decided_at=moment,
-                reason=reason,
+            decided = apply_decision(
+                found, approve=approve, approver=approver, reason=reason, moment=moment
             )
             self._by_id[request_id] = decided
             return decided
@@ -448,15 +457,8 @@ class SqliteApprovalRequestStore:
             found = self._row(conn, request_id)
             if found is None:
                 raise ApprovalDecisionError("unknown")
-            why = decide_refusal(found.status, moment >= found.expires_at)
-            if why is not None:
-                raise ApprovalDecisionError(why)
-            decided = replace(
-                found,
-                status=APPROVED if approve else DENIED,
-                decided_by=approver,
-                decided_at=moment,
-                reason=reason,
+            decided = apply_decision(
+                found, approve=approve, approver=approver, reason=reason, moment=moment
             )
             conn.execute(
                 "UPDATE approval_requests SET status = ?, decided_by = ?, decided_at = ?, "
