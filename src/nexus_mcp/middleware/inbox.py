@@ -28,7 +28,7 @@ from nexus_mcp.errors import ApprovalInvalidError, ApprovalRequiredError, NexusE
 from nexus_mcp.ids import new_id
 from nexus_mcp.policy.approval_requests import (
     INBOX_HOST_ID,
-    MAX_PREVIEW_CHARS,
+    MAX_PREVIEW_BYTES,
     arguments_preview,
     claims_for,
     diff_preview,
@@ -54,7 +54,7 @@ from nexus_mcp.workspace.files import Workspace
 from nexus_mcp.workspace.paths import target_paths
 from nexus_mcp.workspace.replay import LexicalPaths
 
-MAX_READ_FOR_PREVIEW = 4 * MAX_PREVIEW_CHARS
+MAX_READ_FOR_PREVIEW = 4 * MAX_PREVIEW_BYTES
 MAX_PENDING_PER_CALLER = 20
 MAX_PENDING_SCAN = 1000
 UNREADABLE = object()

@@ -6,7 +6,10 @@ change and approves or denies; the caller's retry with the same arguments then r
 Pure decisions: the preview is built here from what the caller sent and what the target
 holds now (read by the caller of these functions), never from anything else.
 
-- A file write or edit shows a unified diff of the file, cut at ``MAX_PREVIEW_CHARS``.
+- A file write or edit shows a unified diff of the file, cut at ``MAX_PREVIEW_BYTES``.
+- Every bound is in UTF-8 bytes, the unit the store checks (a preview of CJK or emoji text
+  cut by characters could be four times the store's limit), and a lone surrogate (a file
+  name's undecodable byte) is shown as U+FFFD, since it has no UTF-8 form to store.
 - Any other call shows its arguments as JSON: values of the tool's ``secret_args`` are
   replaced by ``[redacted]`` and long strings are cut.
 - An approved request is an approval for exactly that call: ``claims_for`` gives it the
@@ -23,18 +26,32 @@ from typing import Any
 
 from nexus_mcp.policy.approvals import APPROVAL_TOKEN_VERSION, ApprovalClaims
 
-MAX_PREVIEW_CHARS = 32 * 1024
-MAX_VALUE_CHARS = 2000
-MAX_TARGET_CHARS = 1000
+# In UTF-8 bytes, each with room for the cut note under the store's own limits
+# (stores/approval_requests.py: preview 64 KiB, target 1 KiB).
+MAX_PREVIEW_BYTES = 32 * 1024
+MAX_VALUE_BYTES = 2000
+MAX_TARGET_BYTES = 900
 REDACTED = "[redacted]"
 INBOX_HOST_ID = "inbox"
 REQUEST_JTI_PREFIX = "request:"
 
 
+def storable(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD: what UTF-8 can hold."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
 def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n… ({len(text) - limit} more characters not shown)"
+    """``text`` in at most ``limit`` UTF-8 bytes plus a short note of what was cut."""
+    data = storable(text).encode()
+    if len(data) <= limit:
+        return data.decode()
+    kept = data[:limit].decode("utf-8", "ignore")  # never half a character
+    return kept + f"\n… ({len(data) - len(kept.encode())} more bytes not shown)"
 
 
 def diff_preview(path: str, old: str | None, new: str | None) -> str:
@@ -48,7 +65,7 @@ def diff_preview(path: str, old: str | None, new: str | None) -> str:
         tofile="/dev/null" if new is None else f"b/{path}",
     )
     text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
-    return _cut(text or f"(no change to {path})\n", MAX_PREVIEW_CHARS)
+    return _cut(text or f"(no change to {path})\n", MAX_PREVIEW_BYTES)
 
 
 def arguments_preview(arguments: Mapping[str, Any], secret_args: Collection[str]) -> str:
@@ -58,7 +75,7 @@ def arguments_preview(arguments: Mapping[str, Any], secret_args: Collection[str]
         if name in secret_args:
             return REDACTED
         if isinstance(value, str):
-            return _cut(value, MAX_VALUE_CHARS)
+            return _cut(value, MAX_VALUE_BYTES)
         return value
 
     visible = {
@@ -70,14 +87,14 @@ def arguments_preview(arguments: Mapping[str, Any], secret_args: Collection[str]
         text = json.dumps(visible, indent=2, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         text = "(arguments that have no JSON form)"
-    return _cut(text, MAX_PREVIEW_CHARS)
+    return _cut(text, MAX_PREVIEW_BYTES)
 
 
 def target_text(targets: Collection[str]) -> str | None:
     """What the call touches, as one bounded line (paths, a repository ref...)."""
     if not targets:
         return None
-    return _cut(", ".join(targets), MAX_TARGET_CHARS)
+    return _cut(", ".join(targets), MAX_TARGET_BYTES)
 
 
 def claims_for(
@@ -109,7 +126,7 @@ def claims_for(
 
 __all__ = [
     "INBOX_HOST_ID",
-    "MAX_PREVIEW_CHARS",
+    "MAX_PREVIEW_BYTES",
     "REDACTED",
     "arguments_preview",
     "claims_for",
