@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "nexus_mcp.commands.registry",
     "nexus_mcp.commands.profiles",
     "nexus_mcp.commands.approvals",
+    "nexus_mcp.commands.console",
     "nexus_mcp.commands.audit",
     "nexus_mcp.commands.call",
     "nexus_mcp.commands.upstream",

@@ -47,6 +47,7 @@ from nexus_mcp.policy.config_errors import (
     problems_from,
     unknown_key_words,
 )
+from nexus_mcp.policy.console import ConsoleSettings
 from nexus_mcp.policy.references import expand_references
 from nexus_mcp.policy.upstreams import SERVER_ID_RE, SecretRef, SecretValue
 
@@ -312,6 +313,7 @@ class Settings(BaseSettings):
     state: StateSettings = StateSettings()
     metrics: MetricsSettings = MetricsSettings()
     health: HealthSettings = HealthSettings()
+    console: ConsoleSettings = ConsoleSettings()
     approver_roles: tuple[str, ...] = ("admin",)
     approvals_elicit_profiles: tuple[str, ...] = ()
     # Deterministic mode (seed 002): record every call that reaches a tool, or answer every

@@ -35,6 +35,7 @@ from nexus_mcp.commands.upstream_diff import escape, safe_line
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import AuditEvent, JsonlAuditSink
 from nexus_mcp.policy.approvals import load_approval_settings
+from nexus_mcp.policy.console import self_approval_refused
 from nexus_mcp.settings import Settings, config_sections, load_settings
 from nexus_mcp.stores.approval_requests import (
     ApprovalDecisionError,
@@ -164,10 +165,11 @@ def run_decide(args: argparse.Namespace) -> int:
         if request is None:
             print("error: no such approval request", file=sys.stderr)
             return EXIT_REFUSED
-        if (
-            args.approve
-            and request.subject == approver
-            and not approval_settings.allow_self_approval
+        if self_approval_refused(
+            request_subject=request.subject,
+            approver_subject=approver,
+            approve=args.approve,
+            allow_self_approval=approval_settings.allow_self_approval,
         ):
             print(
                 "error: an approver may not approve their own request "

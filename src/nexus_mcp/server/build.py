@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from nexus_mcp._version import __version__
 from nexus_mcp.book import Listing, ToolBook
 from nexus_mcp.connector import Connector
+from nexus_mcp.console.app import add_console_routes
 from nexus_mcp.contracts import ToolContract, build_arguments_model, contract_of
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer, ToolCallRecordCheck
 from nexus_mcp.errors import ConfigError
@@ -64,6 +65,7 @@ from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
+from nexus_mcp.server.console import console_services
 from nexus_mcp.server.health import operator_token
 from nexus_mcp.server.replay import (
     load_replay_set,
@@ -422,6 +424,8 @@ def _build_server(
     add_health_routes(mcp, runtime, health_token)
     add_metrics_route(mcp, runtime)
     add_approval_routes(mcp, runtime)
+    if settings.transport == "http" and settings.console.enabled:
+        add_console_routes(mcp, console_services(runtime, environ))
     log.info(
         "server_built",
         mode=settings.mode,

@@ -34,6 +34,13 @@ GRANTS_DB_SETTING = f"'profiles.grants_db' ({ENV_PREFIX}PROFILES__GRANTS_DB)"
 
 
 OAUTH_DIR = "oauth"
+# The operator console's signing key (console/security.py) when ``console.secret`` is not
+# set: whoever reads it can sign in to the console as anyone.
+CONSOLE_KEY = "console.key"
+
+
+def console_key_path(settings: Settings) -> Path:
+    return settings.data_dir / CONSOLE_KEY
 
 
 def idempotency_path(settings: Settings) -> Path:
@@ -69,8 +76,9 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
 
     The per-user data directory lies inside the served folder when that is the home folder
     (``~/.local/share/nexus-mcp``), and ``--data-dir`` may put it anywhere; then the audit
-    log, the grants, the idempotency records, the used approval nonces and the approval
-    requests are in reach of the file tools. A caller must not read the audit trail,
+    log, the grants, the idempotency records, the used approval nonces, the approval
+    requests and the console's signing key are in reach of the file tools. A caller must
+    not read the audit trail,
     delete it, rewrite its own grants, forget a spent approval or approve its own pending
     request (nor read or forge the fixtures ``--record`` writes). That is the whole data
     directory, unless the served folder is itself inside it (``make run`` serves
@@ -86,7 +94,12 @@ def server_state_paths(settings: Settings, served_root: Path) -> list[Path]:
         upstream_quarantine_path(settings),
         approval_requests_path(settings),
     ]
-    paths = [settings.audit_path, settings.data_dir / VAULTS_DIR, oauth_state_path(settings)]
+    paths = [
+        settings.audit_path,
+        settings.data_dir / VAULTS_DIR,
+        oauth_state_path(settings),
+        console_key_path(settings),
+    ]
     paths += [db.with_name(db.name + suffix) for db in databases for suffix in SQLITE_SIDECARS]
     if not is_within(data_dir, served_root.resolve()):
         paths.append(data_dir)
@@ -200,6 +213,7 @@ def _reason(exc: OSError) -> str:
 __all__ = [
     "APPROVAL_REQUESTS_DB",
     "AUDIT_FILE_SETTING",
+    "CONSOLE_KEY",
     "DATA_DIR_SETTING",
     "GRANTS_DB",
     "GRANTS_DB_SETTING",
@@ -207,6 +221,7 @@ __all__ = [
     "NONCES_DB",
     "OAUTH_DIR",
     "approval_requests_path",
+    "console_key_path",
     "grants_path",
     "idempotency_path",
     "load_state_settings",

@@ -1,0 +1,1 @@
+"""The operator console: approvals inbox, upstream pins, access, audit, health (issue 26)."""

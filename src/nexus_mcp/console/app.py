@@ -1,0 +1,57 @@
+"""The operator console's routes, for the HTTP server and for ``nexus-mcp console``.
+
+One page per job (inbox, upstream pins, access, audit, health), server-rendered; the only
+script is ``static/console.js`` (the inbox's live update and a confirmation or two), from
+the console's own origin as the Content-Security-Policy requires: no inline code, no
+front-end build.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from nexus_mcp.console import inbox, signin
+from nexus_mcp.console.pages import PREFIX, Console
+from nexus_mcp.console.security import SECURITY_HEADERS
+from nexus_mcp.console.services import ConsoleServices
+
+STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
+
+
+def console_routes(services: ConsoleServices) -> list[Route]:
+    """Every route of the console, under ``/console``."""
+    console = Console(services)
+    files = {
+        name: (resources.files("nexus_mcp.console").joinpath("static", name).read_bytes(), kind)
+        for name, kind in STATIC.items()
+    }
+
+    async def static(request: Request) -> Response:
+        found = files.get(request.path_params.get("name", ""))
+        if found is None:
+            return Response("not found", status_code=404, headers=dict(SECURITY_HEADERS))
+        body, kind = found
+        headers = {**SECURITY_HEADERS, "Cache-Control": "no-cache"}
+        return Response(body, media_type=kind, headers=headers)
+
+    pages: list[Route] = [
+        *signin.routes(console),
+        *inbox.routes(console),
+        Route(f"{PREFIX}/static/{{name}}", static, methods=["GET"]),
+    ]
+    return pages
+
+
+def add_console_routes(mcp: Any, services: ConsoleServices) -> None:
+    """Serve the console on a FastMCP server's HTTP app (``custom_route``)."""
+    for route in console_routes(services):
+        methods = sorted(route.methods or ())
+        mcp.custom_route(route.path, methods=[m for m in methods if m != "HEAD"])(route.endpoint)
+
+
+__all__ = ["add_console_routes", "console_routes"]

@@ -1,0 +1,202 @@
+"""What every console page shares: rendering, the signed-in user, role checks, the audit.
+
+Pages are Jinja2 templates (a maintained engine, autoescaping every value); text that came
+from outside (tool names and descriptions, paths, subjects, previews) also has its control
+and bidirectional-formatting characters shown as ``\\u{...}``, so a name cannot hide
+what it is or reorder what an approver reads. Every refusal is a fixed page naming the
+rule, never the request's words, and every action and refusal is audited.
+"""
+
+from __future__ import annotations
+
+import time
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from nexus_mcp._version import __version__
+from nexus_mcp.console.security import (
+    SECURITY_HEADERS,
+    ConsoleUser,
+    cookie_name,
+    csrf_ok,
+    same_origin,
+)
+from nexus_mcp.console.services import ConsoleServices
+from nexus_mcp.ids import new_id
+from nexus_mcp.observability.audit import AuditEvent
+from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.policy.console import allows
+
+log = get_logger(__name__)
+PREFIX = "/console"
+MAX_FORM_BYTES = 64 * 1024
+NAV = (
+    ("inbox", "Inbox"),
+    ("pins", "Upstream pins"),
+    ("access", "Access"),
+    ("audit", "Audit"),
+    ("health", "Health"),
+)
+_KEEP_IN_BLOCKS = frozenset("\n\t")
+
+
+def shown(value: object, *, block: bool = False) -> str:
+    """Text from outside as a person may safely read it (escaping is Jinja's job)."""
+    text = "" if value is None else str(value)
+    out: list[str] = []
+    for char in text:
+        if block and char in _KEEP_IN_BLOCKS:
+            out.append(char)
+        elif unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            out.append(f"\\u{{{ord(char):04x}}}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def _span(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def build_templates() -> Environment:
+    env = Environment(
+        loader=PackageLoader("nexus_mcp.console", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["shown"] = shown
+    env.filters["block"] = lambda value: shown(value, block=True)
+    env.filters["when"] = _when
+    env.filters["span"] = _span
+    return env
+
+
+class Console:
+    """The console's request helpers, bound to its services."""
+
+    def __init__(self, services: ConsoleServices) -> None:
+        self.services = services
+        self.templates = build_templates()
+
+    # -- who is asking -------------------------------------------------------------
+
+    def user(self, request: Request) -> ConsoleUser | None:
+        return self.services.keys.read_session(request.cookies.get(cookie_name(request)))
+
+    def require(self, request: Request, action: str) -> ConsoleUser | Response:
+        """The signed-in user allowed to take ``action``, or the response that refuses."""
+        user = self.user(request)
+        if user is None:
+            if request.method == "GET":
+                return RedirectResponse(f"{PREFIX}/signin", status_code=303, headers=_NO_STORE)
+            return self.refuse(request, None, 401, "sign in first", code="not_signed_in")
+        if not allows(user.console_role, action):
+            return self.refuse(
+                request, user, 403, f"your console role may not {_VERBS[action]}", code="role"
+            )
+        return user
+
+    async def form(self, request: Request, user: ConsoleUser) -> Mapping[str, Any] | Response:
+        """A state-changing form from the console's own page, or the refusal."""
+        if not same_origin(request):
+            return self.refuse(request, user, 403, "cross-site request refused", code="origin")
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_FORM_BYTES):
+            return self.refuse(request, user, 413, "form too large", code="too_large")
+        try:
+            async with request.form(max_files=0, max_fields=20, max_part_size=MAX_FORM_BYTES) as f:
+                values = {k: v for k, v in f.items() if isinstance(v, str)}
+        except Exception:  # noqa: BLE001 - any malformed body is the same refusal
+            return self.refuse(request, user, 400, "malformed form", code="malformed")
+        if not csrf_ok(user, values.get("csrf")):
+            return self.refuse(request, user, 403, "the form expired: reload the page", code="csrf")
+        return values
+
+    # -- answers -------------------------------------------------------------------
+
+    def render(
+        self,
+        request: Request,
+        template: str,
+        user: ConsoleUser | None,
+        *,
+        status: int = 200,
+        page: str | None = None,
+        **context: Any,
+    ) -> HTMLResponse:
+        body = self.templates.get_template(template).render(
+            user=user,
+            page=page,
+            nav=NAV,
+            prefix=PREFIX,
+            version=__version__,
+            can=(lambda action: user is not None and allows(user.console_role, action)),
+            host=self.services.host,
+            **context,
+        )
+        return HTMLResponse(body, status_code=status, headers=dict(SECURITY_HEADERS))
+
+    def refuse(
+        self,
+        request: Request,
+        user: ConsoleUser | None,
+        status: int,
+        message: str,
+        *,
+        code: str,
+    ) -> HTMLResponse:
+        self.audit(
+            "console_refused",
+            user,
+            tool="console",
+            outcome="REFUSED",
+            reason=code,
+            facts={"path": request.url.path[:200], "method": request.method},
+        )
+        return self.render(request, "refused.html", user, status=status, message=message)
+
+    def audit(self, event: str, user: ConsoleUser | None, *, tool: str, **fields: Any) -> None:
+        """One console action in the server's audit log (``transport`` ``console``)."""
+        record_id = fields.pop("tool_call_id", None) or new_id()
+        fields.setdefault("subject", user.log_subject if user is not None else None)
+        fields.setdefault("role", user.role if user is not None else None)
+        self.services.audit.emit(
+            AuditEvent(
+                event=event,
+                tool_call_id=record_id,
+                correlation_id=fields.pop("correlation_id", None) or record_id,
+                tool=tool,
+                transport="console",
+                host_id=f"console:{self.services.host}",
+                **fields,
+            )
+        )
+
+
+_NO_STORE = {"Cache-Control": "no-store"}
+_VERBS = {
+    "read": "read the console",
+    "decide": "decide approval requests",
+    "repin": "re-pin upstream tools",
+    "grant": "change grants",
+}
+
+__all__ = ["NAV", "PREFIX", "Console", "build_templates", "shown"]

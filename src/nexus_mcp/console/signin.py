@@ -1,0 +1,150 @@
+"""Signing in and out of the console.
+
+Two ways in, both ending in the same signed session cookie (``security.py``):
+
+- the team's identity provider (``oidc.py``), when the server has one: the person's
+  claims go through the server's claims mapping, and their role picks the console role;
+- a one-time login link for the local admin, printed by ``nexus-mcp console``: ``GET``
+  shows a button and spends nothing (a link preview or a prefetch cannot use it up);
+  the ``POST`` from that page spends the link's id in the nonce store, once.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from nexus_mcp.console.pages import PREFIX, Console
+from nexus_mcp.console.security import (
+    LOGIN_JTI_PREFIX,
+    ConsoleUser,
+    cookie_name,
+    is_https,
+    same_origin,
+)
+from nexus_mcp.policy.console import LOGIN_LINK_TTL_SECONDS, console_role
+from nexus_mcp.principal import to_log_subject
+
+
+def start_session(
+    console: Console,
+    request: Request,
+    *,
+    subject: str,
+    role: str,
+    via: str,
+) -> Response:
+    """Sign ``subject`` in (their console role from ``role``) and go to the inbox."""
+    services = console.services
+    granted = console_role(role, services.settings.console, services.approver_roles)
+    if granted is None:
+        return console.refuse(
+            request, None, 403, "your role has no access to the console", code="no_console_role"
+        )
+    user, cookie = services.keys.new_session(
+        subject=subject,
+        log_subject=to_log_subject(subject),
+        role=role,
+        console_role=granted,
+        via=via,
+    )
+    console.audit("console_signed_in", user, tool="console", outcome="OK", facts={"via": via})
+    response = RedirectResponse(f"{PREFIX}/inbox", status_code=303)
+    set_session_cookie(response, request, cookie, services.keys.session_ttl_seconds)
+    return response
+
+
+def set_session_cookie(response: Response, request: Request, value: str, ttl: int) -> None:
+    secure = is_https(request)
+    response.set_cookie(
+        cookie_name(request),
+        value,
+        max_age=ttl,
+        path="/" if secure else PREFIX,
+        secure=secure,
+        httponly=True,
+        samesite="strict",
+    )
+
+
+def clear_session_cookie(response: Response, request: Request) -> None:
+    secure = is_https(request)
+    response.delete_cookie(
+        cookie_name(request),
+        path="/" if secure else PREFIX,
+        secure=secure,
+        httponly=True,
+        samesite="strict",
+    )
+
+
+def routes(console: Console) -> list[Route]:
+    services = console.services
+
+    async def signin(request: Request) -> Response:
+        if console.user(request) is not None:
+            return RedirectResponse(f"{PREFIX}/inbox", status_code=303)
+        return console.render(
+            request,
+            "signin.html",
+            None,
+            provider=services.sign_in is not None,
+        )
+
+    async def login_page(request: Request) -> Response:
+        token = request.query_params.get("t")
+        if services.keys.read_link(token) is None:
+            return console.refuse(
+                request, None, 403, "this login link is not valid or has expired", code="link"
+            )
+        return console.render(request, "login.html", None, token=token)
+
+    async def login(request: Request) -> Response:
+        if not same_origin(request):
+            return console.refuse(request, None, 403, "cross-site request refused", code="origin")
+        try:
+            async with request.form(max_files=0, max_fields=4, max_part_size=4096) as form:
+                token = form.get("t")
+        except Exception:  # noqa: BLE001 - a malformed body is a bad link like any other
+            token = None
+        claims = services.keys.read_link(token if isinstance(token, str) else None)
+        spent = claims is not None and services.state.nonces.consume(
+            LOGIN_JTI_PREFIX + claims["jti"], time.time() + LOGIN_LINK_TTL_SECONDS + 60
+        )
+        if claims is None or not spent:
+            return console.refuse(
+                request, None, 403, "this login link is not valid or was used", code="link"
+            )
+        return start_session(
+            console, request, subject=claims["sub"], role=claims["role"], via="link"
+        )
+
+    async def logout(request: Request) -> Response:
+        user = console.user(request)
+        if user is None:
+            return RedirectResponse(f"{PREFIX}/signin", status_code=303)
+        form = await console.form(request, user)
+        if isinstance(form, Response):
+            return form
+        console.audit("console_signed_out", user, tool="console", outcome="OK")
+        response = RedirectResponse(f"{PREFIX}/signin", status_code=303)
+        clear_session_cookie(response, request)
+        return response
+
+    async def index(request: Request) -> Response:
+        return RedirectResponse(f"{PREFIX}/inbox", status_code=303)
+
+    return [
+        Route(PREFIX, index, methods=["GET"]),
+        Route(f"{PREFIX}/", index, methods=["GET"]),
+        Route(f"{PREFIX}/signin", signin, methods=["GET"]),
+        Route(f"{PREFIX}/login", login_page, methods=["GET"]),
+        Route(f"{PREFIX}/login", login, methods=["POST"]),
+        Route(f"{PREFIX}/logout", logout, methods=["POST"]),
+    ]
+
+
+__all__ = ["ConsoleUser", "clear_session_cookie", "routes", "set_session_cookie", "start_session"]
