@@ -164,13 +164,17 @@ async def http_nexus(
 
 @asynccontextmanager
 async def serve_settings(
-    settings: Settings, audit: MemoryAuditSink
+    settings: Settings,
+    audit: MemoryAuditSink,
+    *,
+    config_file: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[tuple[NexusServer, str]]:
     """``settings`` built and served on a real uvicorn socket in this process (port 0: a
     free one); yields the server and its MCP URL. The app is built with the same
     ``http_options`` as ``nexus-mcp serve``; uvicorn is shut down gracefully (not
     cancelled), so its listening socket is closed before we return."""
-    server = build_server(settings, audit_sinks=[audit])
+    server = build_server(settings, audit_sinks=[audit], config_file=config_file, env=env)
     app = server.mcp.http_app(**http_options(server.runtime.settings))
     config = uvicorn.Config(
         app, host="127.0.0.1", port=settings.port, log_config=None, log_level="warning"

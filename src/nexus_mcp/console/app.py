@@ -8,6 +8,7 @@ front-end build.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -44,7 +45,22 @@ def console_routes(services: ConsoleServices) -> list[Route]:
         *inbox.routes(console),
         Route(f"{PREFIX}/static/{{name}}", static, methods=["GET"]),
     ]
-    return pages
+    return [
+        Route(route.path, _secured(route.endpoint), methods=sorted(route.methods or ()))
+        for route in pages
+    ]
+
+
+def _secured(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[..., Any]:
+    """Every console answer (pages, redirects, refusals, JSON) with the strict headers."""
+
+    async def answer(request: Request) -> Response:
+        response = await endpoint(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    return answer
 
 
 def add_console_routes(mcp: Any, services: ConsoleServices) -> None:
