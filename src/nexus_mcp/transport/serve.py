@@ -390,6 +390,12 @@ def announce(settings: Settings, *, port: int) -> None:
             f"metadata at {settings.auth.base_url}/.well-known/oauth-protected-resource"
             f"{settings.http_path}"
         )
+    if settings.console.enabled:
+        base = url.removesuffix(settings.http_path)
+        lines.append(
+            f"operator console: {base}/console (a one-time sign-in link: nexus-mcp console "
+            f"--link --url {base} --data-dir {settings.data_dir})"
+        )
     if settings.is_dev and not settings.auth.enabled:
         lines.append("dev mode: callers act as the dev principal; never expose this port.")
     sys.stderr.write("\n".join(lines) + "\n")
