@@ -24,6 +24,7 @@ from nexus_mcp.console.security import (
     ConsoleUser,
     cookie_name,
     csrf_ok,
+    public_origin,
     same_origin,
 )
 from nexus_mcp.console.services import ConsoleServices
@@ -95,11 +96,14 @@ class Console:
     def __init__(self, services: ConsoleServices) -> None:
         self.services = services
         self.templates = build_templates()
+        # Where people reach the console behind a proxy (``auth.base_url``), if set.
+        self.public = public_origin(services.settings.auth.base_url)
 
     # -- who is asking -------------------------------------------------------------
 
     def user(self, request: Request) -> ConsoleUser | None:
-        return self.services.keys.read_session(request.cookies.get(cookie_name(request)))
+        cookie = request.cookies.get(cookie_name(request, self.public))
+        return self.services.keys.read_session(cookie)
 
     def require(self, request: Request, action: str) -> ConsoleUser | Response:
         """The signed-in user allowed to take ``action``, or the response that refuses."""
@@ -116,7 +120,7 @@ class Console:
 
     async def form(self, request: Request, user: ConsoleUser) -> Mapping[str, Any] | Response:
         """A state-changing form from the console's own page, or the refusal."""
-        if not same_origin(request):
+        if not same_origin(request, self.public):
             return self.refuse(request, user, 403, "cross-site request refused", code="origin")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_FORM_BYTES):

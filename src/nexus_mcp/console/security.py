@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from itsdangerous import BadData, URLSafeTimedSerializer
 from starlette.requests import Request
@@ -179,22 +180,32 @@ class ConsoleKeys:
         return data
 
 
-def is_https(request: Request) -> bool:
-    return request.url.scheme == "https"
+def public_origin(base_url: str | None) -> str | None:
+    """The origin people reach the console at behind a proxy (``auth.base_url``)."""
+    if not base_url:
+        return None
+    parts = urlsplit(base_url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
 
 
-def cookie_name(request: Request) -> str:
+def is_https(request: Request, public: str | None = None) -> bool:
+    # Behind a TLS-terminating proxy the request itself may look like plain HTTP.
+    return request.url.scheme == "https" or (public or "").startswith("https://")
+
+
+def cookie_name(request: Request, public: str | None = None) -> str:
     # ``__Host-`` binds the cookie to this host, path / and HTTPS (no other subdomain or
     # plain-HTTP page can set it); over plain loopback HTTP it cannot be used.
-    return SECURE_COOKIE_NAME if is_https(request) else COOKIE_NAME
+    return SECURE_COOKIE_NAME if is_https(request, public) else COOKIE_NAME
 
 
 def own_origin(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}"
 
 
-def same_origin(request: Request) -> bool:
-    """A state-changing request from the console's own pages (never another site's)."""
+def same_origin(request: Request, public: str | None = None) -> bool:
+    """A state-changing request from the console's own pages (never another site's):
+    the origin the request reached, or the public one (``auth.base_url``)."""
     fetch_site = request.headers.get("sec-fetch-site")
     if fetch_site is not None and fetch_site not in ("same-origin", "none"):
         return False
@@ -203,7 +214,12 @@ def same_origin(request: Request) -> bool:
         # Browsers send Origin on every POST; a client that does not is no browser a
         # forged form could drive, and it still needs the session's CSRF token.
         return True
-    return hmac.compare_digest(origin.encode(), own_origin(request).encode())
+    sent = origin.encode("utf-8", "surrogatepass")
+    return any(
+        hmac.compare_digest(sent, allowed.encode())
+        for allowed in (own_origin(request), public)
+        if allowed is not None
+    )
 
 
 def csrf_ok(user: ConsoleUser, submitted: object) -> bool:
@@ -223,5 +239,6 @@ __all__ = [
     "is_https",
     "load_console_key",
     "own_origin",
+    "public_origin",
     "same_origin",
 ]

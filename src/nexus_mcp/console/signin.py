@@ -53,14 +53,16 @@ def start_session(
     )
     console.audit("console_signed_in", user, tool="console", outcome="OK", facts={"via": via})
     response = RedirectResponse(f"{PREFIX}/inbox", status_code=303)
-    set_session_cookie(response, request, cookie, services.keys.session_ttl_seconds)
+    set_session_cookie(response, request, cookie, services.keys.session_ttl_seconds, console.public)
     return response
 
 
-def set_session_cookie(response: Response, request: Request, value: str, ttl: int) -> None:
-    secure = is_https(request)
+def set_session_cookie(
+    response: Response, request: Request, value: str, ttl: int, public: str | None = None
+) -> None:
+    secure = is_https(request, public)
     response.set_cookie(
-        cookie_name(request),
+        cookie_name(request, public),
         value,
         max_age=ttl,
         path="/" if secure else PREFIX,
@@ -70,10 +72,10 @@ def set_session_cookie(response: Response, request: Request, value: str, ttl: in
     )
 
 
-def clear_session_cookie(response: Response, request: Request) -> None:
-    secure = is_https(request)
+def clear_session_cookie(response: Response, request: Request, public: str | None = None) -> None:
+    secure = is_https(request, public)
     response.delete_cookie(
-        cookie_name(request),
+        cookie_name(request, public),
         path="/" if secure else PREFIX,
         secure=secure,
         httponly=True,
@@ -103,7 +105,7 @@ def routes(console: Console) -> list[Route]:
         return console.render(request, "login.html", None, token=token)
 
     async def login(request: Request) -> Response:
-        if not same_origin(request):
+        if not same_origin(request, console.public):
             return console.refuse(request, None, 403, "cross-site request refused", code="origin")
         try:
             async with request.form(max_files=0, max_fields=4, max_part_size=4096) as form:
@@ -131,7 +133,7 @@ def routes(console: Console) -> list[Route]:
             return form
         console.audit("console_signed_out", user, tool="console", outcome="OK")
         response = RedirectResponse(f"{PREFIX}/signin", status_code=303)
-        clear_session_cookie(response, request)
+        clear_session_cookie(response, request, console.public)
         return response
 
     async def index(request: Request) -> Response:
