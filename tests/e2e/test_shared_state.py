@@ -12,11 +12,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from fastmcp import Client
 from mcp.server.request_state import RequestStateSecurity
 
+from nexus_mcp.console.security import ConsoleKeys, load_console_key
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.policy.approvals import mint_approval_token
@@ -25,6 +27,7 @@ from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.grants import RelationTuple
 from nexus_mcp.stores.postgres import PostgresPool, migrate
+from nexus_mcp.transport.serve import http_options
 
 from .conftest import snapshot, wire
 
@@ -33,6 +36,7 @@ pytestmark = pytest.mark.slow
 SECRET = "approval-secret-CANARY-77aa-0123456789abcdef"
 STATE_KEY = "request-state-key-CANARY-0123456789abcdef"
 CONTENT = "CONTENT-CANARY-shared approved text\n"
+CONSOLE_SECRET = "console-secret-CANARY-0123456789abcdef-0123"
 WRITE = "nexus_write_file"
 
 Builder = Callable[..., NexusServer]
@@ -124,6 +128,7 @@ def replicas(
                 "PG": postgres or migrated,
                 "RD": redis or redis_url,
                 "RSK": STATE_KEY,
+                "CS": CONSOLE_SECRET,
             },
         )
         built.append(server)
@@ -193,6 +198,54 @@ async def test_the_inbox_is_the_fleet_s_and_an_approved_request_runs_once_across
     assert len(accepted) == 1
     assert (workspace / "scratch/inbox.txt").read_text() == CONTENT
     assert {envelope(r)["code"] for r in results if r["isError"]} == {"APPROVAL_REQUIRED"}
+
+
+async def test_the_console_is_the_fleet_s_a_link_is_spent_once_and_a_session_works_anywhere(
+    replicas: Builder, workspace: Path
+) -> None:
+    http = {
+        "transport": "http",
+        "auth": {"jwt_secret": CONSOLE_SECRET[::-1], "audience": "nexus-shared"},
+        "console": {"secret": {"env": "CS"}},
+    }
+    agents = replicas(0)
+    consoles = [replicas(n, **http) for n in (1, 2)]
+    args = write_args("k-console", path="scratch/console.txt")
+    request_id = (await call(agents, WRITE, args))["_meta"]["nexus.mcp/approval_request_id"]
+    keys = ConsoleKeys(
+        load_console_key(consoles[0].runtime.settings, {"CS": CONSOLE_SECRET}),
+        session_ttl_seconds=600,
+    )
+    link = keys.mint_link(subject="bob-approver", role="admin")
+    origin = {"Origin": "http://testserver"}
+    apps = [
+        httpx.ASGITransport(app=c.mcp.http_app(**http_options(c.runtime.settings)))
+        for c in consoles
+    ]
+    async with (
+        httpx.AsyncClient(transport=apps[0], base_url="http://testserver") as first,
+        httpx.AsyncClient(transport=apps[1], base_url="http://testserver") as second,
+    ):
+        signed = await first.post("/console/login", data={"t": link}, headers=origin)
+        assert signed.status_code == 303
+        # The same link on the other replica: spent already (the nonce store is shared).
+        assert (
+            await second.post("/console/login", data={"t": link}, headers=origin)
+        ).status_code == 403
+        # The session signed by one replica is good on the other (one console.secret).
+        second.cookies = first.cookies
+        page = await second.get(f"/console/inbox/{request_id}")
+        assert page.status_code == 200 and "scratch/console.txt" in page.text
+        csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        decided = await second.post(
+            f"/console/inbox/{request_id}",
+            data={"decision": "approve", "csrf": csrf},
+            headers=origin,
+        )
+        assert decided.status_code == 303
+    ran = await call(agents, WRITE, args)
+    assert ran["isError"] is False
+    assert (workspace / "scratch/console.txt").read_text() == CONTENT
 
 
 async def test_an_idempotent_write_runs_once_and_replays_on_another_replica(
