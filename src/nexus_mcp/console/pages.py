@@ -9,6 +9,7 @@ rule, never the request's words, and every action and refusal is audited.
 
 from __future__ import annotations
 
+import re
 import time
 import unicodedata
 from collections.abc import Mapping
@@ -173,7 +174,7 @@ class Console:
             tool="console",
             outcome="REFUSED",
             reason=code,
-            facts={"path": request.url.path[:200], "method": request.method},
+            facts={"path": _plain_path(request.url.path), "method": request.method[:16]},
         )
         return self.render(request, "refused.html", user, status=status, message=message)
 
@@ -196,6 +197,12 @@ class Console:
 
 
 _NO_STORE = {"Cache-Control": "no-store"}
+_PLAIN_PATH = re.compile(r"/console(/[A-Za-z0-9_.-]{1,64}){0,4}/?")
+
+
+def _plain_path(path: str) -> str:
+    """The console path refused, for the audit; anything unusual is not copied there."""
+    return path if _PLAIN_PATH.fullmatch(path) else "/console/(other)"
 _VERBS = {
     "read": "read the console",
     "decide": "decide approval requests",
