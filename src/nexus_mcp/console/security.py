@@ -70,7 +70,10 @@ SECURITY_HEADERS: Mapping[str, str] = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not "no-referrer": under it a browser sends ``Origin: null`` on the console's own form
+    # posts (Fetch: a non-GET request's origin is hidden with the referrer), which the
+    # origin checks then refuse. "same-origin" still sends nothing to any other site.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
