@@ -29,13 +29,11 @@ from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError, NexusError, NotFoundError
 from nexus_mcp.identity.access import PROFILE_SUBJECT_PREFIX, profile_subject
 from nexus_mcp.policy.classification import DEV_MODE
+from nexus_mcp.policy.grant_admin import UNKNOWN_PROFILE, assign, revoke_direct, revoke_profile
 from nexus_mcp.policy.grants import (
     DIRECT_RELATION,
     PROFILE_RELATION,
-    assign_profile,
     grant_tool,
-    revoke_profile_grants,
-    revoke_tool,
     to_tool_name,
     to_tool_object,
 )
@@ -164,7 +162,7 @@ def show_profile(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     profile = config.profiles.get(args.name)
     if profile is None:
-        return _refuse("unknown profile; see 'nexus-mcp profiles list'")
+        return _refuse(UNKNOWN_PROFILE)
     print(f"profile: {profile.name}")
     print(f"extends: {profile.extends or '-'}")
     print(f"description: {profile.description}")
@@ -181,9 +179,7 @@ def show_profile(args: argparse.Namespace) -> int:
 
 def assign_subject(args: argparse.Namespace) -> int:
     def act(config: ToolProfileConfig, store: TupleStore) -> str:
-        if args.profile not in config.profiles:
-            raise NotFoundError("unknown profile; see 'nexus-mcp profiles list'")
-        revision = assign_profile(store, config, args.subject, args.profile, args.zone)
+        revision = assign(store, config, args.subject, args.profile, args.zone)
         return f"assigned profile '{args.profile}' (revision {revision})"
 
     return _with_store(args, act)
@@ -216,12 +212,11 @@ def grant_subject(args: argparse.Namespace) -> int:
 def revoke_subject(args: argparse.Namespace) -> int:
     def act(config: ToolProfileConfig, store: TupleStore) -> str:
         if args.profile:
-            revoke_profile_grants(store, args.subject, args.zone)
-            revision = store.clear_assignment(args.subject, args.zone)
+            revision = revoke_profile(store, args.subject, args.zone)
             return f"revoked profile grants and assignment (revision {revision})"
-        revision = revoke_tool(store, args.subject, args.tool, args.zone)
-        message = f"revoked direct grant of '{args.tool}' (revision {revision})"
-        if store.check(args.subject, PROFILE_RELATION, TOOLS_PREFIX + args.tool, args.zone):
+        revoked = revoke_direct(store, args.subject, args.tool, args.zone)
+        message = f"revoked direct grant of '{args.tool}' (revision {revoked.revision})"
+        if revoked.still_from_profile:
             message += "; the tool stays visible through the subject's profile"
         return message
 

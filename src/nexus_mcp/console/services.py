@@ -17,6 +17,7 @@ from typing import Any
 from nexus_mcp.console.security import ConsoleKeys, load_console_key
 from nexus_mcp.observability.audit import AuditLog
 from nexus_mcp.policy.approvals import ApprovalSettings
+from nexus_mcp.policy.profiles import ToolProfileConfig
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.backends import StateStores
 
@@ -41,6 +42,13 @@ class ConsoleServices:
     sign_in: Any = None
     # Called after a grant changes, so the server's own caches follow (server only).
     on_grants_changed: Callable[[str], None] | None = None
+    # The profiles the server loaded (None: the Access page loads ``profiles.file``).
+    profiles: ToolProfileConfig | None = None
+    # Each upstream's summary (``/readyz``'s), when the server has a gateway; None: there
+    # is none here, or (standalone) it is not known.
+    upstreams: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
+    # The loaded registries' versions and digests (server only).
+    registry_info: Callable[[], Mapping[str, Any] | None] | None = None
 
     @property
     def approver_roles(self) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nexus_mcp.console.services import ConsoleServices, console_keys
-from nexus_mcp.server.runtime import Runtime
+from nexus_mcp.server.runtime import Runtime, grants_changed
 
 
 def console_services(runtime: Runtime, environ: Mapping[str, str]) -> ConsoleServices:
@@ -18,6 +18,12 @@ def console_services(runtime: Runtime, environ: Mapping[str, str]) -> ConsoleSer
         audit=runtime.audit_log,
         keys=console_keys(settings, environ),
         host="server",
+        # A grant changed in the console reaches this server's visible-tools cache at once
+        # (other replicas hear of it through the state backend, as for the CLI).
+        on_grants_changed=lambda zone: grants_changed(runtime, zone),
+        profiles=runtime.access.profiles,
+        upstreams=runtime.upstreams.summary if runtime.upstreams is not None else None,
+        registry_info=runtime.registry_info,
     )
 
 
