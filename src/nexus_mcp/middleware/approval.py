@@ -21,6 +21,7 @@ from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
 from nexus_mcp.identity.resolver import MODERN_PROTOCOL
 from nexus_mcp.middleware.inbox import Inbox
+from nexus_mcp.middleware.waiting import ask_to_wait, wait_for_decision
 from nexus_mcp.policy.approvals import (
     ApprovalClaims,
     ApprovalKeys,
@@ -40,6 +41,7 @@ from nexus_mcp.policy.write_policy import (
     measure_write,
 )
 from nexus_mcp.principal import Principal
+from nexus_mcp.stores.approval_requests import PENDING
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.workspace.files import Workspace
 from nexus_mcp.workspace.paths import target_paths
@@ -129,7 +131,7 @@ class ApprovalMiddleware(Middleware):
                 can_elicit=self._can_elicit(context),
             )
             if mode == "token":
-                await self._check_token(state, gate)
+                await self._check_token(state, gate, context)
             elif mode == "elicit":
                 if gate is not None and state.principal is not None:
                     # The caller is the approver: a write it could not approve is refused
@@ -185,13 +187,24 @@ class ApprovalMiddleware(Middleware):
                 workspace.check_subtree(operation, workspace.named(named[0]), moved_to=moved_to)
         return decision
 
-    async def _check_token(self, state: CallState, gate: WriteGate | None = None) -> None:
+    async def _check_token(
+        self,
+        state: CallState,
+        gate: WriteGate | None = None,
+        context: MiddlewareContext[Any] | None = None,
+    ) -> None:
         principal = state.principal
         token = plumbing_value(state, ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN)
         if not token and self.inbox is not None and principal is not None:
             # No token: the inbox opens a request for a person, or holds its approval.
             describe = gate.describe(state) if gate is not None else None
-            claims = await self.inbox.approval_for(state, principal, describe)
+            try:
+                claims = await self.inbox.approval_for(state, principal, describe)
+            except ApprovalRequiredError as refusal:
+                if not await self._waited(context, refusal):
+                    raise
+                # Decided while the call waited: taken (or refused) exactly as a retry.
+                claims = await self.inbox.approval_for(state, principal, describe)
             self._take(state, claims)
             return
         if self.keys is None or principal is None:
@@ -212,6 +225,28 @@ class ApprovalMiddleware(Middleware):
             "host_id": claims.host_id,
             "jti_digest": approval_jti_digest(claims),
         }
+
+    async def _waited(
+        self, context: MiddlewareContext[Any] | None, refusal: ApprovalRequiredError
+    ) -> bool:
+        """True once the refused call's pending request was decided (or expired) while the
+        client waited for it (``middleware/waiting.py``): the call is then judged again,
+        exactly as a retry would be. False: refuse as usual."""
+        request_id = refusal.facts.get("approval_request_id")
+        seconds = self.approval_settings.wait_seconds
+        if (
+            self.inbox is None
+            or seconds <= 0
+            or not isinstance(request_id, str)
+            or context is None
+            or not self._can_elicit(context)
+        ):
+            return False
+        ctx = context.fastmcp_context
+        if ctx is None or not await ask_to_wait(ctx, request_id):
+            return False
+        status = await wait_for_decision(self.inbox.store, request_id, seconds, ctx)
+        return status != PENDING
 
     def _take(self, state: CallState, claims: ApprovalClaims) -> None:
         if state.tool_name in self.connector_tools:

@@ -1,0 +1,100 @@
+"""Waiting for an approver: a write refused for a pending request waits for its decision.
+
+``approvals.wait_seconds`` above 0 lets a call the inbox (``middleware/inbox.py``) would
+refuse ``APPROVAL_REQUIRED`` for a pending request wait for the decision instead, when the
+client declared the elicitation capability on a handshake-era connection (protocol
+2025-11-25 and earlier, stdio or stateful HTTP). The client is asked once, by
+elicitation, whether to wait; the question names the request's id and where a person
+decides it, never the arguments. On "wait" the request store is polled (off the event
+loop, every half second and then less often) until:
+
+- it is no longer pending: the approval layer judges the call again exactly as a retry
+  (``Inbox.approval_for``): an approved request is taken once (the store's ``use`` is
+  atomic, so of two waiting calls one runs; the other is refused ``APPROVAL_REQUIRED``
+  naming a new request), a denied one refuses ``APPROVAL_INVALID`` (reason ``denied``),
+  an expired one is followed by a new request the refusal names;
+- ``wait_seconds`` passed: the usual ``APPROVAL_REQUIRED`` naming the request, so the
+  agent may retry later.
+
+"cancel", a declined question or an elicitation that fails is the usual refusal at once.
+While waiting the call holds no lock (each poll is one short read) and has spent nothing:
+the approval is taken only when the call goes on to run, so a client that goes away
+mid-wait (its call cancelled) leaves the approved request for its retry. A client that
+sent a progress token gets a progress notification at each poll, so it does not time out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastmcp.exceptions import FastMCPError
+from mcp.shared.exceptions import MCPError
+
+from nexus_mcp.stores.approval_requests import EXPIRED, PENDING, ApprovalRequestStore
+
+# The answers the client chooses between (an enum the client renders as choices).
+WAIT, CANCEL = "wait", "cancel"
+# How long the client may take to answer the question itself (the wait starts after).
+ANSWER_SECONDS = 120.0
+FIRST_POLL_SECONDS = 0.5
+MAX_POLL_SECONDS = 5.0
+POLL_GROWTH = 1.5
+
+
+def wait_question(request_id: str) -> str:
+    """What the client is asked: the request's id and how a person decides it, nothing else."""
+    return (
+        f"This write needs a person's approval: request {request_id} waits in the approvals "
+        "inbox. An approver decides it in the console or with "
+        f"`nexus-mcp approvals approve {request_id}`. Wait here for the decision, or cancel "
+        "and call again later?"
+    )
+
+
+async def ask_to_wait(ctx: Any, request_id: str) -> bool:
+    """True when the client answered "wait"; anything else (or no answer) is False."""
+    try:
+        answer = await asyncio.wait_for(
+            ctx.elicit(wait_question(request_id), response_type=[WAIT, CANCEL]),
+            timeout=ANSWER_SECONDS,
+        )
+    except (MCPError, FastMCPError, TimeoutError, ValueError):
+        # No usable answer (the client failed the request, never answered, or this
+        # connection cannot elicit): the call is refused as it would have been.
+        return False
+    return getattr(answer, "action", None) == "accept" and getattr(answer, "data", None) == WAIT
+
+
+async def wait_for_decision(
+    store: ApprovalRequestStore, request_id: str, seconds: float, ctx: Any | None = None
+) -> str:
+    """The request's status once it is no longer pending, or ``pending`` after ``seconds``.
+
+    Reads only: nothing is taken or changed here. ``ctx`` (a FastMCP context) gets a
+    progress notification per poll; FastMCP sends one only when the client gave a token.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + seconds
+    delay = FIRST_POLL_SECONDS
+    while True:
+        found = await asyncio.to_thread(store.get, request_id)
+        if found is None:
+            return EXPIRED  # purged a day past its expiry: nothing to take
+        if found.status != PENDING:
+            return found.status
+        now = loop.time()
+        if now >= deadline:
+            return PENDING
+        if ctx is not None:
+            await ctx.report_progress(
+                progress=round(now - started, 1),
+                total=float(seconds),
+                message=f"waiting for an approver to decide request {request_id}",
+            )
+        await asyncio.sleep(min(delay, deadline - now))
+        delay = min(delay * POLL_GROWTH, MAX_POLL_SECONDS)
+
+
+__all__ = ["CANCEL", "WAIT", "ask_to_wait", "wait_for_decision", "wait_question"]
