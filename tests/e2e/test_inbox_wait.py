@@ -73,7 +73,7 @@ def build(
     (workspace / "scratch" / "plan.md").write_text(ORIGINAL, encoding="utf-8")
     built: list[NexusServer] = []
 
-    def factory(wait_seconds: int | None = 30) -> NexusServer:
+    def factory(wait_seconds: int | None = 30, **settings: Any) -> NexusServer:
         server = build_server(
             Settings(
                 mode="prod",
@@ -81,6 +81,7 @@ def build(
                 role="editor",
                 workspace=workspace,
                 data_dir=data_dir,
+                **settings,
             ),
             config_file=write_config(tmp_path / "nexus.yaml", wait_seconds),
             audit_sinks=[audit],
@@ -115,13 +116,15 @@ class Asker:
 class Progress:
     """A progress handler: a notification proves the call is waiting on the server."""
 
-    def __init__(self) -> None:
+    def __init__(self, past: float = 0.0) -> None:
         self.seen: list[tuple[float, float | None, str | None]] = []
         self.waiting = asyncio.Event()
+        self.past = past  # ``waiting`` is set once the call has waited this long
 
     async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
         self.seen.append((progress, total, message))
-        self.waiting.set()
+        if progress >= self.past:
+            self.waiting.set()
 
 
 def store_of(server: NexusServer) -> ApprovalRequestStore:
@@ -286,6 +289,40 @@ async def test_two_waiting_calls_and_one_approval_write_once(
     assert code == "APPROVAL_REQUIRED" and other not in (None, first)
     assert len(finished_writes(audit.records())) == 1
     assert (workspace / "scratch/plan.md").read_text() == CONTENT
+
+
+async def test_a_retry_under_the_same_key_waits_for_the_waiting_call_past_its_lease(
+    build: Build, workspace: Path, audit: MemoryAuditSink
+) -> None:
+    # The idempotency claim's lease is twice the longest tool timeout: 2 s here. The
+    # waiting call renews it, so a retry under its key waits for it and gets its result
+    # instead of being refused as an earlier call of unknown outcome.
+    server = build(budgets={"tool_timeout_seconds": 1.0})
+    asker, progress = Asker(), Progress(past=3.0)
+    async with Client(server.mcp, mode="legacy", elicitation_handler=asker) as client:
+        first = asyncio.create_task(call(client, dict(WRITE), progress))
+        request_id = await asyncio.wait_for(asker.ids.get(), BOUND)
+        await asyncio.wait_for(progress.waiting.wait(), BOUND)  # past the first lease
+        retry = asyncio.create_task(call(client, dict(WRITE)))
+        ticks = len(progress.seen)
+        await asyncio.wait_for(_until(lambda: len(progress.seen) >= ticks + 2), BOUND)
+        await asyncio.to_thread(
+            store_of(server).decide, request_id, approve=True, approver="ops-lead"
+        )
+        results = await asyncio.wait_for(asyncio.gather(first, retry), BOUND)
+    assert [r["isError"] for r in results] == [False, False], results
+    assert results[1]["_meta"]["nexus.mcp/idempotent_replay"] is True
+    assert len(asker.asked) == 1  # the retry waited on the claim, never at the inbox
+    assert len(finished_writes(audit.records())) == 2  # the run and its replay
+    assert [r.get("idempotency") for r in finished_writes(audit.records())] == [
+        "executed",
+        "replayed",
+    ]
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.05)
 
 
 async def test_a_client_gone_mid_wait_leaves_the_approval_for_its_retry(

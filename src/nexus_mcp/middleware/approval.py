@@ -201,7 +201,7 @@ class ApprovalMiddleware(Middleware):
             try:
                 claims = await self.inbox.approval_for(state, principal, describe)
             except ApprovalRequiredError as refusal:
-                if not await self._waited(context, refusal):
+                if not await self._waited(context, state, refusal):
                     raise
                 # Decided while the call waited: taken (or refused) exactly as a retry.
                 claims = await self.inbox.approval_for(state, principal, describe)
@@ -227,7 +227,10 @@ class ApprovalMiddleware(Middleware):
         }
 
     async def _waited(
-        self, context: MiddlewareContext[Any] | None, refusal: ApprovalRequiredError
+        self,
+        context: MiddlewareContext[Any] | None,
+        state: CallState,
+        refusal: ApprovalRequiredError,
     ) -> bool:
         """True once the refused call's pending request was decided (or expired) while the
         client waited for it (``middleware/waiting.py``): the call is then judged again,
@@ -245,7 +248,9 @@ class ApprovalMiddleware(Middleware):
         ctx = context.fastmcp_context
         if ctx is None or not await ask_to_wait(ctx, request_id):
             return False
-        status = await wait_for_decision(self.inbox.store, request_id, seconds, ctx)
+        status = await wait_for_decision(
+            self.inbox.store, request_id, seconds, ctx, hold=state.hold_claim
+        )
         return status != PENDING
 
     def _take(self, state: CallState, claims: ApprovalClaims) -> None:

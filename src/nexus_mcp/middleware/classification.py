@@ -14,6 +14,7 @@ has no known target is refused before any record is claimed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +30,7 @@ from nexus_mcp.calls import (
     META_TOOL_EFFECT,
     PLUMBING_ARGS,
     CallState,
+    ClaimHold,
 )
 from nexus_mcp.connector import chained_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
@@ -58,6 +60,7 @@ from nexus_mcp.stores.idempotency import (
 log = get_logger(__name__)
 
 META_REPLAYED = "nexus.mcp/idempotent_replay"
+HOLD_PARTS = 4  # a waiting call renews its claim four times per lease
 _UNKNOWN_OUTCOME_CODES = frozenset({Code.TOOL_TIMEOUT, Code.INTERNAL_ERROR})
 
 
@@ -126,6 +129,10 @@ class ClassificationMiddleware(Middleware):
             state.idempotency_outcome = str(claim.status)
             raise refusal
         state.idempotency_outcome = "executed"
+        # Renewed well within the lease by a call that waits for an approver before running.
+        state.hold_claim = ClaimHold(
+            functools.partial(self.store.renew, claim), self.store.lease_seconds / HOLD_PARTS
+        )
         try:
             result = await call_next(context)
         except BaseException as exc:

@@ -17,7 +17,8 @@ loop, every half second and then less often) until:
   agent may retry later.
 
 "cancel", a declined question or an elicitation that fails is the usual refusal at once.
-While waiting the call holds no lock (each poll is one short read) and has spent nothing:
+While waiting the call holds no lock (each poll is one short read, and one short write
+renewing the call's idempotency claim) and has spent nothing:
 the approval is taken only when the call goes on to run, so a client that goes away
 mid-wait (its call cancelled) leaves the approved request for its retry. A client that
 sent a progress token gets a progress notification at each poll, so it does not time out.
@@ -31,7 +32,13 @@ from typing import Any
 from fastmcp.exceptions import FastMCPError
 from mcp.shared.exceptions import MCPError
 
-from nexus_mcp.stores.approval_requests import EXPIRED, PENDING, ApprovalRequestStore
+from nexus_mcp.calls import ClaimHold
+from nexus_mcp.stores.approval_requests import (
+    EXPIRED,
+    PENDING,
+    ApprovalRequest,
+    ApprovalRequestStore,
+)
 
 # The answers the client chooses between (an enum the client renders as choices).
 WAIT, CANCEL = "wait", "cancel"
@@ -67,21 +74,33 @@ async def ask_to_wait(ctx: Any, request_id: str) -> bool:
 
 
 async def wait_for_decision(
-    store: ApprovalRequestStore, request_id: str, seconds: float, ctx: Any | None = None
+    store: ApprovalRequestStore,
+    request_id: str,
+    seconds: float,
+    ctx: Any | None = None,
+    hold: ClaimHold | None = None,
 ) -> str:
     """The request's status once it is no longer pending, or ``pending`` after ``seconds``.
 
-    Reads only: nothing is taken or changed here. ``ctx`` (a FastMCP context) gets a
-    progress notification per poll; FastMCP sends one only when the client gave a token.
+    Nothing is taken here. ``hold`` (``CallState.hold_claim``) renews the call's
+    idempotency claim at each poll (polls come at least as often as it asks), so a retry
+    under the same key keeps waiting for this call rather than being refused as outcome
+    unknown once the claim's lease (twice the longest tool timeout) has run out; when the
+    claim is no longer the call's, the wait ends (``pending``: the usual refusal). ``ctx``
+    (a FastMCP context) gets a progress notification per poll; FastMCP sends one only
+    when the client gave a progress token.
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline = started + seconds
-    delay = FIRST_POLL_SECONDS
+    longest = min(MAX_POLL_SECONDS, hold.every) if hold is not None else MAX_POLL_SECONDS
+    delay = min(FIRST_POLL_SECONDS, longest)
     while True:
-        found = await asyncio.to_thread(store.get, request_id)
+        held, found = await asyncio.to_thread(_poll, store, request_id, hold)
         if found is None:
             return EXPIRED  # purged a day past its expiry: nothing to take
+        if not held:
+            return PENDING
         if found.status != PENDING:
             return found.status
         now = loop.time()
@@ -94,7 +113,15 @@ async def wait_for_decision(
                 message=f"waiting for an approver to decide request {request_id}",
             )
         await asyncio.sleep(min(delay, deadline - now))
-        delay = min(delay * POLL_GROWTH, MAX_POLL_SECONDS)
+        delay = min(delay * POLL_GROWTH, longest)
+
+
+def _poll(
+    store: ApprovalRequestStore, request_id: str, hold: ClaimHold | None
+) -> tuple[bool, ApprovalRequest | None]:
+    """One worker-thread hop: renew the claim, then read the request."""
+    held = hold.renew() if hold is not None else True
+    return held, store.get(request_id)
 
 
 __all__ = ["CANCEL", "WAIT", "ask_to_wait", "wait_for_decision", "wait_question"]
