@@ -248,21 +248,57 @@ async def test_without_wait_seconds_no_client_is_asked(build: Build, workspace: 
     assert asker.asked == []
 
 
-@pytest.mark.parametrize("mode", ["legacy-without-handler", "modern"])
-async def test_a_client_that_cannot_answer_is_never_asked(
-    build: Build, workspace: Path, mode: str
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_client_without_elicitation_is_never_asked(
+    build: Build, workspace: Path, audit: MemoryAuditSink, mode: str
 ) -> None:
     server = build(wait_seconds=3600)
-    asker = Asker()
-    client = (
-        Client(server.mcp, mode="legacy")
-        if mode == "legacy-without-handler"
-        else Client(server.mcp, mode="auto", elicitation_handler=asker)
-    )
-    async with client:
+    async with Client(server.mcp, mode=mode) as client:  # type: ignore[arg-type]
         code, request_id = refusal(await asyncio.wait_for(call(client, dict(WRITE)), BOUND))
     assert code == "APPROVAL_REQUIRED" and request_id is not None
-    assert asker.asked == []
+    ends = [r for r in audit.records() if r["event"] != "tool_call_started"]
+    assert [r["outcome"] for r in ends] == ["APPROVAL_REQUIRED"]  # no question was put
+
+
+async def test_a_2026_client_answers_the_question_then_waits_and_the_write_runs_once(
+    build: Build, workspace: Path, audit: MemoryAuditSink
+) -> None:
+    server = build()
+    asker, progress = Asker(), Progress()
+    async with Client(server.mcp, mode="auto", elicitation_handler=asker) as client:
+        approver = asyncio.create_task(decide_once_waiting(server, asker, progress, approve=True))
+        result = await asyncio.wait_for(call(client, dict(WRITE), progress), BOUND)
+        request_id = await approver
+    assert result["isError"] is False, result
+    assert (workspace / "scratch/plan.md").read_text() == CONTENT
+    assert len(asker.asked) == 1 and f"nexus-mcp approvals approve {request_id}" in asker.asked[0]
+    ends = [r for r in audit.records() if r["event"] != "tool_call_started"]
+    # The question leg is blocked, never a result: its key was freed, the answer ran it.
+    assert [(r["event"], r["outcome"]) for r in ends] == [
+        ("tool_call_blocked", "INPUT_REQUIRED"),
+        (TOOL_CALL_FINISHED, "OK"),
+    ]
+    assert [r.get("idempotency") for r in ends] == ["abandoned", "executed"]
+    assert ends[1]["approver"] == "ops-lead"
+
+
+async def test_a_2026_client_that_cancels_is_refused_and_its_key_is_not_spent(
+    build: Build, workspace: Path, audit: MemoryAuditSink
+) -> None:
+    server = build()
+    before = snapshot(workspace)
+    asker = Asker("cancel")
+    async with Client(server.mcp, mode="auto", elicitation_handler=asker) as client:
+        code, request_id = refusal(await asyncio.wait_for(call(client, dict(WRITE)), BOUND))
+    assert code == "APPROVAL_REQUIRED" and request_id is not None and len(asker.asked) == 1
+    assert snapshot(workspace) == before
+    # Approved later, the agent's retry under the same key runs (nothing was recorded).
+    store_of(server).decide(request_id, approve=True, approver="ops-lead")
+    async with Client(server.mcp, mode="auto") as client:
+        retry = await asyncio.wait_for(call(client, dict(WRITE)), BOUND)
+    assert retry["isError"] is False, retry
+    assert (workspace / "scratch/plan.md").read_text() == CONTENT
+    assert len(finished_writes(audit.records())) == 1
 
 
 async def test_two_waiting_calls_and_one_approval_write_once(

@@ -14,6 +14,7 @@ from collections.abc import Callable, Container, Mapping
 from typing import Any, Protocol
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools.base import InputRequiredToolResult
 
 from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState
 from nexus_mcp.connector import chained_call
@@ -21,7 +22,12 @@ from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
 from nexus_mcp.identity.resolver import MODERN_PROTOCOL
 from nexus_mcp.middleware.inbox import Inbox
-from nexus_mcp.middleware.waiting import ask_to_wait, wait_for_decision
+from nexus_mcp.middleware.waiting import (
+    answer_to_wait,
+    ask_to_wait,
+    wait_for_decision,
+    wait_input,
+)
 from nexus_mcp.policy.approvals import (
     ApprovalClaims,
     ApprovalKeys,
@@ -131,7 +137,9 @@ class ApprovalMiddleware(Middleware):
                 can_elicit=self._can_elicit(context),
             )
             if mode == "token":
-                await self._check_token(state, gate, context)
+                question = await self._check_token(state, gate, context)
+                if question is not None:
+                    return question  # 2026-07-28: asked whether to wait (never a result)
             elif mode == "elicit":
                 if gate is not None and state.principal is not None:
                     # The caller is the approver: a write it could not approve is refused
@@ -192,7 +200,7 @@ class ApprovalMiddleware(Middleware):
         state: CallState,
         gate: WriteGate | None = None,
         context: MiddlewareContext[Any] | None = None,
-    ) -> None:
+    ) -> InputRequiredToolResult | None:
         principal = state.principal
         token = plumbing_value(state, ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN)
         if not token and self.inbox is not None and principal is not None:
@@ -201,12 +209,15 @@ class ApprovalMiddleware(Middleware):
             try:
                 claims = await self.inbox.approval_for(state, principal, describe)
             except ApprovalRequiredError as refusal:
-                if not await self._waited(context, state, refusal):
+                waited = await self._wait(context, state, refusal)
+                if waited is False:
                     raise
+                if waited is not True:
+                    return waited
                 # Decided while the call waited: taken (or refused) exactly as a retry.
                 claims = await self.inbox.approval_for(state, principal, describe)
             self._take(state, claims)
-            return
+            return None
         if self.keys is None or principal is None:
             raise ApprovalRequiredError(reason="no_approval_keys")
         if not token:
@@ -225,28 +236,35 @@ class ApprovalMiddleware(Middleware):
             "host_id": claims.host_id,
             "jti_digest": approval_jti_digest(claims),
         }
+        return None
 
-    async def _waited(
+    async def _wait(
         self,
         context: MiddlewareContext[Any] | None,
         state: CallState,
         refusal: ApprovalRequiredError,
-    ) -> bool:
-        """True once the refused call's pending request was decided (or expired) while the
-        client waited for it (``middleware/waiting.py``): the call is then judged again,
-        exactly as a retry would be. False: refuse as usual."""
+    ) -> InputRequiredToolResult | bool:
+        """Whether the refused call waits for its pending request (``middleware/waiting.py``).
+
+        True once the request was decided (or expired) while the client waited: the call
+        is then judged again, exactly as a retry would be. False: refuse as usual. On a
+        2026-07-28 connection without an answer yet: the question to return instead.
+        """
         request_id = refusal.facts.get("approval_request_id")
         seconds = self.approval_settings.wait_seconds
-        if (
-            self.inbox is None
-            or seconds <= 0
-            or not isinstance(request_id, str)
-            or context is None
-            or not self._can_elicit(context)
-        ):
+        ctx = context.fastmcp_context if context is not None else None
+        if self.inbox is None or seconds <= 0 or not isinstance(request_id, str) or ctx is None:
             return False
-        ctx = context.fastmcp_context
-        if ctx is None or not await ask_to_wait(ctx, request_id):
+        assert context is not None
+        if _protocol(context) == MODERN_PROTOCOL:
+            if not _declares_elicitation(context):
+                return False
+            answer = answer_to_wait(ctx, request_id)
+            if answer is None:
+                return wait_input(request_id)
+            if not answer:
+                return False
+        elif not self._can_elicit(context) or not await ask_to_wait(ctx, request_id):
             return False
         status = await wait_for_decision(
             self.inbox.store, request_id, seconds, ctx, hold=state.hold_claim
@@ -274,17 +292,11 @@ class ApprovalMiddleware(Middleware):
         return policy_mode
 
     def _can_elicit(self, context: MiddlewareContext[Any]) -> bool:
-        ctx = context.fastmcp_context
-        if ctx is None or self.stateless_http:
+        """The client can answer ``ctx.elicit``: a handshake-era, stateful connection whose
+        client declared the elicitation capability."""
+        if self.stateless_http or _protocol(context) in (None, MODERN_PROTOCOL):
             return False
-        request = ctx.request_context
-        if request is None or getattr(request, "protocol_version", None) == MODERN_PROTOCOL:
-            return False
-        try:
-            capabilities = request.session.client_params.capabilities  # type: ignore[union-attr]
-        except AttributeError:
-            return False
-        return getattr(capabilities, "elicitation", None) is not None
+        return _declares_elicitation(context)
 
     async def _confirm(self, context: MiddlewareContext[Any], state: CallState) -> None:
         ctx = context.fastmcp_context
@@ -315,6 +327,26 @@ class ApprovalMiddleware(Middleware):
             "approver": principal.subject if principal else None,
             "host_id": "elicitation",
         }
+
+
+def _protocol(context: MiddlewareContext[Any]) -> str | None:
+    """The call's protocol version ("" when unknown); None outside a client request."""
+    ctx = context.fastmcp_context
+    request = ctx.request_context if ctx is not None else None
+    if request is None:
+        return None
+    return str(getattr(request, "protocol_version", None) or "")
+
+
+def _declares_elicitation(context: MiddlewareContext[Any]) -> bool:
+    """The client declared the elicitation capability (per request on 2026-07-28)."""
+    ctx = context.fastmcp_context
+    request = ctx.request_context if ctx is not None else None
+    try:
+        capabilities = request.session.client_params.capabilities  # type: ignore[union-attr]
+    except AttributeError:
+        return False
+    return getattr(capabilities, "elicitation", None) is not None
 
 
 __all__ = ["ApprovalMiddleware", "WriteGate"]

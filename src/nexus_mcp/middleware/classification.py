@@ -42,6 +42,7 @@ from nexus_mcp.errors import (
     NexusError,
     UnavailableError,
 )
+from nexus_mcp.middleware.waiting import is_question
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.hashing import (
     PROBLEM_UNREPRESENTABLE,
@@ -138,6 +139,12 @@ class ClassificationMiddleware(Middleware):
         except BaseException as exc:
             await asyncio.to_thread(self._release, claim, state, exc)
             raise
+        if is_question(result):
+            # A 2026-07-28 question to the client (whether to wait for an approver): not
+            # the call's result. Nothing ran; the key is freed for the retry that answers.
+            await asyncio.to_thread(self.store.abandon, claim)
+            state.idempotency_outcome = "abandoned"
+            return result
         try:
             await asyncio.to_thread(
                 self.store.complete, claim, json.dumps(to_record(result), separators=(",", ":"))

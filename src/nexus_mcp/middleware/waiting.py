@@ -17,6 +17,16 @@ loop, every half second and then less often) until:
   agent may retry later.
 
 "cancel", a declined question or an elicitation that fails is the usual refusal at once.
+
+On a 2026-07-28 connection (where a server cannot send the client a request of its own)
+the question is the call's answer instead: an ``input_required`` result (SEP-2322) with
+one elicitation input request (``WAIT_INPUT``) and the request's id as its
+``request_state``. The client's retry carrying the answer "wait" for that same request
+then waits as above. The answer only ever starts a wait: what runs is decided by the
+inbox, by the caller, tool and exact arguments, never by the echoed state. The layers
+around approval never take the question for the call's result: the idempotency layer
+frees the key (the retry runs under it) and the audit records the leg as blocked,
+``INPUT_REQUIRED`` (``is_question``).
 While waiting the call holds no lock (each poll is one short read, and one short write
 renewing the call's idempotency claim) and has spent nothing:
 the approval is taken only when the call goes on to run, so a client that goes away
@@ -29,7 +39,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import mcp_types
 from fastmcp.exceptions import FastMCPError
+from fastmcp.tools.base import InputRequiredToolResult
 from mcp.shared.exceptions import MCPError
 
 from nexus_mcp.calls import ClaimHold
@@ -42,6 +54,13 @@ from nexus_mcp.stores.approval_requests import (
 
 # The answers the client chooses between (an enum the client renders as choices).
 WAIT, CANCEL = "wait", "cancel"
+# The key of the one input request of a 2026-07-28 question.
+WAIT_INPUT = "nexus_approval_wait"
+_ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"value": {"type": "string", "title": "Wait", "enum": [WAIT, CANCEL]}},
+    "required": ["value"],
+}
 # How long the client may take to answer the question itself (the wait starts after).
 ANSWER_SECONDS = 120.0
 FIRST_POLL_SECONDS = 0.5
@@ -71,6 +90,40 @@ async def ask_to_wait(ctx: Any, request_id: str) -> bool:
         # connection cannot elicit): the call is refused as it would have been.
         return False
     return getattr(answer, "action", None) == "accept" and getattr(answer, "data", None) == WAIT
+
+
+def wait_input(request_id: str) -> InputRequiredToolResult:
+    """The 2026-07-28 question: an ``input_required`` result asking whether to wait."""
+    params = mcp_types.ElicitRequestFormParams(
+        message=wait_question(request_id), requested_schema=_ANSWER_SCHEMA
+    )
+    return InputRequiredToolResult(
+        mcp_types.InputRequiredResult(
+            input_requests={WAIT_INPUT: mcp_types.ElicitRequest(params=params)},
+            request_state=request_id,
+        )
+    )
+
+
+def answer_to_wait(ctx: Any, request_id: str) -> bool | None:
+    """The client's answer to ``wait_input(request_id)`` on this retry: True for "wait",
+    False for any other answer, None when this call carries none (or answers a question
+    about another request: it is asked again)."""
+    responses = ctx.input_responses
+    if not responses or WAIT_INPUT not in responses or ctx.request_state != request_id:
+        return None
+    answer = responses[WAIT_INPUT]
+    content = getattr(answer, "content", None)
+    return (
+        getattr(answer, "action", None) == "accept"
+        and isinstance(content, dict)
+        and content.get("value") == WAIT
+    )
+
+
+def is_question(result: object) -> bool:
+    """True for an ``input_required`` leg: a question to the client, not the call's result."""
+    return isinstance(result, InputRequiredToolResult)
 
 
 async def wait_for_decision(
@@ -124,4 +177,14 @@ def _poll(
     return held, store.get(request_id)
 
 
-__all__ = ["CANCEL", "WAIT", "ask_to_wait", "wait_for_decision", "wait_question"]
+__all__ = [
+    "CANCEL",
+    "WAIT",
+    "WAIT_INPUT",
+    "answer_to_wait",
+    "ask_to_wait",
+    "is_question",
+    "wait_for_decision",
+    "wait_input",
+    "wait_question",
+]
