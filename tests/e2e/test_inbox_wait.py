@@ -31,6 +31,8 @@ from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.approval_requests import APPROVED, PENDING, ApprovalRequestStore
 
+from .access_helpers import AUDIENCE, TLS, serve_settings, token
+from .access_helpers import SECRET as JWT_SECRET
 from .conftest import snapshot, wire
 from .servers import server_env
 
@@ -425,3 +427,41 @@ async def test_a_stdio_client_waits_while_the_cli_approves(
     events = [json.loads(line) for line in (data_dir / "audit.jsonl").read_text().splitlines()]
     finished = finished_writes(events)
     assert len(finished) == 1 and finished[0]["approver"] == "ops-lead"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_http_client_waits_on_a_real_socket(
+    workspace: Path, tmp_path: Path, data_dir: Path, audit: MemoryAuditSink, mode: str
+) -> None:
+    # Stateful HTTP: "legacy" answers ctx.elicit on its stream; "auto" negotiates
+    # 2026-07-28 and answers the input_required question, its retry carrying the state.
+    (workspace / "scratch").mkdir(exist_ok=True)
+    (workspace / "scratch" / "plan.md").write_text(ORIGINAL, encoding="utf-8")
+    settings = Settings(
+        mode="prod",
+        transport="http",
+        workspace=workspace,
+        data_dir=data_dir,
+        auth={"jwt_secret": JWT_SECRET, "audience": AUDIENCE},
+        port=0,
+    )
+    config = write_config(tmp_path / "nexus.yaml", 30)
+    env = {"NEXUS_MCP_APPROVAL_SECRET": SECRET}
+    asker, progress = Asker(), Progress()
+    async with serve_settings(settings, audit, config_file=config, env=env) as (server, url):
+        bearer = token("agent-7", role="editor")
+        client = Client(url, auth=bearer, mode=mode, verify=TLS, elicitation_handler=asker)  # type: ignore[arg-type]
+        async with client:
+            approver = asyncio.create_task(
+                decide_once_waiting(server, asker, progress, approve=True)
+            )
+            result = await asyncio.wait_for(call(client, dict(WRITE), progress), BOUND)
+            await approver
+    assert result["isError"] is False, result
+    assert (workspace / "scratch/plan.md").read_text() == CONTENT
+    assert len(asker.asked) == 1
+    ends = [r for r in audit.records() if r.get("tool") == "nexus_write_file"]
+    ends = [(r["event"], r["outcome"]) for r in ends if r["event"] != "tool_call_started"]
+    question = [("tool_call_blocked", "INPUT_REQUIRED")] if mode == "auto" else []
+    assert ends == [*question, (TOOL_CALL_FINISHED, "OK")]
