@@ -100,16 +100,20 @@ def build(
 class Asker:
     """An elicitation handler that answers every question with ``answer``."""
 
-    def __init__(self, answer: str | None = "wait") -> None:
+    def __init__(self, answer: str | None = "wait", *, slow: bool = False) -> None:
         self.answer = answer
         self.asked: list[str] = []
         self.ids: asyncio.Queue[str] = asyncio.Queue()
+        self.release = asyncio.Event()  # a slow asker answers once this is set
+        if not slow:
+            self.release.set()
 
     async def __call__(self, message: str, response_type: Any, params: Any, context: Any) -> Any:
         self.asked.append(message)
         found = ID_IN_QUESTION.search(message)
         if found is not None:
             self.ids.put_nowait(found.group(1))
+        await self.release.wait()
         if self.answer is None:
             return ElicitResult(action="decline")
         return ElicitResult(action="accept", content={"value": self.answer})
@@ -356,6 +360,27 @@ async def test_a_retry_under_the_same_key_waits_for_the_waiting_call_past_its_le
         "executed",
         "replayed",
     ]
+
+
+async def test_a_slow_answer_to_the_question_keeps_the_claim_for_a_same_key_retry(
+    build: Build, workspace: Path, audit: MemoryAuditSink
+) -> None:
+    server = build(budgets={"tool_timeout_seconds": 0.5})  # the claim's lease: 1 s
+    asker, progress = Asker(slow=True), Progress()
+    async with Client(server.mcp, mode="legacy", elicitation_handler=asker) as client:
+        first = asyncio.create_task(call(client, dict(WRITE), progress))
+        request_id = await asyncio.wait_for(asker.ids.get(), BOUND)
+        retry = asyncio.create_task(call(client, dict(WRITE)))  # waits on the claim
+        await asyncio.sleep(2.0)  # the person reads the question for two leases
+        asker.release.set()
+        await asyncio.wait_for(progress.waiting.wait(), BOUND)
+        await asyncio.to_thread(
+            store_of(server).decide, request_id, approve=True, approver="ops-lead"
+        )
+        results = await asyncio.wait_for(asyncio.gather(first, retry), BOUND)
+    assert [r["isError"] for r in results] == [False, False], results
+    assert results[1]["_meta"]["nexus.mcp/idempotent_replay"] is True
+    assert len(finished_writes(audit.records())) == 2  # the run and its replay
 
 
 async def _until(condition: Callable[[], bool]) -> None:

@@ -264,7 +264,9 @@ class ApprovalMiddleware(Middleware):
                 return wait_input(request_id)
             if not answer:
                 return False
-        elif not self._can_elicit(context) or not await ask_to_wait(ctx, request_id):
+        elif not self._can_elicit(context) or not await ask_to_wait(
+            ctx, request_id, state.hold_claim
+        ):
             return False
         status = await wait_for_decision(
             self.inbox.store, request_id, seconds, ctx, hold=state.hold_claim

@@ -78,8 +78,13 @@ def wait_question(request_id: str) -> str:
     )
 
 
-async def ask_to_wait(ctx: Any, request_id: str) -> bool:
-    """True when the client answered "wait"; anything else (or no answer) is False."""
+async def ask_to_wait(ctx: Any, request_id: str, hold: ClaimHold | None = None) -> bool:
+    """True when the client answered "wait"; anything else (or no answer) is False.
+
+    The call's idempotency claim is renewed while the person reads the question (``hold``,
+    as in ``wait_for_decision``): an answer may take longer than the claim's lease.
+    """
+    keeper = asyncio.create_task(_keep(hold)) if hold is not None else None
     try:
         answer = await asyncio.wait_for(
             ctx.elicit(wait_question(request_id), response_type=[WAIT, CANCEL]),
@@ -89,7 +94,18 @@ async def ask_to_wait(ctx: Any, request_id: str) -> bool:
         # No usable answer (the client failed the request, never answered, or this
         # connection cannot elicit): the call is refused as it would have been.
         return False
+    finally:
+        if keeper is not None:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)  # collected, not leaked
     return getattr(answer, "action", None) == "accept" and getattr(answer, "data", None) == WAIT
+
+
+async def _keep(hold: ClaimHold) -> None:
+    """Renew the claim every ``hold.every`` seconds until cancelled."""
+    while True:
+        await asyncio.sleep(hold.every)
+        await asyncio.to_thread(hold.renew)
 
 
 def wait_input(request_id: str) -> InputRequiredToolResult:
