@@ -252,10 +252,11 @@ class ApprovalMiddleware(Middleware):
         """
         request_id = refusal.facts.get("approval_request_id")
         seconds = self.approval_settings.wait_seconds
-        ctx = context.fastmcp_context if context is not None else None
-        if self.inbox is None or seconds <= 0 or not isinstance(request_id, str) or ctx is None:
+        if context is None or self.inbox is None or seconds <= 0:
             return False
-        assert context is not None
+        ctx = context.fastmcp_context
+        if ctx is None or not isinstance(request_id, str):
+            return False
         if _protocol(context) == MODERN_PROTOCOL:
             if not _declares_elicitation(context):
                 return False

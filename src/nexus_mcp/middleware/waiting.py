@@ -18,20 +18,23 @@ loop, every half second and then less often) until:
 
 "cancel", a declined question or an elicitation that fails is the usual refusal at once.
 
+While waiting the call holds no lock (each poll is one short read, and one short write
+renewing the call's idempotency claim, so a retry under its key keeps waiting for it) and
+has spent nothing: the approval is taken only when the call goes on to run, so a client
+that goes away mid-wait (its call cancelled) leaves the approved request for its retry. A
+client that sent a progress token gets a progress notification at each poll, so it does
+not time out.
+
 On a 2026-07-28 connection (where a server cannot send the client a request of its own)
 the question is the call's answer instead: an ``input_required`` result (SEP-2322) with
 one elicitation input request (``WAIT_INPUT``) and the request's id as its
-``request_state``. The client's retry carrying the answer "wait" for that same request
-then waits as above. The answer only ever starts a wait: what runs is decided by the
-inbox, by the caller, tool and exact arguments, never by the echoed state. The layers
-around approval never take the question for the call's result: the idempotency layer
-frees the key (the retry runs under it) and the audit records the leg as blocked,
-``INPUT_REQUIRED`` (``is_question``).
-While waiting the call holds no lock (each poll is one short read, and one short write
-renewing the call's idempotency claim) and has spent nothing:
-the approval is taken only when the call goes on to run, so a client that goes away
-mid-wait (its call cancelled) leaves the approved request for its retry. A client that
-sent a progress token gets a progress notification at each poll, so it does not time out.
+``request_state``, when the request's client capabilities include elicitation. The
+client's retry carrying the answer "wait" for that same request then waits as above. The
+answer only ever starts a wait: what runs is decided by the inbox, by the caller, tool
+and exact arguments, never by the echoed state. The layers around approval never take the
+question for the call's result (``is_question``): the idempotency layer frees the key
+(the answering retry runs under it) and the audit records the leg as blocked,
+``INPUT_REQUIRED``, never finished.
 """
 
 from __future__ import annotations
