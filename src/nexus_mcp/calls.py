@@ -36,6 +36,15 @@ ARG_APPROVAL_TOKEN = "approval_token"  # noqa: S105 - an argument name, not a se
 PLUMBING_ARGS = frozenset({ARG_IDEMPOTENCY_KEY, ARG_APPROVAL_TOKEN})
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimHold:
+    """Renews a call's pending idempotency claim (``renew``: False once it is no longer the
+    call's); a call that waits before running calls it at least every ``every`` seconds."""
+
+    renew: Callable[[], bool]
+    every: float
+
+
 @dataclass(slots=True)
 class CallState:
     """What the chain knows about the current call. Mutable; one per tools/call."""
@@ -65,6 +74,8 @@ class CallState:
     connector_classification: Any = None
     idempotency_key: str | None = None
     idempotency_outcome: str | None = None
+    # Keeps the call's idempotency claim while it waits for an approver (classification).
+    hold_claim: ClaimHold | None = None
     approval: Mapping[str, Any] | None = None
     pending_approval: Any = None  # verified approval claims, spent when the tool starts
     policy_decision: str | None = None
@@ -163,6 +174,7 @@ __all__ = [
     "META_TOOL_EFFECT",
     "PLUMBING_ARGS",
     "CallState",
+    "ClaimHold",
     "bind_principal",
     "current_call",
     "current_principal",

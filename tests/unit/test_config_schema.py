@@ -17,7 +17,7 @@ from nexus_mcp.commands.config_schema import (
     shipped_schema_path,
 )
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.policy.approvals import load_approval_settings
+from nexus_mcp.policy.approvals import SECTION_KEYS, load_approval_settings
 from nexus_mcp.settings import EXTERNAL_SECTIONS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,8 +92,9 @@ def test_sections_in_their_documented_forms_validate() -> None:
 
 def test_the_approvals_model_names_exactly_what_the_loader_accepts() -> None:
     every = {"secret": "s" * 40, "audience": "a", "issuer": "i", "ttl_seconds": 120}
-    every |= {"keys": None, "active_kid": "k1"}
-    assert set(every) == set(ApprovalsSection.model_fields)
+    every |= {"keys": None, "active_kid": "k1", "request_ttl_seconds": 60, "wait_seconds": 30}
+    every |= {"allow_self_approval": False}
+    assert set(every) == set(ApprovalsSection.model_fields) == set(SECTION_KEYS)
     load_approval_settings({}, {"approvals": every})  # nothing unknown to the loader
     with pytest.raises(ConfigError):
         load_approval_settings({}, {"approvals": {"colour": "blue"}})

@@ -15,15 +15,20 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from pydantic.json_schema import models_json_schema
 
 from nexus_mcp.policy.approvals import (
     DEFAULT_APPROVAL_TTL_SECONDS,
     DEFAULT_AUDIENCE,
     DEFAULT_ISSUER,
+    DEFAULT_REQUEST_TTL_SECONDS,
+    DEFAULT_WAIT_SECONDS,
     MAX_APPROVAL_TTL_SECONDS,
+    MAX_REQUEST_TTL_SECONDS,
+    MAX_WAIT_SECONDS,
     MIN_APPROVAL_TTL_SECONDS,
+    MIN_REQUEST_TTL_SECONDS,
 )
 from nexus_mcp.policy.repos import WritePolicy as RepoWritePolicy
 from nexus_mcp.policy.repos import _ReposDocument
@@ -61,6 +66,24 @@ class ApprovalsSection(BaseModel):
         ge=MIN_APPROVAL_TTL_SECONDS,
         le=MAX_APPROVAL_TTL_SECONDS,
         description="how long a minted approval token is valid",
+    )
+    request_ttl_seconds: StrictInt = Field(
+        default=DEFAULT_REQUEST_TTL_SECONDS,
+        ge=MIN_REQUEST_TTL_SECONDS,
+        le=MAX_REQUEST_TTL_SECONDS,
+        description="how long an approval request waits in the inbox (approved: for the retry)",
+    )
+    wait_seconds: StrictInt = Field(
+        default=DEFAULT_WAIT_SECONDS,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description=(
+            "how long a write may wait for an approver's decision when its client can answer "
+            "elicitation and chooses to wait (0: never wait)"
+        ),
+    )
+    allow_self_approval: StrictBool = Field(
+        default=False, description="an approver may approve a request of their own subject"
     )
 
 

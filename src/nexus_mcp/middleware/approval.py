@@ -14,6 +14,7 @@ from collections.abc import Callable, Container, Mapping
 from typing import Any, Protocol
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools.base import InputRequiredToolResult
 
 from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState
 from nexus_mcp.connector import chained_call
@@ -21,6 +22,12 @@ from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
 from nexus_mcp.identity.resolver import MODERN_PROTOCOL
 from nexus_mcp.middleware.inbox import Inbox
+from nexus_mcp.middleware.waiting import (
+    answer_to_wait,
+    ask_to_wait,
+    wait_for_decision,
+    wait_input,
+)
 from nexus_mcp.policy.approvals import (
     ApprovalClaims,
     ApprovalKeys,
@@ -40,6 +47,7 @@ from nexus_mcp.policy.write_policy import (
     measure_write,
 )
 from nexus_mcp.principal import Principal
+from nexus_mcp.stores.approval_requests import PENDING
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.workspace.files import Workspace
 from nexus_mcp.workspace.paths import target_paths
@@ -129,7 +137,9 @@ class ApprovalMiddleware(Middleware):
                 can_elicit=self._can_elicit(context),
             )
             if mode == "token":
-                await self._check_token(state, gate)
+                question = await self._check_token(state, gate, context)
+                if question is not None:
+                    return question  # 2026-07-28: asked whether to wait (never a result)
             elif mode == "elicit":
                 if gate is not None and state.principal is not None:
                     # The caller is the approver: a write it could not approve is refused
@@ -185,15 +195,29 @@ class ApprovalMiddleware(Middleware):
                 workspace.check_subtree(operation, workspace.named(named[0]), moved_to=moved_to)
         return decision
 
-    async def _check_token(self, state: CallState, gate: WriteGate | None = None) -> None:
+    async def _check_token(
+        self,
+        state: CallState,
+        gate: WriteGate | None = None,
+        context: MiddlewareContext[Any] | None = None,
+    ) -> InputRequiredToolResult | None:
         principal = state.principal
         token = plumbing_value(state, ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN)
         if not token and self.inbox is not None and principal is not None:
             # No token: the inbox opens a request for a person, or holds its approval.
             describe = gate.describe(state) if gate is not None else None
-            claims = await self.inbox.approval_for(state, principal, describe)
+            try:
+                claims = await self.inbox.approval_for(state, principal, describe)
+            except ApprovalRequiredError as refusal:
+                waited = await self._wait(context, state, refusal)
+                if waited is False:
+                    raise
+                if waited is not True:
+                    return waited
+                # Decided while the call waited: taken (or refused) exactly as a retry.
+                claims = await self.inbox.approval_for(state, principal, describe)
             self._take(state, claims)
-            return
+            return None
         if self.keys is None or principal is None:
             raise ApprovalRequiredError(reason="no_approval_keys")
         if not token:
@@ -212,6 +236,43 @@ class ApprovalMiddleware(Middleware):
             "host_id": claims.host_id,
             "jti_digest": approval_jti_digest(claims),
         }
+        return None
+
+    async def _wait(
+        self,
+        context: MiddlewareContext[Any] | None,
+        state: CallState,
+        refusal: ApprovalRequiredError,
+    ) -> InputRequiredToolResult | bool:
+        """Whether the refused call waits for its pending request (``middleware/waiting.py``).
+
+        True once the request was decided (or expired) while the client waited: the call
+        is then judged again, exactly as a retry would be. False: refuse as usual. On a
+        2026-07-28 connection without an answer yet: the question to return instead.
+        """
+        request_id = refusal.facts.get("approval_request_id")
+        seconds = self.approval_settings.wait_seconds
+        if context is None or self.inbox is None or seconds <= 0:
+            return False
+        ctx = context.fastmcp_context
+        if ctx is None or not isinstance(request_id, str):
+            return False
+        if _protocol(context) == MODERN_PROTOCOL:
+            if not _declares_elicitation(context):
+                return False
+            answer = answer_to_wait(ctx, request_id)
+            if answer is None:
+                return wait_input(request_id)
+            if not answer:
+                return False
+        elif not self._can_elicit(context) or not await ask_to_wait(
+            ctx, request_id, state.hold_claim
+        ):
+            return False
+        status = await wait_for_decision(
+            self.inbox.store, request_id, seconds, ctx, hold=state.hold_claim
+        )
+        return status != PENDING
 
     def _take(self, state: CallState, claims: ApprovalClaims) -> None:
         if state.tool_name in self.connector_tools:
@@ -234,17 +295,11 @@ class ApprovalMiddleware(Middleware):
         return policy_mode
 
     def _can_elicit(self, context: MiddlewareContext[Any]) -> bool:
-        ctx = context.fastmcp_context
-        if ctx is None or self.stateless_http:
+        """The client can answer ``ctx.elicit``: a handshake-era, stateful connection whose
+        client declared the elicitation capability."""
+        if self.stateless_http or _protocol(context) in (None, MODERN_PROTOCOL):
             return False
-        request = ctx.request_context
-        if request is None or getattr(request, "protocol_version", None) == MODERN_PROTOCOL:
-            return False
-        try:
-            capabilities = request.session.client_params.capabilities  # type: ignore[union-attr]
-        except AttributeError:
-            return False
-        return getattr(capabilities, "elicitation", None) is not None
+        return _declares_elicitation(context)
 
     async def _confirm(self, context: MiddlewareContext[Any], state: CallState) -> None:
         ctx = context.fastmcp_context
@@ -275,6 +330,26 @@ class ApprovalMiddleware(Middleware):
             "approver": principal.subject if principal else None,
             "host_id": "elicitation",
         }
+
+
+def _protocol(context: MiddlewareContext[Any]) -> str | None:
+    """The call's protocol version ("" when unknown); None outside a client request."""
+    ctx = context.fastmcp_context
+    request = ctx.request_context if ctx is not None else None
+    if request is None:
+        return None
+    return str(getattr(request, "protocol_version", None) or "")
+
+
+def _declares_elicitation(context: MiddlewareContext[Any]) -> bool:
+    """The client declared the elicitation capability (per request on 2026-07-28)."""
+    ctx = context.fastmcp_context
+    request = ctx.request_context if ctx is not None else None
+    try:
+        capabilities = request.session.client_params.capabilities  # type: ignore[union-attr]
+    except AttributeError:
+        return False
+    return getattr(capabilities, "elicitation", None) is not None
 
 
 __all__ = ["ApprovalMiddleware", "WriteGate"]

@@ -27,6 +27,7 @@ from nexus_mcp.connector import chained_call
 from nexus_mcp.contracts import ToolContract
 from nexus_mcp.envelope import safe_facts, to_wire_error
 from nexus_mcp.errors import Code, NexusError
+from nexus_mcp.middleware.waiting import is_question
 from nexus_mcp.observability.audit import (
     AUDIT_SCHEMA_VERSION,
     OUTCOME_OK,
@@ -42,6 +43,7 @@ from nexus_mcp.policy.hashing import fingerprint_arguments
 
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"
 OUTCOME_TOOL_ERROR = "TOOL_ERROR"
+OUTCOME_INPUT_REQUIRED = "INPUT_REQUIRED"  # a question to the client, not a result
 MAX_LOGGED_VALUE_CHARS = 256
 _INPUT_CODES = frozenset({Code.INVALID_INPUT, Code.INVALID_PATH})
 _APPROVAL_FIELDS = (
@@ -227,7 +229,11 @@ class AuditMiddleware(Middleware):
             # An upstream tool's own error answer (``isError``) is its result, not a
             # refusal; the audit still tells it from a success.
             is_error = getattr(result, "is_error", False) is True
-            self._finished(state, record, OUTCOME_TOOL_ERROR if is_error else OUTCOME_OK)
+            if is_question(result):
+                # A 2026-07-28 question to the client: the call did not run (blocked).
+                self._finished(state, record, OUTCOME_INPUT_REQUIRED)
+            else:
+                self._finished(state, record, OUTCOME_TOOL_ERROR if is_error else OUTCOME_OK)
             return result
         finally:
             if record is not None:
@@ -246,6 +252,7 @@ class AuditMiddleware(Middleware):
 
 
 __all__ = [
+    "OUTCOME_INPUT_REQUIRED",
     "OUTCOME_TOOL_ERROR",
     "OUTCOME_UNKNOWN_TOOL",
     "AuditMiddleware",

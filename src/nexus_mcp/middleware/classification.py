@@ -14,6 +14,7 @@ has no known target is refused before any record is claimed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +30,7 @@ from nexus_mcp.calls import (
     META_TOOL_EFFECT,
     PLUMBING_ARGS,
     CallState,
+    ClaimHold,
 )
 from nexus_mcp.connector import chained_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
@@ -40,6 +42,7 @@ from nexus_mcp.errors import (
     NexusError,
     UnavailableError,
 )
+from nexus_mcp.middleware.waiting import is_question
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.hashing import (
     PROBLEM_UNREPRESENTABLE,
@@ -58,6 +61,7 @@ from nexus_mcp.stores.idempotency import (
 log = get_logger(__name__)
 
 META_REPLAYED = "nexus.mcp/idempotent_replay"
+HOLD_PARTS = 4  # a waiting call renews its claim four times per lease
 _UNKNOWN_OUTCOME_CODES = frozenset({Code.TOOL_TIMEOUT, Code.INTERNAL_ERROR})
 
 
@@ -126,11 +130,21 @@ class ClassificationMiddleware(Middleware):
             state.idempotency_outcome = str(claim.status)
             raise refusal
         state.idempotency_outcome = "executed"
+        # Renewed well within the lease by a call that waits for an approver before running.
+        state.hold_claim = ClaimHold(
+            functools.partial(self.store.renew, claim), self.store.lease_seconds / HOLD_PARTS
+        )
         try:
             result = await call_next(context)
         except BaseException as exc:
             await asyncio.to_thread(self._release, claim, state, exc)
             raise
+        if is_question(result):
+            # A 2026-07-28 question to the client (whether to wait for an approver): not
+            # the call's result. Nothing ran; the key is freed for the retry that answers.
+            await asyncio.to_thread(self.store.abandon, claim)
+            state.idempotency_outcome = "abandoned"
+            return result
         try:
             await asyncio.to_thread(
                 self.store.complete, claim, json.dumps(to_record(result), separators=(",", ":"))

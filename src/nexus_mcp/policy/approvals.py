@@ -62,6 +62,10 @@ DEFAULT_APPROVAL_TTL_SECONDS = 300
 DEFAULT_REQUEST_TTL_SECONDS = 3600
 MIN_REQUEST_TTL_SECONDS = 60
 MAX_REQUEST_TTL_SECONDS = 7 * 24 * 3600
+# How long a call whose client can answer elicitation may wait for an approver's decision
+# (0: it is refused at once, and the agent retries once the request is approved).
+DEFAULT_WAIT_SECONDS = 0
+MAX_WAIT_SECONDS = 3600
 MIN_SECRET_BYTES = 32
 MAX_TOKEN_CHARS = 4096
 MIN_JTI_CHARS = 22  # 128 bits in base64url
@@ -103,6 +107,7 @@ SECTION_KEYS = (
     "issuer",
     "ttl_seconds",
     "request_ttl_seconds",
+    "wait_seconds",
     "allow_self_approval",
 )
 # Said by every minting path (POST /approvals/mint, ``nexus-mcp approvals mint``) alike.
@@ -167,6 +172,9 @@ class ApprovalSettings:
     issuer: str = DEFAULT_ISSUER
     ttl_seconds: int = DEFAULT_APPROVAL_TTL_SECONDS
     request_ttl_seconds: int = DEFAULT_REQUEST_TTL_SECONDS
+    # A write refused for a pending request may wait this long for its decision, when the
+    # client can answer elicitation and says it waits (``middleware/waiting.py``).
+    wait_seconds: int = DEFAULT_WAIT_SECONDS
     # An approver may approve a request of their own subject only when this is on.
     allow_self_approval: bool = False
 
@@ -190,6 +198,13 @@ class ApprovalSettings:
             raise ConfigError(
                 f"`approvals.request_ttl_seconds` should be between {MIN_REQUEST_TTL_SECONDS} "
                 f"and {MAX_REQUEST_TTL_SECONDS}"
+            )
+        hold = self.wait_seconds
+        if isinstance(hold, bool) or not isinstance(hold, int):
+            raise ConfigError("`approvals.wait_seconds` should be a whole number")
+        if not 0 <= hold <= MAX_WAIT_SECONDS:
+            raise ConfigError(
+                f"`approvals.wait_seconds` should be between 0 and {MAX_WAIT_SECONDS}"
             )
         if not isinstance(self.allow_self_approval, bool):
             raise ConfigError("`approvals.allow_self_approval` should be true or false")
@@ -452,6 +467,7 @@ def load_approval_settings(
         issuer=issuer,
         ttl_seconds=ttl,
         request_ttl_seconds=section.get("request_ttl_seconds", DEFAULT_REQUEST_TTL_SECONDS),
+        wait_seconds=section.get("wait_seconds", DEFAULT_WAIT_SECONDS),
         allow_self_approval=section.get("allow_self_approval", False),
     )
 

@@ -16,7 +16,8 @@ Life of a key (``begin`` claims it atomically, across threads and processes):
   ``mark_unknown`` (the tool may have acted but no result was recorded, e.g. a timeout).
 - ``REPLAY``: a result was recorded for the same arguments; return it, do not run the tool.
 - ``CONFLICT``: the key was used with different arguments (``IDEMPOTENCY_KEY_CONFLICT``).
-- ``IN_PROGRESS``: another caller holds a live claim; ``wait`` polls, bounded, until it
+- ``IN_PROGRESS``: another caller holds a live claim (its owner may ``renew`` the lease
+  while its call waits for an approver before running); ``wait`` polls, bounded, until it
   resolves, so concurrent calls with one key run the tool once and all get its result.
 - ``OUTCOME_UNKNOWN``: the claim's lease ran out without ``complete`` (the process died
   between running the tool and recording it) or the owner marked it unknown. The write
@@ -116,6 +117,9 @@ class Claim:
 
 
 class IdempotencyStore(Protocol):
+    @property
+    def lease_seconds(self) -> float: ...
+
     def begin(self, scope: IdempotencyScope, args_digest: str) -> Claim: ...
 
     def complete(self, claim: Claim, result_json: str) -> bool: ...
@@ -123,6 +127,8 @@ class IdempotencyStore(Protocol):
     def abandon(self, claim: Claim) -> bool: ...
 
     def mark_unknown(self, claim: Claim) -> bool: ...
+
+    def renew(self, claim: Claim) -> bool: ...
 
     async def wait(self, scope: IdempotencyScope, args_digest: str, timeout: float) -> Claim: ...
 
@@ -318,6 +324,37 @@ class SqlIdempotencyStore:
             " WHERE scope_key = ? AND owner = ? AND state = ?",
             (STATE_UNKNOWN,),
         )
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a pending claim is trusted without ``complete`` (or ``renew``)."""
+        return self._lease
+
+    def renew(self, claim: Claim) -> bool:
+        """A fresh lease (and a record that outlives it) for an owned pending claim whose
+        call still waits before running (for an approver: ``middleware/waiting.py``), so
+        retries under its key keep waiting for it instead of being refused as outcome
+        unknown. False when the claim is no longer this caller's."""
+        if claim.status is not ClaimStatus.NEW or claim.token is None:
+            return False
+        with self._db.statement() as db:
+            lease_until = self._now(db) + self._lease
+            return (
+                db.run(
+                    "UPDATE idempotency_records SET lease_until = ?,"
+                    " expires_at = CASE WHEN expires_at < ? THEN ? ELSE expires_at END"
+                    " WHERE scope_key = ? AND owner = ? AND state = ?",
+                    (
+                        lease_until,
+                        lease_until,
+                        lease_until,
+                        claim.scope.digest(),
+                        claim.token,
+                        STATE_PENDING,
+                    ),
+                )
+                == 1
+            )
 
     async def wait(self, scope: IdempotencyScope, args_digest: str, timeout: float) -> Claim:
         """Poll ``begin`` until the key is no longer IN_PROGRESS or ``timeout`` passes.

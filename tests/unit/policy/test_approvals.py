@@ -480,6 +480,23 @@ def test_approval_ttl_at_either_bound_is_accepted(ttl: int) -> None:
     assert ApprovalSettings(ttl_seconds=ttl).ttl_seconds == ttl
 
 
+@pytest.mark.parametrize("seconds", [-1, 3601, True, 1.5, "30"])
+def test_a_wait_outside_zero_to_an_hour_is_a_config_error(seconds: Any) -> None:
+    with pytest.raises(ConfigError, match=r"approvals\.wait_seconds"):
+        ApprovalSettings(wait_seconds=seconds)
+
+
+@pytest.mark.parametrize("seconds", [0, 3600])
+def test_a_wait_at_either_bound_is_accepted(seconds: int) -> None:
+    assert ApprovalSettings(wait_seconds=seconds).wait_seconds == seconds
+
+
+def test_the_wait_is_read_from_the_approvals_section_and_is_off_by_default() -> None:
+    assert load_approval_settings({}, None).wait_seconds == 0
+    loaded = load_approval_settings({}, {"approvals": {"wait_seconds": 120}})
+    assert loaded.wait_seconds == 120
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("approver", ""), ("subject", ""), ("tool", ""), ("host_id", "")],

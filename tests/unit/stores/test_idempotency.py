@@ -281,6 +281,29 @@ async def test_a_retry_after_a_crash_does_not_run_the_tool(
     reopened.close()
 
 
+def test_a_renewed_claim_stays_in_progress_past_its_first_lease_and_ttl(
+    backend: Backend, clock: FakeClock
+) -> None:
+    store = backend.open(ttl_seconds=LEASE * 2, lease_seconds=LEASE, clock=clock)
+    claim = store.begin(SCOPE, ARGS)
+    for _ in range(4):  # waits for an approver longer than the lease, and than the TTL
+        clock.now += LEASE - 1
+        assert store.renew(claim)
+        assert store.begin(SCOPE, ARGS).status is ClaimStatus.IN_PROGRESS
+    assert store.complete(claim, json.dumps("done"))
+    assert store.begin(SCOPE, ARGS).status is ClaimStatus.REPLAY
+    assert not store.renew(claim)  # settled: nothing to renew
+
+
+def test_only_the_owner_of_a_pending_claim_renews_it(store: IdempotencyStore) -> None:
+    claim = store.begin(SCOPE, ARGS)
+    waiter = store.begin(SCOPE, ARGS)
+    assert waiter.status is ClaimStatus.IN_PROGRESS and not store.renew(waiter)
+    forged = Claim(ClaimStatus.NEW, SCOPE, ARGS, token="0" * 32)
+    assert not store.renew(forged)
+    assert store.abandon(claim) and not store.renew(claim)
+
+
 def test_keys_are_scoped_by_subject_server_tool_and_target(store: IdempotencyStore) -> None:
     scopes = [
         SCOPE,
