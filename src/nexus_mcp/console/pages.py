@@ -203,6 +203,8 @@ _PLAIN_PATH = re.compile(r"/console(/[A-Za-z0-9_.-]{1,64}){0,4}/?")
 def _plain_path(path: str) -> str:
     """The console path refused, for the audit; anything unusual is not copied there."""
     return path if _PLAIN_PATH.fullmatch(path) else "/console/(other)"
+
+
 _VERBS = {
     "read": "read the console",
     "decide": "decide approval requests",
