@@ -12,13 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.console.security import ConsoleKeys, load_console_key
 from nexus_mcp.observability.audit import AuditLog
 from nexus_mcp.policy.approvals import ApprovalSettings
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.backends import StateStores
+
+if TYPE_CHECKING:
+    from nexus_mcp.providers.upstream.pins_view import PinsView
 
 # The pages beyond the inbox each take a view of their own (pins, access, audit, health);
 # a page whose view is missing says so instead of failing.
@@ -41,6 +44,9 @@ class ConsoleServices:
     sign_in: Any = None
     # Called after a grant changes, so the server's own caches follow (server only).
     on_grants_changed: Callable[[str], None] | None = None
+    # The upstreams' tools against their pins, and re-pinning (``console/pins.py``); None:
+    # no upstreams are configured.
+    pins: PinsView | None = None
 
     @property
     def approver_roles(self) -> tuple[str, ...]:
