@@ -92,7 +92,7 @@ async def serve(gw: Gateway, flag: Path) -> AsyncIterator[Served]:
             "transport": "http",
             "port": 0,
             "auth": {"jwt_secret": SECRET, "audience": AUDIENCE},
-            "console": {"viewer_roles": ["viewer"]},
+            "console": {"viewer_roles": ["viewer"], "approver_roles": ["approver"]},
         },
     )
     async with serve_settings(settings, gw.audit, config_file=gw.config_file) as (server, url):
@@ -154,7 +154,7 @@ async def test_a_rug_pull_is_reviewed_side_by_side_and_repinned_by_an_approver(
     assert pinned_before is not None
     assert "up_echo" not in await served.agent_tools()  # quarantined by the rug pull
     async with client(served) as browser:
-        csrf = await sign_in(browser, served.link())
+        csrf = await sign_in(browser, served.link(role="approver", subject="ops:approver"))
         page = (await browser.get("/console/pins")).text
         echo = section(page, "echo")
         assert "changed" in echo and "pinned, unchanged" in section(page, "add")
@@ -198,7 +198,7 @@ async def test_a_rug_pull_is_reviewed_side_by_side_and_repinned_by_an_approver(
     assert [(e["tool"], e["server_id"], e["pinned_sha256"], e["outcome"]) for e in repinned] == [
         ("echo", "up", again["sha256"], "OK")
     ]
-    assert repinned[0]["transport"] == "console" and repinned[0]["subject"].startswith("local:")
+    assert repinned[0]["transport"] == "console" and repinned[0]["subject"] == "ops:approver"
     reasons = [e["reason"] for e in served.events("console_refused")]
     assert reasons == ["csrf", "csrf", "repin_definition_moved"]
 
