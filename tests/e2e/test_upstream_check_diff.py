@@ -17,7 +17,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from nexus_mcp.commands.upstream_diff import MAX_LINE_CHARS
+from nexus_mcp.policy.definition_diff import MAX_LINE_CHARS
 from nexus_mcp.policy.registry import list_registry_files
 from nexus_mcp.stores.locations import UPSTREAM_QUARANTINE_DB
 from nexus_mcp.stores.sqlite_quarantine import SqliteQuarantineEvidence

@@ -108,6 +108,7 @@ def standalone_app(settings: Settings, config: str | None) -> tuple[Any, Any]:
     state = open_state(settings, os.environ)
     audit = AuditLog([JsonlAuditSink(settings.audit_path)])
     services = ConsoleServices(
+        pins=_pins(settings, Path(config) if config else None),
         settings=settings,
         config_file=Path(config) if config else None,
         approval_settings=approval_settings,
@@ -129,6 +130,19 @@ def standalone_app(settings: Settings, config: str | None) -> tuple[Any, Any]:
         state.close()
 
     return app, close
+
+
+def _pins(settings: Settings, config: Path | None) -> Any:
+    """The pins page beside a stdio server: no gateway here, so each page connects to the
+    upstreams as ``nexus-mcp upstream check`` does; None without upstreams."""
+    from nexus_mcp.commands.upstream import review_context
+    from nexus_mcp.providers.upstream.pins_view import PinsView
+    from nexus_mcp.settings import config_sections
+
+    if config is None or not config_sections(config).get("upstreams"):
+        return None
+    context = review_context(settings, config)
+    return PinsView(context) if context.server_ids else None
 
 
 def serve_console(settings: Settings, config: str | None, port: int) -> int:

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nexus_mcp.commands.upstream_diff import escape, safe_line
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import AuditEvent, JsonlAuditSink
 from nexus_mcp.policy.approvals import load_approval_settings
 from nexus_mcp.policy.console import self_approval_refused
+from nexus_mcp.policy.definition_diff import escape, safe_line
 from nexus_mcp.settings import Settings, config_sections, load_settings
 from nexus_mcp.stores.approval_requests import (
     ApprovalDecisionError,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.console.security import ConsoleKeys, load_console_key
 from nexus_mcp.observability.audit import AuditLog
@@ -20,6 +20,9 @@ from nexus_mcp.policy.approvals import ApprovalSettings
 from nexus_mcp.policy.profiles import ToolProfileConfig
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.backends import StateStores
+
+if TYPE_CHECKING:
+    from nexus_mcp.providers.upstream.pins_view import PinsView
 
 # The pages beyond the inbox each take a view of their own (pins, access, audit, health);
 # a page whose view is missing says so instead of failing.
@@ -49,6 +52,9 @@ class ConsoleServices:
     upstreams: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
     # The loaded registries' versions and digests (server only).
     registry_info: Callable[[], Mapping[str, Any] | None] | None = None
+    # The upstreams' tools against their pins, and re-pinning (``console/pins.py``); None:
+    # no upstreams are configured.
+    pins: PinsView | None = None
 
     @property
     def approver_roles(self) -> tuple[str, ...]:

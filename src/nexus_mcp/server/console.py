@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nexus_mcp.console.services import ConsoleServices, console_keys
+from nexus_mcp.policy.registry import upstream_registry_dir
+from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+from nexus_mcp.providers.upstream.pins_view import PinsView
+from nexus_mcp.providers.upstream.review import ReviewContext
 from nexus_mcp.server.runtime import Runtime, grants_changed
 
 
@@ -24,7 +28,33 @@ def console_services(runtime: Runtime, environ: Mapping[str, str]) -> ConsoleSer
         profiles=runtime.access.profiles,
         upstreams=runtime.upstreams.summary if runtime.upstreams is not None else None,
         registry_info=runtime.registry_info,
+        pins=gateway_pins(runtime, runtime.upstreams) if runtime.upstreams else None,
     )
+
+
+def gateway_pins(runtime: Runtime, gateway: UpstreamGateway) -> PinsView:
+    """The pins page over the gateway's own upstream servers: their decisions for the
+    page; their secrets and evidence stores for a re-pin's fresh connection."""
+    settings = runtime.settings
+    servers = gateway.servers
+    first = next(iter(servers.values()), None)
+    shared = None
+    if first is not None and first.shares_evidence:
+        from nexus_mcp.stores.redis_quarantine import RedisSeenDigests
+
+        if isinstance(first.evidence, RedisSeenDigests):
+            shared = first.evidence
+    context = ReviewContext(
+        gateway.config,
+        upstream_registry_dir(settings.registry.directory, settings.registry.upstream_directory),
+        gateway.mode,
+        gateway.registry,
+        settings,
+        secrets=lambda upstream: servers[upstream.server_id].secrets,
+        persisted=first.persisted if first is not None else None,
+        shared=shared,
+    )
+    return PinsView(context, live=servers)
 
 
 __all__ = ["console_services"]

@@ -50,6 +50,11 @@ class QuarantineEvidence:
         """The evidence is another store than this process's own copy (shared backend)."""
         return self.evidence is not self._local
 
+    def seen_digests(self, name: str) -> frozenset[str]:
+        """Every digest this process knows a session showed for ``name`` under its pin now
+        in force (its own, and what it read from the shared or persisted store)."""
+        return self._local.get(self.server_id, name, pinned=self.pins.digests.get(name))
+
     async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A network store is asked from a worker thread (a slow store never stalls the
         event loop); process memory is answered inline."""

@@ -232,6 +232,10 @@ class UpstreamServer(PinnedTools):
     async def start(self) -> None:
         self._bind_loop()
 
+    def bound_here(self) -> bool:
+        """Its sessions live on the running event loop (where it may list and refresh)."""
+        return self._loop is not None and self._loop is asyncio.get_running_loop()
+
     @property
     def first_attempt_done(self) -> bool:
         return self._first_attempt is not None and self._first_attempt.is_set()

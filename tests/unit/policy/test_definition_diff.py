@@ -1,11 +1,11 @@
 """What ``upstream check`` and ``pin`` print of an upstream's definitions: escaped, cut,
-and diffed field by field (``commands/upstream_diff.py``)."""
+and diffed field by field (``policy/definition_diff.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from nexus_mcp.commands.upstream_diff import (
+from nexus_mcp.policy.definition_diff import (
     MAX_DIFF_LINES,
     MAX_FIELD_LINES,
     MAX_LINE_CHARS,

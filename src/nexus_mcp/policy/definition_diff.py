@@ -1,5 +1,6 @@
-"""What an upstream's tool definition says, made safe for the operator's terminal, and
-how it differs from the definition it was pinned from (``upstream check`` and ``pin``).
+"""What an upstream's tool definition says, made safe for the operator's terminal (and the
+console's page), and how it differs from the definition it was pinned from (``upstream
+check`` and ``pin``, and the console's Upstream pins page).
 
 Everything here is the upstream's text, so it is hostile: it may carry terminal escapes
 (``ESC [ 2 J`` clears the screen, OSC 8 writes links, OSC 52 the clipboard), carriage

@@ -1,0 +1,251 @@
+"""Upstream pins: each upstream tool's pinned and current definition side by side, the
+diff, the verdict, the quarantined tools and their evidence; re-pin by an approver.
+
+What the page says of a tool is what ``nexus-mcp upstream check`` says ("pinned,
+unchanged", "not pinned yet", "changed", "removed upstream"), from the same report
+(``providers/upstream/review.py``); a re-pin is ``nexus-mcp upstream pin`` for that tool
+(or every changed tool of one upstream), bound to the digest of what the page showed
+(``providers/upstream/pins_view.py``): if the upstream shows anything else by then,
+nothing is written and the page shows the new definition. Every re-pin is audited
+(``upstream_repinned``, one record per tool), every refusal too.
+
+Names, descriptions and schemas are the upstream's text: hostile. They reach the page
+escaped and bounded line by line (``policy/definition_diff.py``), then through Jinja's
+autoescape; they never reach a script, and attributes only as autoescaped values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from nexus_mcp.console.pages import PREFIX, Console
+from nexus_mcp.console.security import ConsoleUser
+from nexus_mcp.policy.definition_diff import INDENT, SHOWN_FIELDS, field_lines
+from nexus_mcp.policy.pins import PinState
+from nexus_mcp.providers.upstream.pins_view import PinsView, RepinOutcome
+from nexus_mcp.providers.upstream.review import (
+    REMOVED_UPSTREAM,
+    change_lines,
+    selection_digest,
+    to_pin,
+    verdict,
+)
+
+UPSTREAM_REPINNED = "upstream_repinned"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_TOOL = re.compile(r"[A-Za-z0-9_.\-/]{1,128}")
+_REASONS = {
+    "tool_definition_changed": "its definition differs from its pin",
+    "tool_unpinned": "it has no pin (prod exposes pinned tools only)",
+    "pin_entry_invalid": "its entry in the lock file cannot be used",
+}
+_REFUSED = {
+    "unreachable": (502, "the upstream could not be reached: nothing was pinned"),
+    "pins_unusable": (
+        409,
+        "the upstream's lock file cannot be used: move it away, then pin again",
+    ),
+    "unlisted": (409, "the upstream does not list that tool (any more): nothing was pinned"),
+    "evidence": (503, "the quarantine evidence could not be cleared: nothing was pinned"),
+    "configuration": (409, "this upstream's configuration cannot be used here"),
+}
+
+
+def routes(console: Console) -> list[Route]:
+    async def page(request: Request) -> Response:
+        user = console.require(request, "read")
+        if isinstance(user, Response):
+            return user
+        view = console.services.pins
+        reports = await view.reports() if view is not None else []
+        pinned = request.query_params.get("pinned", "")
+        return console.render(
+            request,
+            "pins.html",
+            user,
+            page="pins",
+            available=view is not None,
+            servers=[server_model(r) for r in reports],
+            pinned=int(pinned) if pinned.isdigit() and len(pinned) < 6 else None,
+            moved=False,
+        )
+
+    async def repin(request: Request) -> Response:
+        user = console.require(request, "repin")
+        if isinstance(user, Response):
+            return user
+        form = await console.form(request, user)
+        if isinstance(form, Response):
+            return form
+        view = console.services.pins
+        server_id = form.get("server", "")
+        if view is None or server_id not in view.server_ids:
+            return console.refuse(request, user, 404, "no such upstream", code="unknown_upstream")
+        scope, tool, shown = form.get("scope"), form.get("tool") or None, form.get("sha256", "")
+        if (
+            scope not in ("tool", "all")
+            or (scope == "tool") != (tool is not None)
+            or (tool is not None and not _TOOL.fullmatch(tool))
+            or not _DIGEST.fullmatch(shown)
+        ):
+            return console.refuse(request, user, 400, "malformed re-pin form", code="repin_form")
+        outcome = await view.repin(server_id, tool, shown)
+        return _answer(console, request, user, view, server_id, outcome)
+
+    return [
+        Route(f"{PREFIX}/pins", page, methods=["GET"]),
+        Route(f"{PREFIX}/pins/repin", repin, methods=["POST"]),
+    ]
+
+
+def _answer(
+    console: Console,
+    request: Request,
+    user: ConsoleUser,
+    view: PinsView,
+    server_id: str,
+    outcome: RepinOutcome,
+) -> Response:
+    if outcome.status == "refused":
+        status, message = _REFUSED.get(outcome.why or "", (409, "nothing was pinned"))
+        return console.refuse(request, user, status, message, code=f"repin_{outcome.why}")
+    if outcome.status == "moved":
+        # What was reviewed is not what the upstream shows now: refused, and the page
+        # shows the new definition to review (a fixed notice, never the request's words).
+        console.audit(
+            "console_refused",
+            user,
+            tool="console",
+            outcome="REFUSED",
+            reason="repin_definition_moved",
+            server_id=server_id,
+            facts={"path": f"{PREFIX}/pins/repin", "method": "POST"},
+        )
+        assert outcome.report is not None
+        return console.render(
+            request,
+            "pins.html",
+            user,
+            status=409,
+            page="pins",
+            available=True,
+            servers=[server_model(outcome.report)],
+            pinned=None,
+            moved=True,
+        )
+    for tool, digest in outcome.pinned.items():
+        console.audit(
+            UPSTREAM_REPINNED,
+            user,
+            tool=tool,
+            server_id=server_id,
+            pinned_sha256=digest,
+            outcome="OK",
+            facts={"definitions_kept": outcome.kept, "host": view.host},
+        )
+    return RedirectResponse(
+        f"{PREFIX}/pins?pinned={len(outcome.pinned)}#server-{server_id}", status_code=303
+    )
+
+
+def server_model(report: Mapping[str, Any]) -> dict[str, Any]:
+    """What the template shows of one upstream's report (``review.server_report``)."""
+    ready = report["state"] == "ready" and not report["pins_unusable"]
+    kept = report["kept"]
+    tools = [tool_model(tool, kept, pinnable=ready) for tool in report["tools"].values()]
+    changes = to_pin(report, None)
+    removed = []
+    for name, pinned in sorted(report.get("pinned_missing", {}).items()):
+        before = kept.for_pin(name, pinned)
+        removed.append(
+            {
+                "name": name,
+                "pinned": pinned,
+                "verdict": REMOVED_UPSTREAM,
+                "fields": [(f, _text(before.get(f)), None, False) for f in SHOWN_FIELDS]
+                if before is not None
+                else None,
+            }
+        )
+    problems = [*report["pin_problems"], *kept.problems()]
+    problems += [
+        f"definition #{i['position']} skipped ({i['reason']}), sha256 {i['sha256']}"
+        for i in report["invalid"]
+    ]
+    if report["cut"] is not None:
+        reason, count = report["cut"]
+        problems.append(f"listing cut after {count} definitions ({reason}): the rest is hidden")
+    return {
+        "id": report["server_id"],
+        "state": report["state"],
+        "failure": report["failure"],
+        "pins_unusable": report["pins_unusable"],
+        "problems": problems,
+        "tools": tools,
+        "removed": removed,
+        "quarantined": [t for t in tools if t["status"] == "quarantined"],
+        "changes": len(changes),
+        "all_digest": selection_digest(changes),
+        "pinnable": ready and bool(changes),
+    }
+
+
+def tool_model(tool: Mapping[str, Any], kept: Any, *, pinnable: bool) -> dict[str, Any]:
+    name, pinned, definition = tool["upstream_name"], tool["pinned"], tool["definition"]
+    before = kept.for_pin(name, pinned) if pinned is not None else None
+    fields: list[tuple[str, str | None, str, bool]] = []
+    for f in SHOWN_FIELDS:
+        now = _text(definition.get(f))
+        if before is None:
+            fields.append((f, None, now, False))
+        else:
+            fields.append((f, _text(before.get(f)), now, before.get(f) != definition.get(f)))
+    changed = tool["pin"] != PinState.PINNED
+    return {
+        "name": name,
+        "exposed": tool["exposed"],
+        "tool_class": tool["class"],
+        "status": tool["status"],
+        "reason": _REASONS.get(tool.get("reason") or "", tool.get("reason") or ""),
+        "verdict": verdict(tool),
+        "pinned": pinned,
+        "sha256": tool["sha256"],
+        "evidence": [(d, d == pinned) for d in tool.get("evidence", ())],
+        "seen": tool["seen"],
+        "fields": fields,
+        "pinned_known": before is not None,
+        "diff": _diff(change_lines(tool, kept)) if changed else [],
+        "changed": changed,
+        "can_pin": pinnable and changed and tool["allowed"],
+    }
+
+
+def _text(value: Any) -> str:
+    """One field as the page shows it: escaped and bounded lines (``field_lines``)."""
+    return "\n".join(field_lines(value))
+
+
+def _diff(lines: list[str]) -> list[tuple[str, str]]:
+    """Each diff line without its terminal indent, with its kind (for its colour)."""
+    out = []
+    for line in lines:
+        text = line.removeprefix(INDENT)
+        if text.startswith("  +"):
+            kind = "add"
+        elif text.startswith("  -"):
+            kind = "del"
+        elif text.startswith("  @@"):
+            kind = "hunk"
+        else:
+            kind = "field"
+        out.append((kind, text))
+    return out
+
+
+__all__ = ["UPSTREAM_REPINNED", "routes", "server_model"]
