@@ -129,6 +129,8 @@ class ConsoleKeys:
     def __init__(self, key: bytes, *, session_ttl_seconds: int) -> None:
         self._sessions = URLSafeTimedSerializer(key, salt="nexus-console-session")
         self._links = URLSafeTimedSerializer(key, salt="nexus-console-login")
+        # The identity provider sign-in in progress (``oidc.py``): state, nonce, verifier.
+        self._flows = URLSafeTimedSerializer(key, salt="nexus-console-oidc-flow")
         self.session_ttl_seconds = session_ttl_seconds
 
     def new_session(
@@ -181,6 +183,26 @@ class ConsoleKeys:
         ):
             return None
         return data
+
+    def seal_flow(self, flow: Mapping[str, str]) -> str:
+        """A sign-in in progress at the identity provider, for its short-lived cookie."""
+        return self._flows.dumps(dict(flow))
+
+    def open_flow(
+        self, value: str | None, *, fields: tuple[str, ...], max_age: int
+    ) -> dict[str, str] | None:
+        """The sign-in in progress if the cookie is ours and young, with every field a string."""
+        if not value or len(value) > MAX_COOKIE_CHARS:
+            return None
+        try:
+            data = self._flows.loads(value, max_age=max_age)
+        except BadData:
+            return None
+        if not isinstance(data, dict) or not all(
+            isinstance(data.get(k), str) and data.get(k) for k in fields
+        ):
+            return None
+        return {k: data[k] for k in fields}
 
 
 def public_origin(base_url: str | None) -> str | None:

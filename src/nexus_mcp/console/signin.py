@@ -36,8 +36,13 @@ def start_session(
     subject: str,
     role: str,
     via: str,
+    landing: Response | None = None,
 ) -> Response:
-    """Sign ``subject`` in (their console role from ``role``) and go to the inbox."""
+    """Sign ``subject`` in (their console role from ``role``) and go to the inbox.
+
+    ``landing`` is the answer that carries the session cookie (default: a redirect to the
+    inbox); the identity provider's callback sends a same-origin page instead (``oidc.py``).
+    """
     services = console.services
     granted = console_role(role, services.settings.console, services.approver_roles)
     if granted is None:
@@ -52,7 +57,7 @@ def start_session(
         via=via,
     )
     console.audit("console_signed_in", user, tool="console", outcome="OK", facts={"via": via})
-    response = RedirectResponse(f"{PREFIX}/inbox", status_code=303)
+    response = landing or RedirectResponse(f"{PREFIX}/inbox", status_code=303)
     set_session_cookie(response, request, cookie, services.keys.session_ttl_seconds, console.public)
     return response
 
