@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from nexus_mcp.console import oidc as console_oidc
+from nexus_mcp.console.security import ConsoleKeys, load_console_key
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server import NexusServer
 from nexus_mcp.settings import Settings
@@ -233,7 +234,7 @@ async def test_an_approver_signs_in_with_the_provider_and_sees_the_inbox(served:
     assert signed_in_as(inbox.text) == "lena@example.test · approver"
     [signed] = served.events("console_signed_in")
     assert signed["subject"] == "lena@example.test" and signed["role"] == "evaluator"
-    assert json.dumps(signed).count('"oidc"') == 1  # via oidc
+    assert signed["facts"] == {"via": "oidc"}
     assert served.refusals() == []
 
 
@@ -333,6 +334,46 @@ async def test_a_tampered_state_is_refused_and_spends_the_sign_in(served: Served
     assert not session_cookie_set(tampered) and not session_cookie_set(genuine)
     assert genuine.status_code == 400
     assert served.refusals() == ["oidc_state", "oidc_state"]
+
+
+async def test_an_answer_naming_another_issuer_is_never_exchanged(served: Served) -> None:
+    """RFC 9207: the provider names itself in its answer; another name is a mix-up."""
+
+    keys = ConsoleKeys(
+        load_console_key(served.server.runtime.settings, {}), session_ttl_seconds=600
+    )
+
+    def flow() -> tuple[httpx.Response, httpx.Response]:
+        with Browser() as browser:
+            callback = to_callback(browser, served, "lena")
+            pending = keys.open_flow(
+                flow_cookie(browser), fields=console_oidc.FLOW_FIELDS, max_age=600
+            )
+            assert pending is not None
+            query = {k: v[0] for k, v in parse_qs(urlsplit(callback).query).items()}
+            assert query["iss"] == served.issuer
+            mixed = {**query, "iss": "http://127.0.0.1:1"}
+            refused = browser.get(f"{served.base}{CALLBACK}?{urlencode(mixed)}")
+        # The code was never spent: with the flow's verifier the provider still takes it.
+        return refused, httpx.post(
+            f"{served.issuer}/token",
+            data={
+                "grant_type": "authorization_code",
+                "code": query["code"],
+                "code_verifier": pending["verifier"],
+                "redirect_uri": served.base + CALLBACK,
+            },
+            auth=("nexus-front", FRONT_SECRET),
+            timeout=10,
+        )
+
+    refused, exchange = await in_thread(flow)
+    assert refused.status_code == 400
+    assert refusal_of(refused) == console_oidc.UNUSABLE
+    assert not session_cookie_set(refused)
+    assert served.refusals() == ["oidc_issuer"]
+    assert exchange.status_code == 200, exchange.text
+    assert exchange.json()["id_token"]
 
 
 async def test_a_tampered_flow_cookie_is_refused(served: Served) -> None:
