@@ -27,7 +27,11 @@ import httpx
 import pytest
 
 from nexus_mcp.console import oidc as console_oidc
-from nexus_mcp.console.security import ConsoleKeys, load_console_key
+from nexus_mcp.console.security import (
+    CONTENT_SECURITY_POLICY,
+    ConsoleKeys,
+    load_console_key,
+)
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server import NexusServer
 from nexus_mcp.settings import Settings
@@ -219,6 +223,12 @@ async def test_an_approver_signs_in_with_the_provider_and_sees_the_inbox(served:
 
     signin, landed, inbox, callback = await in_thread(flow)
     assert 'action="/console/oidc/start"' in signin.text
+    # Browsers hold the button's redirect to form-action: the provider's origin, there only.
+    assert signin.headers["content-security-policy"] == CONTENT_SECURITY_POLICY.replace(
+        "form-action 'self'", f"form-action 'self' {served.issuer}"
+    )
+    assert landed.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert inbox.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     query = parse_qs(urlsplit(callback).query)
     assert set(query) >= {"code", "state"}
     # A same-origin page that moves on (no script), carrying the Strict session cookie.
@@ -492,4 +502,5 @@ async def test_without_a_provider_there_is_no_provider_sign_in(
             start = await client.post("/console/oidc/start", headers={"Origin": base})
             callback = await client.get(f"{CALLBACK}?code=x&state=y")
     assert signin.status_code == 200 and "/oidc/start" not in signin.text
+    assert signin.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     assert start.status_code == 404 and callback.status_code == 404

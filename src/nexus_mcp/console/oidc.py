@@ -37,6 +37,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from authlib.integrations.httpx_client import AsyncOAuth2Client
@@ -60,6 +61,7 @@ FLOW_FIELDS = ("state", "nonce", "verifier")
 FLOW_TTL_SECONDS = 600
 STATE_PREFIX = "console-oidc:"
 MAX_PARAM_CHARS = 4096
+MAX_ID_TOKEN_CHARS = 64 * 1024
 MAX_KEYS_BYTES = 512 * 1024
 # A key set is read again for an unknown key id (the provider rotated), at most this often.
 KEYS_REFRESH_SECONDS = 60.0
@@ -143,6 +145,12 @@ class OidcSignIn:
         self._keys_lock = asyncio.Lock()
 
     @property
+    def authorization_origin(self) -> str:
+        """Where the sign-in page's button leads (its ``form-action``, ``security.py``)."""
+        parts = urlsplit(self.endpoints.authorization_endpoint)
+        return f"{parts.scheme}://{parts.netloc}"
+
+    @property
     def issuers(self) -> tuple[str, str]:
         # The configured issuer, with and without the slash a URL type may have added.
         bare = self.endpoints.issuer.rstrip("/")
@@ -162,15 +170,15 @@ class OidcSignIn:
             follow_redirects=False,
         )
 
-    def authorization_url(self, flow: Mapping[str, str]) -> str:
+    async def authorization_url(self, flow: Mapping[str, str]) -> str:
         """Where the browser goes to sign in (PKCE S256, state and nonce from ``flow``)."""
-        client = self._client()
-        url, _ = client.create_authorization_url(
-            self.endpoints.authorization_endpoint,
-            state=flow["state"],
-            code_verifier=flow["verifier"],
-            nonce=flow["nonce"],
-        )
+        async with self._client() as client:
+            url, _ = client.create_authorization_url(
+                self.endpoints.authorization_endpoint,
+                state=flow["state"],
+                code_verifier=flow["verifier"],
+                nonce=flow["nonce"],
+            )
         return str(url)
 
     async def exchange(self, code: str, verifier: str) -> str:
@@ -186,7 +194,7 @@ class OidcSignIn:
         except Exception:  # noqa: BLE001 - any failure is the same refusal, never echoed
             raise SignInFailed("oidc_exchange") from None
         id_token = token.get("id_token") if isinstance(token, Mapping) else None
-        if not isinstance(id_token, str) or not id_token or len(id_token) > MAX_KEYS_BYTES:
+        if not isinstance(id_token, str) or not id_token or len(id_token) > MAX_ID_TOKEN_CHARS:
             raise SignInFailed("oidc_no_id_token")
         return id_token
 
@@ -303,7 +311,7 @@ def routes(console: Console) -> list[Route]:
             # RFC 7636 4.1: 43 to 128 characters; 64 random bytes give 86.
             "verifier": secrets.token_urlsafe(64),
         }
-        response = RedirectResponse(sign_in.authorization_url(flow), status_code=303)
+        response = RedirectResponse(await sign_in.authorization_url(flow), status_code=303)
         _set_flow_cookie(response, request, keys.seal_flow(flow), console.public)
         return response
 

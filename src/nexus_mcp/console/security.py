@@ -81,6 +81,13 @@ SECURITY_HEADERS: Mapping[str, str] = {
 }
 
 
+def policy_with_form_action(origin: str) -> str:
+    """The CSP of a page whose form leads to ``origin`` too: browsers hold a form's
+    submission to ``form-action`` through its redirects, so the sign-in page's button
+    (a POST answered by a redirect to the identity provider) needs the provider's origin."""
+    return CONTENT_SECURITY_POLICY.replace("form-action 'self'", f"form-action 'self' {origin}")
+
+
 @dataclass(frozen=True)
 class ConsoleUser:
     """A signed-in person, as the session cookie holds them."""
@@ -264,6 +271,7 @@ __all__ = [
     "is_https",
     "load_console_key",
     "own_origin",
+    "policy_with_form_action",
     "public_origin",
     "same_origin",
 ]

@@ -23,6 +23,7 @@ from nexus_mcp.console.security import (
     ConsoleUser,
     cookie_name,
     is_https,
+    policy_with_form_action,
     same_origin,
 )
 from nexus_mcp.policy.console import LOGIN_LINK_TTL_SECONDS, console_role
@@ -94,12 +95,17 @@ def routes(console: Console) -> list[Route]:
     async def signin(request: Request) -> Response:
         if console.user(request) is not None:
             return RedirectResponse(f"{PREFIX}/inbox", status_code=303)
-        return console.render(
+        page = console.render(
             request,
             "signin.html",
             None,
             provider=services.sign_in is not None,
         )
+        # The button's redirect to the identity provider is held to form-action too.
+        origin = getattr(services.sign_in, "authorization_origin", None)
+        if isinstance(origin, str):
+            page.headers["Content-Security-Policy"] = policy_with_form_action(origin)
+        return page
 
     async def login_page(request: Request) -> Response:
         token = request.query_params.get("t")
