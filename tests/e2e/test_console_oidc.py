@@ -35,6 +35,7 @@ from nexus_mcp.console.security import (
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server import NexusServer
 from nexus_mcp.settings import Settings
+from tests.support.chromium import Watched, chromium, new_page, screenshot
 from tests.support.oidc import Browser, OidcProvider, oidc_provider_fixture
 
 from .access_helpers import serve_settings
@@ -504,3 +505,25 @@ async def test_without_a_provider_there_is_no_provider_sign_in(
     assert signin.status_code == 200 and "/oidc/start" not in signin.text
     assert signin.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     assert start.status_code == 404 and callback.status_code == 404
+
+
+async def test_a_real_browser_signs_in_with_the_button(served: Served) -> None:
+    """Chromium itself: the button's redirect to the provider passes the sign-in page's
+    form-action, the Lax flow cookie comes back with the provider's redirect, and the
+    Strict session cookie set on that cross-site answer is sent once the same-origin page
+    moves on to the inbox."""
+    watched = Watched()
+    async with chromium() as browser:
+        page = await new_page(browser, watched)
+        await page.goto(f"{served.base}/console/signin")
+        await screenshot(page, "signin-provider")
+        await page.click("#oidc-signin")
+        await page.wait_for_url(f"{served.issuer}/interaction/**")
+        await page.fill("input[name=login]", "lena")
+        await page.fill("input[name=password]", ACCOUNTS["lena"]["password"])
+        await page.click("button[type=submit]")
+        await page.wait_for_url(f"{served.base}/console/inbox")
+        who = await page.text_content('span[title="console role"]')
+    assert who == "lena@example.test · approver"
+    assert watched.csp == [] and watched.errors == [] and watched.dialogs == []
+    assert served.refusals() == []

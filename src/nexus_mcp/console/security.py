@@ -13,7 +13,8 @@
   browser's ``Sec-Fetch-Site`` when sent).
 - **Headers** on every console response: a strict Content-Security-Policy (scripts,
   styles and fetches from the console's own origin only, no inline code, no framing, forms
-  post only to itself), ``X-Frame-Options: DENY``, ``nosniff``, no referrer, no caching.
+  post only to itself; the sign-in page's also to the identity provider), ``X-Frame-Options:
+  DENY``, ``nosniff``, no referrer, no caching.
 
 The key is ``console.secret`` (replicas behind one address must share it) or a random key
 made once in the data dir (``console.key``, 0600), which the file tools never reach
