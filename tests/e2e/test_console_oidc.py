@@ -77,6 +77,12 @@ ACCOUNTS: dict[str, Any] = {
         "groups": LEADS,
         "idToken": {"exp": 1_000_000_000, "iat": 999_999_000},
     },
+    "eve-azp": {
+        "password": "eve-pw",
+        "email": "eve@example.test",
+        "groups": LEADS,
+        "idToken": {"azp": "another-client"},
+    },
     "eve-two-audiences": {
         "password": "eve-pw",
         "email": "eve@example.test",
@@ -304,6 +310,7 @@ async def test_a_person_without_a_console_role_is_refused(
     [
         ("eve-aud", "oidc_id_token"),
         ("eve-two-audiences", "oidc_id_token"),
+        ("eve-azp", "oidc_id_token"),
         ("eve-iss", "oidc_id_token"),
         ("eve-exp", "oidc_id_token"),
         ("eve-nonce", "oidc_nonce"),

@@ -226,8 +226,9 @@ class OidcSignIn:
         if not isinstance(sent, str) or not hmac.compare_digest(sent.encode(), nonce.encode()):
             raise SignInFailed("oidc_nonce")
         audience = claims.get("aud")
-        # OIDC Core 3.1.3.7: with several audiences, azp names the client it was for.
-        if isinstance(audience, list) and len(audience) > 1 and claims.get("azp") != self.client_id:
+        several = isinstance(audience, list) and len(audience) > 1
+        # OIDC Core 3.1.3.7: with several audiences azp must name us; present, it must anyway.
+        if (several or "azp" in claims) and claims.get("azp") != self.client_id:
             raise SignInFailed("oidc_id_token")
         return claims
 
