@@ -7,7 +7,10 @@
 // (PORT 0, the default, picks a free one). SIGTERM or SIGINT stops it.
 //
 // CONFIG (JSON):
-//   "accounts":  {LOGIN: {"password", "email", "groups": [...], "roles": [...]}}  (sub = LOGIN)
+//   "accounts":  {LOGIN: {"password", "email", "groups": [...], "roles": [...]}}  (sub = LOGIN);
+//                an account's "idToken": {CLAIM: value} makes the provider misbehave for
+//                the relying-party tests: its ID tokens get these claims (aud, nonce, iss,
+//                exp ...) after they are made, signed again with the provider's own key
 //   "clients":   [oidc-provider client metadata: client_id, client_secret, redirect_uris,
 //                 grant_types, token_endpoint_auth_method, scope, ...]; an extra key
 //                 "claims": {"email", "groups", "roles"} is put into that client's
@@ -27,7 +30,14 @@
 // "audience"), scope, client_id, and the account's email, groups and roles. Login and consent
 // are plain HTML forms so that an HTTP client can drive them (tests/support/oidc.py).
 
-import { generateKeyPairSync, randomBytes, randomUUID, timingSafeEqual } from "node:crypto";
+import {
+  createPrivateKey,
+  generateKeyPairSync,
+  randomBytes,
+  randomUUID,
+  sign,
+  timingSafeEqual,
+} from "node:crypto";
 import { readFileSync } from "node:fs";
 import http from "node:http";
 import Provider, { errors } from "oidc-provider";
@@ -58,6 +68,22 @@ function signingKeys() {
   return { keys: [{ ...privateKey.export({ format: "jwk" }), kid: randomUUID(), use: "sig", alg: "RS256" }] };
 }
 
+const KEYS = signingKeys();
+
+// An account's "idToken" overrides: its ID token's payload changed, signed again (RS256).
+function tamperIdToken(token) {
+  const [header, body] = token.split(".");
+  const payload = JSON.parse(Buffer.from(body, "base64url").toString("utf8"));
+  const account = Object.hasOwn(accounts, payload.sub) ? accounts[payload.sub] : undefined;
+  if (!account?.idToken) return token;
+  const head = JSON.parse(Buffer.from(header, "base64url").toString("utf8"));
+  const jwk = KEYS.keys.find((key) => key.kid === head.kid) ?? KEYS.keys[0];
+  const changed = Buffer.from(JSON.stringify({ ...payload, ...account.idToken })).toString("base64url");
+  const input = `${header}.${changed}`;
+  const signature = sign("sha256", Buffer.from(input), createPrivateKey({ key: jwk, format: "jwk" }));
+  return `${input}.${signature.toString("base64url")}`;
+}
+
 function accountClaims(login) {
   const account = accounts[login];
   return { email: account.email, groups: account.groups ?? [], roles: account.roles ?? [] };
@@ -82,7 +108,7 @@ function passwordMatches(login, password) {
 function configuration() {
   return {
     clients,
-    jwks: signingKeys(),
+    jwks: KEYS,
     cookies: { keys: [randomBytes(32).toString("base64url")] },
     scopes: scopesAccepted(),
     claims: CLAIMS,
@@ -247,6 +273,11 @@ server.listen(port, "127.0.0.1", () => {
   const actual = server.address().port;
   const issuer = `http://127.0.0.1:${actual}`;
   const provider = new Provider(issuer, configuration());
+  const issueIdToken = provider.IdToken.prototype.issue;
+  provider.IdToken.prototype.issue = async function issue(options) {
+    const token = await issueIdToken.call(this, options);
+    return options?.use === "idtoken" ? tamperIdToken(token) : token;
+  };
   const callback = provider.callback();
   handler = (req, res) => {
     const match = UID.exec(new URL(req.url, issuer).pathname);

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from nexus_mcp.console import access, audit, health, inbox, pins, signin
+from nexus_mcp.console import access, audit, health, inbox, oidc, pins, signin
 from nexus_mcp.console.pages import PREFIX, Console
 from nexus_mcp.console.security import SECURITY_HEADERS
 from nexus_mcp.console.services import ConsoleServices
@@ -42,6 +42,7 @@ def console_routes(services: ConsoleServices) -> list[Route]:
 
     pages: list[Route] = [
         *signin.routes(console),
+        *oidc.routes(console),
         *inbox.routes(console),
         *access.routes(console),
         *audit.routes(console),

@@ -13,7 +13,8 @@
   browser's ``Sec-Fetch-Site`` when sent).
 - **Headers** on every console response: a strict Content-Security-Policy (scripts,
   styles and fetches from the console's own origin only, no inline code, no framing, forms
-  post only to itself), ``X-Frame-Options: DENY``, ``nosniff``, no referrer, no caching.
+  post only to itself; the sign-in page's also to the identity provider), ``X-Frame-Options:
+  DENY``, ``nosniff``, no referrer, no caching.
 
 The key is ``console.secret`` (replicas behind one address must share it) or a random key
 made once in the data dir (``console.key``, 0600), which the file tools never reach
@@ -81,6 +82,13 @@ SECURITY_HEADERS: Mapping[str, str] = {
 }
 
 
+def policy_with_form_action(origin: str) -> str:
+    """The CSP of a page whose form leads to ``origin`` too: browsers hold a form's
+    submission to ``form-action`` through its redirects, so the sign-in page's button
+    (a POST answered by a redirect to the identity provider) needs the provider's origin."""
+    return CONTENT_SECURITY_POLICY.replace("form-action 'self'", f"form-action 'self' {origin}")
+
+
 @dataclass(frozen=True)
 class ConsoleUser:
     """A signed-in person, as the session cookie holds them."""
@@ -129,6 +137,8 @@ class ConsoleKeys:
     def __init__(self, key: bytes, *, session_ttl_seconds: int) -> None:
         self._sessions = URLSafeTimedSerializer(key, salt="nexus-console-session")
         self._links = URLSafeTimedSerializer(key, salt="nexus-console-login")
+        # The identity provider sign-in in progress (``oidc.py``): state, nonce, verifier.
+        self._flows = URLSafeTimedSerializer(key, salt="nexus-console-oidc-flow")
         self.session_ttl_seconds = session_ttl_seconds
 
     def new_session(
@@ -181,6 +191,26 @@ class ConsoleKeys:
         ):
             return None
         return data
+
+    def seal_flow(self, flow: Mapping[str, str]) -> str:
+        """A sign-in in progress at the identity provider, for its short-lived cookie."""
+        return self._flows.dumps(dict(flow))
+
+    def open_flow(
+        self, value: str | None, *, fields: tuple[str, ...], max_age: int
+    ) -> dict[str, str] | None:
+        """The sign-in in progress if the cookie is ours and young, with every field a string."""
+        if not value or len(value) > MAX_COOKIE_CHARS:
+            return None
+        try:
+            data = self._flows.loads(value, max_age=max_age)
+        except BadData:
+            return None
+        if not isinstance(data, dict) or not all(
+            isinstance(data.get(k), str) and data.get(k) for k in fields
+        ):
+            return None
+        return {k: data[k] for k in fields}
 
 
 def public_origin(base_url: str | None) -> str | None:
@@ -242,6 +272,7 @@ __all__ = [
     "is_https",
     "load_console_key",
     "own_origin",
+    "policy_with_form_action",
     "public_origin",
     "same_origin",
 ]

@@ -23,6 +23,7 @@ from nexus_mcp.console.security import (
     ConsoleUser,
     cookie_name,
     is_https,
+    policy_with_form_action,
     same_origin,
 )
 from nexus_mcp.policy.console import LOGIN_LINK_TTL_SECONDS, console_role
@@ -36,8 +37,13 @@ def start_session(
     subject: str,
     role: str,
     via: str,
+    landing: Response | None = None,
 ) -> Response:
-    """Sign ``subject`` in (their console role from ``role``) and go to the inbox."""
+    """Sign ``subject`` in (their console role from ``role``) and go to the inbox.
+
+    ``landing`` is the answer that carries the session cookie (default: a redirect to the
+    inbox); the identity provider's callback sends a same-origin page instead (``oidc.py``).
+    """
     services = console.services
     granted = console_role(role, services.settings.console, services.approver_roles)
     if granted is None:
@@ -52,7 +58,7 @@ def start_session(
         via=via,
     )
     console.audit("console_signed_in", user, tool="console", outcome="OK", facts={"via": via})
-    response = RedirectResponse(f"{PREFIX}/inbox", status_code=303)
+    response = landing or RedirectResponse(f"{PREFIX}/inbox", status_code=303)
     set_session_cookie(response, request, cookie, services.keys.session_ttl_seconds, console.public)
     return response
 
@@ -89,12 +95,17 @@ def routes(console: Console) -> list[Route]:
     async def signin(request: Request) -> Response:
         if console.user(request) is not None:
             return RedirectResponse(f"{PREFIX}/inbox", status_code=303)
-        return console.render(
+        page = console.render(
             request,
             "signin.html",
             None,
             provider=services.sign_in is not None,
         )
+        # The button's redirect to the identity provider is held to form-action too.
+        origin = getattr(services.sign_in, "authorization_origin", None)
+        if isinstance(origin, str):
+            page.headers["Content-Security-Policy"] = policy_with_form_action(origin)
+        return page
 
     async def login_page(request: Request) -> Response:
         token = request.query_params.get("t")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from nexus_mcp.console.oidc import CALLBACK_PATH, OidcSignIn, ProviderEndpoints, id_token_algorithms
 from nexus_mcp.console.services import ConsoleServices, console_keys
+from nexus_mcp.identity.oauth import FrontDoorProxy
 from nexus_mcp.policy.registry import upstream_registry_dir
 from nexus_mcp.providers.upstream.gateway import UpstreamGateway
 from nexus_mcp.providers.upstream.pins_view import PinsView
@@ -29,6 +31,7 @@ def console_services(runtime: Runtime, environ: Mapping[str, str]) -> ConsoleSer
         upstreams=runtime.upstreams.summary if runtime.upstreams is not None else None,
         registry_info=runtime.registry_info,
         pins=gateway_pins(runtime, runtime.upstreams) if runtime.upstreams else None,
+        sign_in=provider_sign_in(runtime),
     )
 
 
@@ -57,4 +60,42 @@ def gateway_pins(runtime: Runtime, gateway: UpstreamGateway) -> PinsView:
     return PinsView(context, live=servers)
 
 
-__all__ = ["console_services"]
+def provider_sign_in(runtime: Runtime) -> OidcSignIn | None:
+    """Sign-in with the team's identity provider, when the server has the front door.
+
+    It reuses ``auth.oidc_proxy``'s client at the provider and the discovery the front
+    door did at start-up (its issuer checked). A provider without discovery (explicit
+    endpoints, a plain OAuth 2 server) issues no ID token to verify; a server with
+    ``auth.authorization_servers`` only has no client of its own at the provider.
+    """
+    auth = runtime.settings.auth
+    spec = auth.oidc_proxy
+    door = runtime.front_door
+    if spec is None or auth.base_url is None or door is None:
+        return None
+    provider = door.provider
+    if not isinstance(provider, FrontDoorProxy):
+        return None
+    config = provider.oidc_config
+    endpoints = ProviderEndpoints(
+        issuer=spec.issuer,
+        authorization_endpoint=str(config.authorization_endpoint),
+        token_endpoint=str(config.token_endpoint),
+        jwks_uri=str(config.jwks_uri),
+        algorithms=id_token_algorithms(config.id_token_signing_alg_values_supported),
+    )
+    return OidcSignIn(
+        endpoints=endpoints,
+        client_id=spec.client_id,
+        client_secret=(
+            spec.client_secret.get_secret_value() if spec.client_secret is not None else None
+        ),
+        scopes=spec.scopes,
+        redirect_uri=auth.base_url + CALLBACK_PATH,
+        mapper=door.mapper,
+        leeway_seconds=auth.leeway_seconds,
+        timeout_seconds=float(spec.discovery_timeout_seconds),
+    )
+
+
+__all__ = ["console_services", "gateway_pins", "provider_sign_in"]
