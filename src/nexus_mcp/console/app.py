@@ -21,6 +21,7 @@ from nexus_mcp.console.pages import PREFIX, Console
 from nexus_mcp.console.security import SECURITY_HEADERS
 from nexus_mcp.console.services import ConsoleServices
 
+ANY_METHOD = ("DELETE", "GET", "OPTIONS", "PATCH", "POST", "PUT")
 STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
 
 
@@ -40,6 +41,9 @@ def console_routes(services: ConsoleServices) -> list[Route]:
         headers = {**SECURITY_HEADERS, "Cache-Control": "no-cache"}
         return Response(body, media_type=kind, headers=headers)
 
+    async def not_found(request: Request) -> Response:
+        return Response("not found", status_code=404, headers=dict(SECURITY_HEADERS))
+
     pages: list[Route] = [
         *signin.routes(console),
         *oidc.routes(console),
@@ -49,6 +53,9 @@ def console_routes(services: ConsoleServices) -> list[Route]:
         *health.routes(console),
         *pins.routes(console),
         Route(f"{PREFIX}/static/{{name}}", static, methods=["GET"]),
+        # Last: any other /console path or method is the console's own not-found (with its
+        # headers: no framing, no sniffing), never the bare answer of the HTTP framework.
+        Route(f"{PREFIX}/{{rest:path}}", not_found, methods=list(ANY_METHOD)),
     ]
     return [
         Route(route.path, _secured(route.endpoint), methods=sorted(route.methods or ()))

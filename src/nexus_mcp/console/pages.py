@@ -13,6 +13,7 @@ import re
 import time
 import unicodedata
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -32,7 +33,7 @@ from nexus_mcp.console.services import ConsoleServices
 from nexus_mcp.ids import new_id
 from nexus_mcp.observability.audit import AuditEvent
 from nexus_mcp.observability.logs import get_logger
-from nexus_mcp.policy.console import allows
+from nexus_mcp.policy.console import allows, console_role
 
 log = get_logger(__name__)
 PREFIX = "/console"
@@ -104,7 +105,16 @@ class Console:
 
     def user(self, request: Request) -> ConsoleUser | None:
         cookie = request.cookies.get(cookie_name(request, self.public))
-        return self.services.keys.read_session(cookie)
+        user = self.services.keys.read_session(cookie)
+        if user is None:
+            return None
+        # The console role the person's role has *now*, not the one the cookie was signed
+        # with: a narrowed ``console.*`` mapping takes effect on sessions already open.
+        services = self.services
+        current = console_role(user.role, services.settings.console, services.approver_roles)
+        if current is None:
+            return None
+        return user if current == user.console_role else replace(user, console_role=current)
 
     def require(self, request: Request, action: str) -> ConsoleUser | Response:
         """The signed-in user allowed to take ``action``, or the response that refuses."""
