@@ -189,3 +189,18 @@ async def test_concurrent_approve_and_deny_of_one_request_one_wins(served: Serve
     final = store.get(opened.id)
     assert final is not None and final.status in ("approved", "denied")
     assert re.search(opened.id, won[0].headers["location"])
+
+
+# -- query numbers: a digit Python's int() does not read is no crash -----------------------
+
+
+@pytest.mark.parametrize("path", ["/console/audit?page=%C2%B2", "/console/pins?pinned=%C2%B2"])
+async def test_a_superscript_digit_in_a_number_is_ignored_not_a_server_error(
+    served: Served, path: str
+) -> None:
+    cookie, _ = served.session(role="admin", console_role="admin")
+    async with served.browser() as browser:
+        browser.cookies.set(COOKIE_NAME, cookie, path="/console")
+        answer = await browser.get(path)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers.get("x-frame-options") == "DENY"

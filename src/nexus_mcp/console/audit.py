@@ -136,7 +136,11 @@ def routes(console: Console) -> list[Route]:
         if chosen is None:
             return console.refuse(request, user, 400, _BAD_FILTER, code="filter")
         page_text = request.query_params.get("page", "1")
-        page = int(page_text) if page_text.isdigit() and len(page_text) < 4 else 1
+        page = (
+            int(page_text)
+            if page_text.isascii() and page_text.isdigit() and len(page_text) < 4
+            else 1
+        )
         page = min(max(1, page), MAX_PAGES)
         found = await asyncio.to_thread(scan, path)
         hits = [r for r in found.records if matches(r, chosen)]

@@ -134,7 +134,9 @@ class Console:
         if not same_origin(request, self.public):
             return self.refuse(request, user, 403, "cross-site request refused", code="origin")
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_FORM_BYTES):
+        if length is not None and (
+            not (length.isascii() and length.isdigit()) or int(length) > MAX_FORM_BYTES
+        ):
             return self.refuse(request, user, 413, "form too large", code="too_large")
         try:
             async with request.form(max_files=0, max_fields=20, max_part_size=MAX_FORM_BYTES) as f:

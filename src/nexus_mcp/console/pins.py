@@ -72,7 +72,9 @@ def routes(console: Console) -> list[Route]:
             page="pins",
             available=view is not None,
             servers=[server_model(r) for r in reports],
-            pinned=int(pinned) if pinned.isdigit() and len(pinned) < 6 else None,
+            pinned=int(pinned)
+            if pinned.isascii() and pinned.isdigit() and len(pinned) < 6
+            else None,
             moved=False,
         )
 
