@@ -25,7 +25,7 @@ from nexus_mcp.server import NexusServer
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.approval_requests import PENDING, ApprovalRequest
 
-from .access_helpers import AUDIENCE, SECRET, serve_settings
+from .access_helpers import AUDIENCE, SECRET, grants_db, serve_settings, tuples_table_missing
 
 pytestmark = pytest.mark.slow
 
@@ -204,3 +204,20 @@ async def test_a_superscript_digit_in_a_number_is_ignored_not_a_server_error(
         answer = await browser.get(path)
     assert answer.status_code == 200, answer.text
     assert answer.headers.get("x-frame-options") == "DENY"
+
+
+# -- a fault inside a page: the console's headers, no exception text -----------------------
+
+
+async def test_a_store_fault_on_a_page_is_a_plain_500_with_the_console_headers(
+    served: Served,
+) -> None:
+    cookie, _ = served.session(role="admin", console_role="admin")
+    async with served.browser() as browser:
+        browser.cookies.set(COOKIE_NAME, cookie, path="/console")
+        with tuples_table_missing(grants_db(served.server)):
+            answer = await browser.get("/console/access")
+    assert answer.status_code == 500
+    assert answer.headers.get("x-frame-options") == "DENY"
+    assert "frame-ancestors 'none'" in answer.headers.get("content-security-policy", "")
+    assert "tuples" not in answer.text and "sqlite" not in answer.text.lower()

@@ -20,6 +20,9 @@ from nexus_mcp.console import access, audit, health, inbox, oidc, pins, signin
 from nexus_mcp.console.pages import PREFIX, Console
 from nexus_mcp.console.security import SECURITY_HEADERS
 from nexus_mcp.console.services import ConsoleServices
+from nexus_mcp.observability.logs import get_logger
+
+log = get_logger(__name__)
 
 ANY_METHOD = ("DELETE", "GET", "OPTIONS", "PATCH", "POST", "PUT")
 STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
@@ -67,7 +70,13 @@ def _secured(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[...
     """Every console answer (pages, redirects, refusals, JSON) with the strict headers."""
 
     async def answer(request: Request) -> Response:
-        response = await endpoint(request)
+        try:
+            response = await endpoint(request)
+        except Exception as exc:  # noqa: BLE001 - any fault is the same plain page
+            # Not the framework's bare 500 (no anti-framing headers); never the exception's
+            # text to the browser, its type to the server's log.
+            log.error("console_page_failed", error_type=type(exc).__name__)
+            return Response("server error", status_code=500, headers=dict(SECURITY_HEADERS))
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
         return response
