@@ -4,7 +4,10 @@ A session cookie carries the console role it was granted at sign-in; the role a 
 has *now* (the server's current ``console.*`` mapping of their principal role) is what
 decides, so a session made before an admin narrowed the mapping cannot keep powers the
 person no longer has. Every answer on a ``/console`` path, including the not-found and
-wrong-method answers the HTTP framework gives, carries the console's anti-framing headers.
+wrong-method answers the HTTP framework gives and a fault inside a page, carries the
+console's anti-framing headers and no exception text. A number in a query string that
+Python's ``str.isdigit`` accepts but ``int`` cannot read is ignored, not a crash. Races
+over a real socket: one login link makes one session, one request gets one decision.
 """
 
 from __future__ import annotations
