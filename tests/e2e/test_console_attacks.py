@@ -224,3 +224,35 @@ async def test_a_store_fault_on_a_page_is_a_plain_500_with_the_console_headers(
     assert answer.headers.get("x-frame-options") == "DENY"
     assert "frame-ancestors 'none'" in answer.headers.get("content-security-policy", "")
     assert "tuples" not in answer.text and "sqlite" not in answer.text.lower()
+
+
+# -- sign-out: a copy of the cookie is dead too ---------------------------------------------
+
+
+async def test_a_signed_out_session_is_refused_even_from_a_copy_of_its_cookie(
+    served: Served,
+) -> None:
+    cookie, csrf = served.session(role="admin", console_role="admin")
+    jar = {COOKIE_NAME: cookie}
+    async with served.browser() as browser:
+        browser.cookies.update(jar)
+        assert (await browser.get("/console/inbox")).status_code == 200
+        out = await browser.post(
+            "/console/logout", data={"csrf": csrf}, headers={"Origin": served.base}
+        )
+        assert out.status_code == 303
+    async with served.browser() as thief:
+        thief.cookies.update(jar)  # the cookie as copied before the sign-out
+        again = await thief.get("/console/inbox")
+        assert again.status_code == 303 and again.headers["location"].endswith("/signin")
+        post = await thief.post(
+            "/console/access/assign",
+            data={"csrf": csrf, "subject": "mallory", "profile": "full"},
+            headers={"Origin": served.base},
+        )
+        assert post.status_code == 401
+    # Another session of the same person is not affected.
+    other, _ = served.session(role="admin", console_role="admin")
+    async with served.browser() as browser:
+        browser.cookies.update({COOKIE_NAME: other})
+        assert (await browser.get("/console/inbox")).status_code == 200

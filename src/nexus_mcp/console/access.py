@@ -95,7 +95,7 @@ def routes(console: Console) -> list[Route]:
         return None
 
     async def page(request: Request) -> Response:
-        user = console.require(request, "read")
+        user = await console.require(request, "read")
         if isinstance(user, Response):
             return user
         config = await asyncio.to_thread(profiles)
@@ -116,7 +116,7 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def assign_route(request: Request) -> Response:
-        user = console.require(request, "grant")
+        user = await console.require(request, "grant")
         if isinstance(user, Response):
             return user
         form = await console.form(request, user)
@@ -137,7 +137,7 @@ def routes(console: Console) -> list[Route]:
         return RedirectResponse(f"{PREFIX}/access?done=assigned", status_code=303)
 
     async def revoke_route(request: Request) -> Response:
-        user = console.require(request, "grant")
+        user = await console.require(request, "grant")
         if isinstance(user, Response):
             return user
         form = await console.form(request, user)

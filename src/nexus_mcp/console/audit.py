@@ -129,7 +129,7 @@ def routes(console: Console) -> list[Route]:
     path = console.services.settings.audit_path
 
     async def search(request: Request) -> Response:
-        user = console.require(request, "read")
+        user = await console.require(request, "read")
         if isinstance(user, Response):
             return user
         chosen = _filters(request.query_params)
@@ -166,7 +166,7 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def story(request: Request) -> Response:
-        user = console.require(request, "read")
+        user = await console.require(request, "read")
         if isinstance(user, Response):
             return user
         correlation_id = request.path_params.get("correlation_id", "")

@@ -46,7 +46,7 @@ def routes(console: Console) -> list[Route]:
         return hashlib.sha256(" ".join(r.id for r in requests).encode()).hexdigest()[:16]
 
     async def inbox(request: Request) -> Response:
-        user = console.require(request, "read")
+        user = await console.require(request, "read")
         if isinstance(user, Response):
             return user
         requests = await waiting()
@@ -61,14 +61,14 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def listing(request: Request) -> Response:
-        user = console.require(request, "read")
+        user = await console.require(request, "read")
         if isinstance(user, Response):
             return user
         requests = await waiting()
         return console.render(request, "inbox_list.html", user, requests=requests, now=time.time())
 
     async def state(request: Request) -> Response:
-        user = console.require(request, "read")
+        user = await console.require(request, "read")
         if isinstance(user, Response):
             return user
         requests = await waiting()
@@ -78,7 +78,7 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def show(request: Request) -> Response:
-        user = console.require(request, "read")
+        user = await console.require(request, "read")
         if isinstance(user, Response):
             return user
         found = await _get(request)
@@ -96,7 +96,7 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def decide(request: Request) -> Response:
-        user = console.require(request, "decide")
+        user = await console.require(request, "decide")
         if isinstance(user, Response):
             return user
         form = await console.form(request, user)

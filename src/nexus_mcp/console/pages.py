@@ -9,6 +9,7 @@ rule, never the request's words, and every action and refusal is audited.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import unicodedata
@@ -28,6 +29,7 @@ from nexus_mcp.console.security import (
     csrf_ok,
     public_origin,
     same_origin,
+    session_jti,
 )
 from nexus_mcp.console.services import ConsoleServices
 from nexus_mcp.ids import new_id
@@ -103,10 +105,14 @@ class Console:
 
     # -- who is asking -------------------------------------------------------------
 
-    def user(self, request: Request) -> ConsoleUser | None:
+    async def user(self, request: Request) -> ConsoleUser | None:
         cookie = request.cookies.get(cookie_name(request, self.public))
         user = self.services.keys.read_session(cookie)
         if user is None:
+            return None
+        # Signed out (or revoked): the session's id is spent in the nonce store, which
+        # every replica shares, so a copy of the cookie is refused too.
+        if await asyncio.to_thread(self.services.state.nonces.spent, session_jti(user)):
             return None
         # The console role the person's role has *now*, not the one the cookie was signed
         # with: a narrowed ``console.*`` mapping takes effect on sessions already open.
@@ -116,9 +122,9 @@ class Console:
             return None
         return user if current == user.console_role else replace(user, console_role=current)
 
-    def require(self, request: Request, action: str) -> ConsoleUser | Response:
+    async def require(self, request: Request, action: str) -> ConsoleUser | Response:
         """The signed-in user allowed to take ``action``, or the response that refuses."""
-        user = self.user(request)
+        user = await self.user(request)
         if user is None:
             if request.method == "GET":
                 return RedirectResponse(f"{PREFIX}/signin", status_code=303, headers=_NO_STORE)

@@ -59,7 +59,7 @@ _REFUSED = {
 
 def routes(console: Console) -> list[Route]:
     async def page(request: Request) -> Response:
-        user = console.require(request, "read")
+        user = await console.require(request, "read")
         if isinstance(user, Response):
             return user
         view = console.services.pins
@@ -79,7 +79,7 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def repin(request: Request) -> Response:
-        user = console.require(request, "repin")
+        user = await console.require(request, "repin")
         if isinstance(user, Response):
             return user
         form = await console.form(request, user)

@@ -54,6 +54,7 @@ MAX_COOKIE_CHARS = 4000
 MAX_LINK_CHARS = 2000
 KEY_BYTES = 32
 LOGIN_JTI_PREFIX = "console-login:"
+SESSION_JTI_PREFIX = "console-session:"
 
 CONTENT_SECURITY_POLICY = "; ".join(
     (
@@ -221,6 +222,11 @@ def public_origin(base_url: str | None) -> str | None:
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
 
 
+def session_jti(user: ConsoleUser) -> str:
+    """The nonce-store id that marks a session signed out."""
+    return SESSION_JTI_PREFIX + user.sid
+
+
 def is_https(request: Request, public: str | None = None) -> bool:
     # Behind a TLS-terminating proxy the request itself may look like plain HTTP.
     return request.url.scheme == "https" or (public or "").startswith("https://")
@@ -275,4 +281,5 @@ __all__ = [
     "policy_with_form_action",
     "public_origin",
     "same_origin",
+    "session_jti",
 ]

@@ -11,6 +11,7 @@ Two ways in, both ending in the same signed session cookie (``security.py``):
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.requests import Request
@@ -25,6 +26,7 @@ from nexus_mcp.console.security import (
     is_https,
     policy_with_form_action,
     same_origin,
+    session_jti,
 )
 from nexus_mcp.policy.console import LOGIN_LINK_TTL_SECONDS, console_role
 from nexus_mcp.principal import to_log_subject
@@ -93,7 +95,7 @@ def routes(console: Console) -> list[Route]:
     services = console.services
 
     async def signin(request: Request) -> Response:
-        if console.user(request) is not None:
+        if await console.user(request) is not None:
             return RedirectResponse(f"{PREFIX}/inbox", status_code=303)
         page = console.render(
             request,
@@ -136,12 +138,18 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def logout(request: Request) -> Response:
-        user = console.user(request)
+        user = await console.user(request)
         if user is None:
             return RedirectResponse(f"{PREFIX}/signin", status_code=303)
         form = await console.form(request, user)
         if isinstance(form, Response):
             return form
+        # The cookie is signed, not stored: its id is spent so no copy of it works again.
+        await asyncio.to_thread(
+            services.state.nonces.consume,
+            session_jti(user),
+            user.signed_in_at + services.keys.session_ttl_seconds + 60,
+        )
         console.audit("console_signed_out", user, tool="console", outcome="OK")
         response = RedirectResponse(f"{PREFIX}/signin", status_code=303)
         clear_session_cookie(response, request, console.public)

@@ -377,6 +377,11 @@ class NonceStore(Protocol):
         """
         ...
 
+    def spent(self, jti: str) -> bool:
+        """Whether ``jti`` is remembered as used now (records nothing): how a console
+        session signed out, or revoked, is told from one still good."""
+        ...
+
 
 def spend_approval(claims: ApprovalClaims, nonce_store: NonceStore) -> None:
     """Consume the token's nonce; a second spend is ``ApprovalReplayedError``.

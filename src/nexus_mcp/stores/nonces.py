@@ -92,6 +92,11 @@ class MemoryNonceStore:
             heapq.heappush(self._expiry_heap, (expires_at, jti))
             return True
 
+    def spent(self, jti: str) -> bool:
+        with self._lock:
+            self._purge_expired(self._clock())
+            return jti in self._expiry_by_jti
+
     def __len__(self) -> int:
         with self._lock:
             self._purge_expired(self._clock())
@@ -144,6 +149,14 @@ class SqliteNonceStore:
                 (key, float(expires_at)),
             )
             return cursor.rowcount == 1
+
+    def spent(self, jti: str) -> bool:
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM used_nonces WHERE jti_sha256 = ? AND expires_at > ?",
+                (_digest(jti), self._clock()),
+            ).fetchone()
+            return row is not None
 
     def purge_expired(self, now: float | None = None) -> int:
         """Drop the ids whose tokens can no longer verify; the number dropped."""

@@ -186,6 +186,10 @@ class RedisNonceStore:
         held = previous.decode("ascii", "replace") if isinstance(previous, bytes) else previous
         return bool(held == token)
 
+    def spent(self, jti: str) -> bool:
+        key = self.key(jti)
+        return bool(call_store(NONCES, "spent", lambda: self._client.exists(key)))
+
     def close(self) -> None:
         """Release the client's connections (shared with the budget and rate limiter,
         which reopen them if still used)."""
