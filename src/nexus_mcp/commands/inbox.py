@@ -33,6 +33,7 @@ from typing import Any
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import AuditEvent, JsonlAuditSink
+from nexus_mcp.policy.approval_requests import span_text
 from nexus_mcp.policy.approvals import load_approval_settings
 from nexus_mcp.policy.console import self_approval_refused
 from nexus_mcp.policy.definition_diff import escape, safe_line
@@ -105,7 +106,8 @@ def run_pending(args: argparse.Namespace) -> int:
     for request in requests:
         row = _summary(request, now)
         print(
-            f"{row['id']}  {_age(row['age_seconds'])} ago  {_age(row['expires_in_seconds'])} left"
+            f"{row['id']}  {span_text(row['age_seconds'])} ago"
+            f"  {span_text(row['expires_in_seconds'])} left"
             f"  {safe_line(request.tool, 80)}  by {safe_line(request.log_subject, 80)}"
             f" ({request.role})  {safe_line(request.target or '-', 120)}"
         )
@@ -134,8 +136,8 @@ def run_show(args: argparse.Namespace) -> int:
         f"target    {safe_line(request.target or '-', 1000)}",
         f"rule      {safe_line(request.policy_rule or '-', 200)}",
         f"arguments sha256:{request.args_digest}",
-        f"opened    {_age(now - request.created_at)} ago, expires in "
-        f"{_age(request.expires_at - now)}",
+        f"opened    {span_text(now - request.created_at)} ago, expires in "
+        f"{span_text(request.expires_at - now)}",
     ]
     if request.decided_by is not None:
         lines.append(f"decided   by {safe_line(request.decided_by, 200)}")
@@ -230,15 +232,6 @@ def _summary(request: ApprovalRequest, now: float) -> dict[str, Any]:
         "age_seconds": max(0, int(now - request.created_at)),
         "expires_in_seconds": max(0, int(request.expires_at - now)),
     }
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h"
 
 
 def _usage(message: str) -> int:

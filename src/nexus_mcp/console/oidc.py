@@ -50,13 +50,15 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from nexus_mcp.console.pages import PREFIX, Console
-from nexus_mcp.console.security import is_https, same_origin
+from nexus_mcp.console.security import ConsoleCookie, same_origin
 from nexus_mcp.console.signin import start_session
 from nexus_mcp.policy.claims import ClaimsMapper
 
 CALLBACK_PATH = f"{PREFIX}/oidc/callback"
 FLOW_COOKIE = "nexus_console_oidc"
 SECURE_FLOW_COOKIE = "__Host-nexus_console_oidc"
+# SameSite=Lax: it must come back with the provider's top-level redirect.
+FLOW = ConsoleCookie(FLOW_COOKIE, "lax")
 FLOW_FIELDS = ("state", "nonce", "verifier")
 FLOW_TTL_SECONDS = 600
 STATE_PREFIX = "console-oidc:"
@@ -259,31 +261,7 @@ class OidcSignIn:
 
 
 def flow_cookie_name(request: Request, public: str | None = None) -> str:
-    return SECURE_FLOW_COOKIE if is_https(request, public) else FLOW_COOKIE
-
-
-def _set_flow_cookie(response: Response, request: Request, value: str, public: str | None) -> None:
-    secure = is_https(request, public)
-    response.set_cookie(
-        flow_cookie_name(request, public),
-        value,
-        max_age=FLOW_TTL_SECONDS,
-        path="/" if secure else PREFIX,
-        secure=secure,
-        httponly=True,
-        samesite="lax",
-    )
-
-
-def _clear_flow_cookie(response: Response, request: Request, public: str | None) -> None:
-    secure = is_https(request, public)
-    response.delete_cookie(
-        flow_cookie_name(request, public),
-        path="/" if secure else PREFIX,
-        secure=secure,
-        httponly=True,
-        samesite="lax",
-    )
+    return FLOW.named(request, public)
 
 
 def _param(request: Request, name: str) -> str | None:
@@ -297,7 +275,7 @@ def routes(console: Console) -> list[Route]:
 
     def refuse(request: Request, status: int, message: str, code: str) -> Response:
         response = console.refuse(request, None, status, message, code=code)
-        _clear_flow_cookie(response, request, console.public)
+        FLOW.clear(response, request, console.public)
         return response
 
     async def start(request: Request) -> Response:
@@ -313,7 +291,7 @@ def routes(console: Console) -> list[Route]:
             "verifier": secrets.token_urlsafe(64),
         }
         response = RedirectResponse(await sign_in.authorization_url(flow), status_code=303)
-        _set_flow_cookie(response, request, keys.seal_flow(flow), console.public)
+        FLOW.set(response, request, keys.seal_flow(flow), FLOW_TTL_SECONDS, console.public)
         return response
 
     async def callback(request: Request) -> Response:
@@ -358,7 +336,7 @@ def routes(console: Console) -> list[Route]:
             via="oidc",
             landing=console.render(request, "oidc_done.html", None),
         )
-        _clear_flow_cookie(response, request, console.public)
+        FLOW.clear(response, request, console.public)
         return response
 
     return [

@@ -23,6 +23,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from nexus_mcp._version import __version__
 from nexus_mcp.console.security import (
+    CONSOLE_PATH,
     SECURITY_HEADERS,
     ConsoleUser,
     cookie_name,
@@ -35,10 +36,11 @@ from nexus_mcp.console.services import ConsoleServices
 from nexus_mcp.ids import new_id
 from nexus_mcp.observability.audit import AuditEvent
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.policy.approval_requests import span_text
 from nexus_mcp.policy.console import allows, console_role
 
 log = get_logger(__name__)
-PREFIX = "/console"
+PREFIX = CONSOLE_PATH
 MAX_FORM_BYTES = 64 * 1024
 NAV = (
     ("inbox", "Inbox"),
@@ -70,15 +72,6 @@ def _when(seconds: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
-def _span(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h"
-
-
 def build_templates() -> Environment:
     env = Environment(
         loader=PackageLoader("nexus_mcp.console", "templates"),
@@ -90,7 +83,7 @@ def build_templates() -> Environment:
     env.filters["shown"] = shown
     env.filters["block"] = lambda value: shown(value, block=True)
     env.filters["when"] = _when
-    env.filters["span"] = _span
+    env.filters["span"] = span_text
     return env
 
 

@@ -31,11 +31,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from itsdangerous import BadData, URLSafeTimedSerializer
 from starlette.requests import Request
+from starlette.responses import Response
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.policy.console import (
@@ -48,6 +49,7 @@ from nexus_mcp.policy.upstreams import resolve_secret
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.locations import console_key_path
 
+CONSOLE_PATH = "/console"
 COOKIE_NAME = "nexus_console"
 SECURE_COOKIE_NAME = "__Host-nexus_console"
 MAX_COOKIE_CHARS = 4000
@@ -222,6 +224,52 @@ def public_origin(base_url: str | None) -> str | None:
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
 
 
+@dataclass(frozen=True)
+class ConsoleCookie:
+    """One of the console's cookies: its name, ``SameSite`` and where it applies.
+
+    Over HTTPS (or behind a TLS proxy, ``auth.base_url``) it is ``Secure`` and named with
+    ``__Host-`` (bound to this host, path ``/``, HTTPS: no other subdomain or plain-HTTP
+    page can set it); over plain loopback HTTP it is scoped to ``/console``.
+    """
+
+    name: str
+    samesite: Literal["strict", "lax"]
+
+    def named(self, request: Request, public: str | None = None) -> str:
+        return f"__Host-{self.name}" if is_https(request, public) else self.name
+
+    def read(self, request: Request, public: str | None = None) -> str | None:
+        return request.cookies.get(self.named(request, public))
+
+    def set(
+        self, response: Response, request: Request, value: str, ttl: int, public: str | None
+    ) -> None:
+        secure = is_https(request, public)
+        response.set_cookie(
+            self.named(request, public),
+            value,
+            max_age=ttl,
+            path="/" if secure else CONSOLE_PATH,
+            secure=secure,
+            httponly=True,
+            samesite=self.samesite,
+        )
+
+    def clear(self, response: Response, request: Request, public: str | None) -> None:
+        secure = is_https(request, public)
+        response.delete_cookie(
+            self.named(request, public),
+            path="/" if secure else CONSOLE_PATH,
+            secure=secure,
+            httponly=True,
+            samesite=self.samesite,
+        )
+
+
+SESSION_COOKIE = ConsoleCookie(COOKIE_NAME, "strict")
+
+
 def session_jti(user: ConsoleUser) -> str:
     """The nonce-store id that marks a session signed out."""
     return SESSION_JTI_PREFIX + user.sid
@@ -233,9 +281,8 @@ def is_https(request: Request, public: str | None = None) -> bool:
 
 
 def cookie_name(request: Request, public: str | None = None) -> str:
-    # ``__Host-`` binds the cookie to this host, path / and HTTPS (no other subdomain or
-    # plain-HTTP page can set it); over plain loopback HTTP it cannot be used.
-    return SECURE_COOKIE_NAME if is_https(request, public) else COOKIE_NAME
+    """The session cookie's name for this request."""
+    return SESSION_COOKIE.named(request, public)
 
 
 def own_origin(request: Request) -> str:
@@ -268,9 +315,12 @@ def csrf_ok(user: ConsoleUser, submitted: object) -> bool:
 
 
 __all__ = [
+    "CONSOLE_PATH",
     "CONTENT_SECURITY_POLICY",
     "LOGIN_JTI_PREFIX",
     "SECURITY_HEADERS",
+    "SESSION_COOKIE",
+    "ConsoleCookie",
     "ConsoleKeys",
     "ConsoleUser",
     "cookie_name",

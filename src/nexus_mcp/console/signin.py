@@ -21,9 +21,8 @@ from starlette.routing import Route
 from nexus_mcp.console.pages import PREFIX, Console
 from nexus_mcp.console.security import (
     LOGIN_JTI_PREFIX,
+    SESSION_COOKIE,
     ConsoleUser,
-    cookie_name,
-    is_https,
     policy_with_form_action,
     same_origin,
     session_jti,
@@ -61,34 +60,8 @@ def start_session(
     )
     console.audit("console_signed_in", user, tool="console", outcome="OK", facts={"via": via})
     response = landing or RedirectResponse(f"{PREFIX}/inbox", status_code=303)
-    set_session_cookie(response, request, cookie, services.keys.session_ttl_seconds, console.public)
+    SESSION_COOKIE.set(response, request, cookie, services.keys.session_ttl_seconds, console.public)
     return response
-
-
-def set_session_cookie(
-    response: Response, request: Request, value: str, ttl: int, public: str | None = None
-) -> None:
-    secure = is_https(request, public)
-    response.set_cookie(
-        cookie_name(request, public),
-        value,
-        max_age=ttl,
-        path="/" if secure else PREFIX,
-        secure=secure,
-        httponly=True,
-        samesite="strict",
-    )
-
-
-def clear_session_cookie(response: Response, request: Request, public: str | None = None) -> None:
-    secure = is_https(request, public)
-    response.delete_cookie(
-        cookie_name(request, public),
-        path="/" if secure else PREFIX,
-        secure=secure,
-        httponly=True,
-        samesite="strict",
-    )
 
 
 def routes(console: Console) -> list[Route]:
@@ -152,7 +125,7 @@ def routes(console: Console) -> list[Route]:
         )
         console.audit("console_signed_out", user, tool="console", outcome="OK")
         response = RedirectResponse(f"{PREFIX}/signin", status_code=303)
-        clear_session_cookie(response, request, console.public)
+        SESSION_COOKIE.clear(response, request, console.public)
         return response
 
     async def index(request: Request) -> Response:
@@ -168,4 +141,4 @@ def routes(console: Console) -> list[Route]:
     ]
 
 
-__all__ = ["ConsoleUser", "clear_session_cookie", "routes", "set_session_cookie", "start_session"]
+__all__ = ["ConsoleUser", "routes", "start_session"]

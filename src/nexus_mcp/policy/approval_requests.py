@@ -97,6 +97,16 @@ def target_text(targets: Collection[str]) -> str | None:
     return _cut(", ".join(targets), MAX_TARGET_BYTES)
 
 
+def span_text(seconds: float) -> str:
+    """A request's age or time left as an approver reads it (``90s``, ``12m``, ``3h``)."""
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
 def claims_for(
     *,
     request_id: str,
@@ -131,5 +141,6 @@ __all__ = [
     "arguments_preview",
     "claims_for",
     "diff_preview",
+    "span_text",
     "target_text",
 ]
