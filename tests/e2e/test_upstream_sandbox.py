@@ -20,13 +20,14 @@ from structlog.testing import capture_logs
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.policy.sandbox import BWRAP_ENV, SandboxConfig, SandboxUpstream, plan_sandboxes
+from nexus_mcp.policy.upstreams import load_upstreams
 
 from .node_clients import is_ci
 from .upstream_harness import make_gateway
 
 PROBE = textwrap.dedent(
     """
-    import json, os, socket, sys
+    import json, os, resource, socket, sys
     from fastmcp import FastMCP
 
     mcp = FastMCP("probe")
@@ -68,14 +69,19 @@ PROBE = textwrap.dedent(
         pids = sorted(int(n) for n in os.listdir("/proc") if n.isdigit())
         return json.dumps({"pid": os.getpid(), "pids": pids})
 
+    @mcp.tool
+    def limits() -> str:
+        cpu, memory = resource.RLIMIT_CPU, resource.RLIMIT_AS
+        return json.dumps([resource.getrlimit(cpu), resource.getrlimit(memory)])
+
     mcp.run(transport="stdio", show_banner=False)
     """
 )
-PROBE_TOOLS = {name: "read" for name in ("read", "write", "connect", "env", "procs")}
+PROBE_TOOLS = {name: "read" for name in ("read", "write", "connect", "env", "procs", "limits")}
 CANARY = "GATEWAY-CANARY-SECRET-0123456789"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def bwrap_present() -> None:
     if shutil.which("bwrap") is None or shutil.which("prlimit") is None:
         if is_ci():
@@ -118,7 +124,7 @@ class Layout:
             "readable": [str(self.box)],
             "network": network,
             "cpu_seconds": 120,
-            "memory_mb": 4096,
+            "memory_mb": 3000,
         }
         upstreams = [
             probe_upstream("box", self.box, env={"GIVEN": "given-value"}, sandbox=sandbox),
@@ -146,6 +152,7 @@ async def call(client: Client[Any], tool: str, **arguments: Any) -> str:
     return text
 
 
+@pytest.mark.usefixtures("bwrap_present")
 async def test_a_sandboxed_upstream_works_and_cannot_reach_the_gateways_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,7 +200,31 @@ async def test_a_sandboxed_upstream_works_and_cannot_reach_the_gateways_files(
         assert os.getpid() not in seen["pids"]
         assert seen["pid"] < 10 and len(seen["pids"]) < 10
 
+        # Its limits are the configured ones, soft and hard.
+        cpu, memory = json.loads(await call(client, "limits"))
+        assert cpu == [120, 120] and memory == [3000 * 2**20] * 2
 
+
+@pytest.mark.parametrize(
+    ("sandbox", "words"),
+    [
+        ({"writeable": ["/srv/x"]}, "writeable"),
+        ({"writable": ["relative"]}, "absolute"),
+        ({"writable": ["/usr/local"]}, "system folder"),
+        ({"readable": ["/"]}, "system folder"),
+        ({"memory_mb": 1}, "memory_mb"),
+    ],
+)
+def test_a_bad_sandbox_section_is_refused(sandbox: dict[str, Any], words: str) -> None:
+    raw = [{"server_id": "a", "transport": "stdio", "command": "x", "sandbox": sandbox}]
+    with pytest.raises(ConfigError, match=words):
+        load_upstreams(raw, mode="prod", native_server_id="nexus")
+    http = [{"server_id": "a", "transport": "http", "url": "http://h/", "sandbox": {}}]
+    with pytest.raises(ConfigError, match="sandbox"):
+        load_upstreams(http, mode="prod", native_server_id="nexus")
+
+
+@pytest.mark.usefixtures("bwrap_present")
 @pytest.mark.parametrize("network", [False, True])
 async def test_network_only_when_allowed(tmp_path: Path, network: bool) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
@@ -219,6 +250,7 @@ def plan(tmp_path: Path, upstreams: list[SandboxUpstream], **environ: str) -> An
     )
 
 
+@pytest.mark.usefixtures("bwrap_present")
 def test_overlaps_with_the_gateway_or_another_upstream_are_refused(tmp_path: Path) -> None:
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -261,6 +293,7 @@ def test_a_sandbox_without_bwrap_refuses_to_start(tmp_path: Path) -> None:
     assert plan(tmp_path, [off], **{BWRAP_ENV: str(tmp_path / "no-bwrap")}) == ({}, ["a"])
 
 
+@pytest.mark.usefixtures("bwrap_present")
 def test_a_sandbox_without_bwrap_stops_the_gateway(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -270,6 +303,7 @@ def test_a_sandbox_without_bwrap_stops_the_gateway(
         lay.gw.build()
 
 
+@pytest.mark.usefixtures("bwrap_present")
 def test_a_protected_path_under_the_commands_folder_is_hidden(tmp_path: Path) -> None:
     prefix = tmp_path / "prefix"
     (prefix / "bin").mkdir(parents=True)
