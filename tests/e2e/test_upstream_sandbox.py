@@ -23,7 +23,7 @@ from nexus_mcp.policy.sandbox import BWRAP_ENV, SandboxConfig, SandboxUpstream, 
 from nexus_mcp.policy.upstreams import load_upstreams
 
 from .node_clients import is_ci
-from .upstream_harness import make_gateway
+from .upstream_harness import REPO, make_gateway
 
 PROBE = textwrap.dedent(
     """
@@ -325,3 +325,19 @@ def test_a_protected_path_under_the_commands_folder_is_hidden(tmp_path: Path) ->
         :3
     ]
     assert "--share-net" not in argv and argv[-1] == str(tool)
+
+
+@pytest.mark.usefixtures("bwrap_present")
+async def test_the_reference_filesystem_server_runs_sandboxed(tmp_path: Path) -> None:
+    """A Node upstream nobody here wrote: its modules reached through a linked folder."""
+    from .test_upstream_fs import fs_gateway
+
+    served = tmp_path / "served"
+    clients = REPO / "tests" / "clients" / "node_modules"
+    sandbox = {"writable": [str(served)], "readable": [str(clients)]}
+    gw, _ = fs_gateway(tmp_path, sandbox=sandbox)  # it makes ``served``
+    assert gw.pin("fs") == 0
+    async with Client(gw.build().mcp) as client:
+        read = await client.call_tool_mcp("fs_read_text_file", {"path": str(served / "notes.txt")})
+        assert not read.is_error, read
+        assert "Quarterly notes" in read.content[0].text

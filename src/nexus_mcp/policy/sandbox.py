@@ -155,11 +155,11 @@ class SandboxLaunch:
             folders.append(self.cwd)
         for folder in dict.fromkeys(folders):
             if not any(_under(folder, b) for b in bound):
-                out += ["--ro-bind", str(folder), str(folder)]
-                bound.append(folder)
+                out += _bind("--ro-bind", folder)
+                bound += [folder, _resolved(folder)]
         for folder in box.writable:
-            out += ["--bind", str(folder), str(folder)]
-            bound.append(folder)
+            out += _bind("--bind", folder)
+            bound += [folder, _resolved(folder)]
         out += self._hidden(bound)
         out += ["--chdir", str(self.cwd) if self.cwd is not None else SANDBOX_HOME]
         return [*out, "--", str(self.command), *args]
@@ -175,6 +175,16 @@ class SandboxLaunch:
             elif path.exists():
                 out += ["--ro-bind", os.devnull, str(path)]
         return out
+
+
+def _bind(option: str, folder: Path) -> list[str]:
+    """A folder at its real path, and at the path given when that is a link to it (a
+    program that resolves links, as Node does for its modules, finds the real one)."""
+    real = _resolved(folder)
+    out = [option, str(real), str(real)]
+    if real != folder:
+        out += [option, str(real), str(folder)]
+    return out
 
 
 @dataclass(frozen=True)
