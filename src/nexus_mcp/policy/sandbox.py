@@ -253,6 +253,8 @@ def plan_sandboxes(
         for path in box.readable:
             if not path.exists():
                 problems.append(f"{where}.readable: a path does not exist")
+        if upstream.cwd is not None and not upstream.cwd.is_dir():
+            problems.append(f"{where}: its cwd is not a folder")
         for path in mine:
             for theirs, words in gateway.items():
                 if overlaps(path, theirs):
