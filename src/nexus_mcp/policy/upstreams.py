@@ -42,6 +42,7 @@ from nexus_mcp.policy.config_errors import (
     render_key,
 )
 from nexus_mcp.policy.references import expand_references
+from nexus_mcp.policy.sandbox import SandboxConfig, SandboxUpstream
 from nexus_mcp.policy.write_policy import WriteDecision
 
 CONFIG_LOCATION = "upstreams"
@@ -187,6 +188,7 @@ class UpstreamConfig(_Model):
     env: dict[StrictStr, StrictStr] = Field(default_factory=dict)  # not for secrets
     secret_env: dict[StrictStr, SecretRef | EnvReferenceText] = Field(default_factory=dict)
     cwd: Path | None = None
+    sandbox: SandboxConfig | None = None  # bubblewrap (policy/sandbox.py); None: unsandboxed
     # http
     url: StrictStr | None = None
     credentials: Credentials = Credentials()
@@ -220,8 +222,8 @@ class UpstreamConfig(_Model):
                 raise ValueError("transport 'http' needs an http:// or https:// url")
             if self.command is not None or self.args or self.env or self.secret_env:
                 raise ValueError("transport 'http' does not take command, args or env")
-            if self.cwd is not None:
-                raise ValueError("transport 'http' does not take cwd")
+            if self.cwd is not None or self.sandbox is not None:
+                raise ValueError("transport 'http' does not take cwd or sandbox")
         for name in (*self.env, *self.secret_env):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise ValueError("env names must be [A-Za-z_][A-Za-z0-9_]*")
@@ -254,6 +256,12 @@ class UpstreamConfig(_Model):
         if self.transport == "http":
             return ("http", str(self.url))
         return ("stdio", str(self.command), *self.args, str(self.cwd or ""))
+
+    def sandboxed(self) -> SandboxUpstream | None:
+        """What the sandbox plan needs of a stdio upstream (None for an HTTP one)."""
+        if self.transport != "stdio":
+            return None
+        return SandboxUpstream(self.server_id, str(self.command), self.cwd, self.sandbox)
 
 
 class _UpstreamsDocument(_Model):

@@ -25,6 +25,7 @@ from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.quarantine import PersistedEvidence, SeenDigests
 from nexus_mcp.policy.registry import RegistrySet
+from nexus_mcp.policy.sandbox import SandboxLaunch
 from nexus_mcp.policy.targets import TargetOf, identify_upstream
 from nexus_mcp.policy.upstreams import (
     ResolvedSecrets,
@@ -35,6 +36,7 @@ from nexus_mcp.policy.upstreams import (
     shadowed_names,
 )
 from nexus_mcp.providers.upstream.provider import UpstreamProvider
+from nexus_mcp.providers.upstream.sandboxes import plan_upstream_sandboxes
 from nexus_mcp.providers.upstream.server import UpstreamServer
 from nexus_mcp.providers.upstream.tools import UPSTREAM_TOOLSET_PREFIX, check_arguments
 from nexus_mcp.settings import Settings
@@ -59,6 +61,7 @@ class UpstreamPlan:
     mode: str
     max_result_bytes: int
     secrets: Mapping[str, ResolvedSecrets]
+    sandboxes: Mapping[str, SandboxLaunch] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,6 +104,9 @@ class UpstreamGateway:
             mode=settings.mode,
             max_result_bytes=settings.limits.max_read_bytes,
             secrets={s.server_id: resolve_secrets(s, environ) for s in config.servers},
+            sandboxes=plan_upstream_sandboxes(
+                config, settings=settings, registry_dir=registry_dir, environ=environ
+            ),
         )
 
     @classmethod
@@ -142,6 +148,7 @@ class UpstreamGateway:
                 connector=connector,
                 audit=audit,
             )
+            servers[upstream.server_id].sandbox = plan.sandboxes.get(upstream.server_id)
             if persisted is not None:
                 servers[upstream.server_id].use_persisted(persisted)
         gateway = cls(

@@ -135,6 +135,7 @@ class ReviewContext:
 
 async def inspect(context: ReviewContext, server_id: str) -> dict[str, Any]:
     """Connect as the gateway, list, and say what serve would decide for every tool."""
+    from nexus_mcp.providers.upstream.sandboxes import plan_upstream_sandboxes
     from nexus_mcp.providers.upstream.server import UpstreamServer  # FastMCP: only here
 
     upstream = context.config.get(server_id)
@@ -149,6 +150,14 @@ async def inspect(context: ReviewContext, server_id: str) -> dict[str, Any]:
         on_change=lambda _server: None,
         seen=context.shared(),
     )
+    # Opened as serve opens it: in its sandbox when it has one (refused without bwrap).
+    server.sandbox = plan_upstream_sandboxes(
+        context.config,
+        settings=context.settings,
+        registry_dir=context.registry_dir,
+        environ=os.environ,
+        warn=False,
+    ).get(server_id)
     persisted = context.persisted()
     if persisted is not None:
         server.use_persisted(persisted)

@@ -79,6 +79,7 @@ from nexus_mcp.policy.quarantine import (
     SeenDigests,
 )
 from nexus_mcp.policy.registry import RegistrySet
+from nexus_mcp.policy.sandbox import SandboxLaunch
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.principal import Principal
 from nexus_mcp.providers.upstream.evidence import Unsent
@@ -122,6 +123,8 @@ MAX_RESULT_BYTES_DEFAULT = 10 * 1024 * 1024
 
 class UpstreamServer(PinnedTools):
     """One upstream server: its sessions, its tools' pins and classification, its health."""
+
+    sandbox: SandboxLaunch | None = None  # a sandboxed stdio upstream (set once, at build)
 
     def __init__(
         self,

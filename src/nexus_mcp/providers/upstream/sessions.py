@@ -25,6 +25,7 @@ from fastmcp.client.transports import StreamableHttpTransport
 
 from nexus_mcp.errors import UpstreamError
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.policy.sandbox import SandboxLaunch
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.providers.upstream.stdio import BoundedStdioTransport
 
@@ -47,6 +48,9 @@ class SessionHost(Protocol):
 
     @property
     def max_result_bytes(self) -> int: ...
+
+    @property
+    def sandbox(self) -> SandboxLaunch | None: ...
 
     def schedule_refresh(self, key: SessionKey) -> None: ...
 
@@ -283,13 +287,27 @@ def build_client(server: SessionHost, key: SessionKey) -> Client[Any]:
         # The SDK starts the subprocess with a small default environment (PATH, HOME,
         # ...) plus ``env``: nothing of nexus's own environment (its secrets) is inherited.
         # FastMCP's StdioTransport, but for a bound on each message (stdio.py).
-        transport = BoundedStdioTransport(
-            command=str(config.command),
-            args=list(config.args),
-            env=env,
-            cwd=str(config.cwd) if config.cwd is not None else None,
-            max_line_chars=max_response_bytes(server),
-        )
+        sandbox = server.sandbox
+        if sandbox is not None:
+            # bwrap does the isolation (policy/sandbox.py); the environment given is the
+            # whole of it: nothing of the SDK's default one.
+            argv = sandbox.argv(list(config.args))
+            transport = BoundedStdioTransport(
+                command=argv[0],
+                args=argv[1:],
+                env=sandbox.env(env),
+                cwd=None,
+                max_line_chars=max_response_bytes(server),
+                whole_env=True,
+            )
+        else:
+            transport = BoundedStdioTransport(
+                command=str(config.command),
+                args=list(config.args),
+                env=env,
+                cwd=str(config.cwd) if config.cwd is not None else None,
+                max_line_chars=max_response_bytes(server),
+            )
     else:
         headers = {k: v.get_secret_value() for k, v in server.secrets.headers.items()}
         creds = config.credentials

@@ -85,14 +85,17 @@ class LineBuffer:
 
 @contextlib.asynccontextmanager
 async def bounded_stdio_client(
-    server: StdioServerParameters, errlog: TextIO, max_line_chars: int
+    server: StdioServerParameters, errlog: TextIO, max_line_chars: int, *, whole_env: bool = False
 ) -> AsyncGenerator[tuple[Any, Any], None]:
-    """``mcp.client.stdio.stdio_client`` with a bounded line buffer (module docstring)."""
+    """``mcp.client.stdio.stdio_client`` with a bounded line buffer (module docstring).
+    ``whole_env``: ``server.env`` is the whole environment (a sandboxed upstream), not
+    added to the SDK's small default one."""
     command = await _get_executable_command(server.command)
+    env = dict(server.env or {}) if whole_env else get_default_environment() | (server.env or {})
     process = await _create_platform_compatible_process(
         command=command,
         args=server.args,
-        env=get_default_environment() | (server.env or {}),
+        env=env,
         errlog=errlog,
         cwd=server.cwd,
     )
@@ -183,9 +186,11 @@ class BoundedStdioTransport(ClientTransport):
         env: dict[str, str],
         cwd: str | None,
         max_line_chars: int,
+        whole_env: bool = False,
     ) -> None:
         self.params = StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
         self.max_line_chars = max_line_chars
+        self.whole_env = whole_env
 
     @contextlib.asynccontextmanager
     async def connect_session(
@@ -194,7 +199,9 @@ class BoundedStdioTransport(ClientTransport):
         options = transport_options or TransportOptions()
         with Path(os.devnull).open("a") as errlog:
             async with (
-                bounded_stdio_client(self.params, errlog, self.max_line_chars) as (read, write),
+                bounded_stdio_client(
+                    self.params, errlog, self.max_line_chars, whole_env=self.whole_env
+                ) as (read, write),
                 options.session_class(read, write, **session_kwargs) as session,
             ):
                 yield session
