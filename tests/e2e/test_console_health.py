@@ -87,6 +87,10 @@ async def test_health_shows_the_shared_store_down_and_back(
         await asyncio.sleep(STORE_PROBE_INTERVAL_SECONDS + 0.1)
         down = (await browser.get("/console/health")).text
         assert store_line(down) == "unavailable (unreachable) · backend <code>shared</code>"
+        # Whether the session was signed out cannot be known now: other pages refuse
+        # (fail closed); the health page, wanted most in an outage, still answers.
+        inbox = await browser.get("/console/inbox")
+        assert inbox.status_code == 503 and "unavailable" in inbox.text
         assert re.search(r'id="status">not_ready<', down)
         for word in (str(private_redis.port), "redis://", "postgresql://", "Error"):
             assert word not in down

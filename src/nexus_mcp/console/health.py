@@ -55,7 +55,7 @@ def routes(console: Console) -> list[Route]:
     probe = StoreProbe(services.state.probe, timeout=2 * settings.state.timeout_seconds + 0.5)
 
     async def health(request: Request) -> Response:
-        user = await console.require(request, "read")
+        user = await console.require(request, "read", in_outage=True)
         if isinstance(user, Response):
             return user
         summaries = services.upstreams() if services.upstreams is not None else None

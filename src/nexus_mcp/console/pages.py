@@ -33,6 +33,7 @@ from nexus_mcp.console.security import (
     session_jti,
 )
 from nexus_mcp.console.services import ConsoleServices
+from nexus_mcp.errors import UnavailableError
 from nexus_mcp.ids import new_id
 from nexus_mcp.observability.audit import AuditEvent
 from nexus_mcp.observability.logs import get_logger
@@ -98,14 +99,24 @@ class Console:
 
     # -- who is asking -------------------------------------------------------------
 
-    async def user(self, request: Request) -> ConsoleUser | None:
+    async def user(self, request: Request, *, in_outage: bool = False) -> ConsoleUser | None:
+        """The signed-in person, or None. While the nonce store is unreachable a session
+        cannot be told from a signed-out one: ``UnavailableError``, unless ``in_outage``
+        (the health page, which an operator needs most then)."""
         cookie = request.cookies.get(cookie_name(request, self.public))
         user = self.services.keys.read_session(cookie)
         if user is None:
             return None
         # Signed out (or revoked): the session's id is spent in the nonce store, which
         # every replica shares, so a copy of the cookie is refused too.
-        if await asyncio.to_thread(self.services.state.nonces.spent, session_jti(user)):
+        try:
+            spent = await asyncio.to_thread(self.services.state.nonces.spent, session_jti(user))
+        except UnavailableError:
+            if not in_outage:
+                raise
+            log.warning("console_session_unchecked", reason="state_store_unavailable")
+            spent = False
+        if spent:
             return None
         # The console role the person's role has *now*, not the one the cookie was signed
         # with: a narrowed ``console.*`` mapping takes effect on sessions already open.
@@ -115,9 +126,20 @@ class Console:
             return None
         return user if current == user.console_role else replace(user, console_role=current)
 
-    async def require(self, request: Request, action: str) -> ConsoleUser | Response:
+    async def require(
+        self, request: Request, action: str, *, in_outage: bool = False
+    ) -> ConsoleUser | Response:
         """The signed-in user allowed to take ``action``, or the response that refuses."""
-        user = await self.user(request)
+        try:
+            user = await self.user(request, in_outage=in_outage)
+        except UnavailableError:
+            return self.refuse(
+                request,
+                None,
+                503,
+                "the state store is unavailable: try again shortly",
+                code="state_unavailable",
+            )
         if user is None:
             if request.method == "GET":
                 return RedirectResponse(f"{PREFIX}/signin", status_code=303, headers=_NO_STORE)

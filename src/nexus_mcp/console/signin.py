@@ -68,7 +68,7 @@ def routes(console: Console) -> list[Route]:
     services = console.services
 
     async def signin(request: Request) -> Response:
-        if await console.user(request) is not None:
+        if await console.user(request, in_outage=True) is not None:
             return RedirectResponse(f"{PREFIX}/inbox", status_code=303)
         page = console.render(
             request,
