@@ -116,12 +116,10 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def assign_route(request: Request) -> Response:
-        user = await console.require(request, "grant")
-        if isinstance(user, Response):
-            return user
-        form = await console.form(request, user)
-        if isinstance(form, Response):
-            return form
+        posted = await console.posted(request, "grant")
+        if isinstance(posted, Response):
+            return posted
+        user, form = posted
         subject = (form.get("subject") or "").strip()
         profile = form.get("profile") or ""
         if not valid_subject(subject):
@@ -137,12 +135,10 @@ def routes(console: Console) -> list[Route]:
         return RedirectResponse(f"{PREFIX}/access?done=assigned", status_code=303)
 
     async def revoke_route(request: Request) -> Response:
-        user = await console.require(request, "grant")
-        if isinstance(user, Response):
-            return user
-        form = await console.form(request, user)
-        if isinstance(form, Response):
-            return form
+        posted = await console.posted(request, "grant")
+        if isinstance(posted, Response):
+            return posted
+        user, form = posted
         subject = await asyncio.to_thread(by_shown, form.get("subject") or "")
         if subject is None:
             return console.refuse(request, user, 404, UNKNOWN_SUBJECT, code="unknown_subject")

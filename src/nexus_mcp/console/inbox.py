@@ -96,12 +96,10 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def decide(request: Request) -> Response:
-        user = await console.require(request, "decide")
-        if isinstance(user, Response):
-            return user
-        form = await console.form(request, user)
-        if isinstance(form, Response):
-            return form
+        posted = await console.posted(request, "decide")
+        if isinstance(posted, Response):
+            return posted
+        user, form = posted
         decision = form.get("decision")
         reason = (form.get("reason") or "").strip() or None
         if decision not in ("approve", "deny"):

@@ -150,6 +150,19 @@ class Console:
             )
         return user
 
+    async def posted(
+        self, request: Request, action: str
+    ) -> tuple[ConsoleUser, Mapping[str, Any]] | Response:
+        """A state-changing form (``form``) from a user allowed to take ``action``
+        (``require``), or the response that refuses: every console POST starts here."""
+        user = await self.require(request, action)
+        if isinstance(user, Response):
+            return user
+        form = await self.form(request, user)
+        if isinstance(form, Response):
+            return form
+        return user, form
+
     async def form(self, request: Request, user: ConsoleUser) -> Mapping[str, Any] | Response:
         """A state-changing form from the console's own page, or the refusal."""
         if not same_origin(request, self.public):

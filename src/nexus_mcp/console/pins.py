@@ -79,12 +79,10 @@ def routes(console: Console) -> list[Route]:
         )
 
     async def repin(request: Request) -> Response:
-        user = await console.require(request, "repin")
-        if isinstance(user, Response):
-            return user
-        form = await console.form(request, user)
-        if isinstance(form, Response):
-            return form
+        posted = await console.posted(request, "repin")
+        if isinstance(posted, Response):
+            return posted
+        user, form = posted
         view = console.services.pins
         server_id = form.get("server", "")
         if view is None or server_id not in view.server_ids:
