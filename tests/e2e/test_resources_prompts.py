@@ -10,8 +10,10 @@ profiles`` command writing the same grants file, as another process would.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,11 @@ from mcp.shared.exceptions import MCPError
 
 from nexus_mcp.errors import DocSizeExceededError, UpstreamError
 from nexus_mcp.observability.audit import MemoryAuditSink, check_audit_record
-from nexus_mcp.server import NexusServer
+from nexus_mcp.server import NexusServer, build_server
+from nexus_mcp.settings import Settings
+from nexus_mcp.stores.postgres import PostgresPool, migrate
 
-from .access_helpers import poll, run_cli
+from .access_helpers import http_client, http_nexus, poll, run_cli, token
 from .conftest import ServerFactory
 
 MODES = ["auto", "legacy"]
@@ -330,3 +334,113 @@ async def test_assigning_then_revoking_a_profile_shows_then_hides_them(serve: An
         assert await prompt_error(client, "x_greet", {"who": "a"}) == await prompt_error(
             client, "x_none"
         )
+
+
+# --- over HTTP, through the wire filter ---------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_over_http_hidden_equals_missing_and_a_refusal_keeps_its_code(
+    workspace: Path, tmp_path: Path, audit: MemoryAuditSink, profiles_file: Path, mode: str
+) -> None:
+    profiles = {"file": profiles_file, "cache_ttl_seconds": TTL}
+    async with http_nexus(workspace, tmp_path / "data", audit, profiles=profiles) as (
+        server,
+        url,
+    ):
+        add_components(server)
+        async with http_client(url, token("bob", role="viewer"), mode=mode) as bob:
+            assert await listed(bob) == (set(), set(), set())
+            hidden = await read_error(bob, "upstream://x/doc")
+            missing = await read_error(bob, f"upstream://x/{CANARY}")
+            hidden_prompt = await prompt_error(bob, "x_greet", {"who": CANARY})
+            missing_prompt = await prompt_error(bob, f"x_{CANARY}")
+        async with http_client(url, token("ed", role="editor"), mode=mode) as ed:
+            assert (await ed.read_resource_mcp("upstream://x/doc")).contents[0].text == "x doc"  # type: ignore[union-attr]
+            broken = await read_error(ed, "upstream://x/broken")
+            refused = await prompt_error(ed, "x_refuses")
+    assert hidden == missing == {"code": -32602, "message": "Resource not found", "data": None}
+    assert hidden_prompt == missing_prompt
+    assert hidden_prompt == {"code": -32602, "message": "Unknown prompt", "data": None}
+    assert broken["code"] == -32050 and broken["data"]["code"] == "UPSTREAM_ERROR"
+    assert refused["code"] == -32050 and refused["data"]["code"] == "DOC_SIZE_EXCEEDED"
+    assert CANARY not in json.dumps(
+        [hidden, missing, hidden_prompt, missing_prompt, broken, refused]
+    )
+
+
+# --- the shared grants store down -----------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_with_postgres_down_reads_and_gets_are_unavailable_and_listings_empty(
+    private_postgres: Any,
+    redis_url: str,
+    state_prefix: str,
+    workspace: Path,
+    tmp_path: Path,
+    audit: MemoryAuditSink,
+    profiles_file: Path,
+) -> None:
+    """The visible sources cannot be known: a read or get is refused with the typed,
+    retryable UNAVAILABLE (never answered as missing, never read), listings are empty, and
+    both recover with the store."""
+    pool = PostgresPool(private_postgres.url, pool_size=1)
+    try:
+        migrate(pool)
+    finally:
+        pool.close()
+    server = build_server(
+        Settings(
+            mode="prod",
+            subject="ed",
+            role="editor",
+            workspace=workspace,
+            data_dir=tmp_path / "data-pg",
+            profiles={"file": profiles_file},
+            state={
+                "backend": "shared",
+                "postgres_url": {"env": "PG"},
+                "redis_url": {"env": "RD"},
+                "key_prefix": state_prefix,
+                "request_state_keys": [{"env": "RSK"}],
+                "timeout_seconds": 1.0,
+                "connect_timeout_seconds": 1.0,
+            },
+        ),
+        audit_sinks=[audit],
+        env={"PG": private_postgres.url, "RD": redis_url, "RSK": "k" * 40},
+    )
+    try:
+        add_components(server)
+        async with Client(server.mcp) as client:
+            assert (await client.read_resource_mcp("upstream://x/doc")).contents[0].text == "x doc"  # type: ignore[union-attr]
+            private_postgres.stop()
+            server.runtime.access.forget()  # as the caches' refresh would, a moment later
+            unavailable = await read_error(client, "upstream://x/doc")
+            prompt = await prompt_error(client, "x_greet", {"who": "a"})
+            assert await listed(client) == (set(), set(), set())
+            private_postgres.start()
+            deadline = time.monotonic() + 10
+            while True:
+                server.runtime.access.forget()
+                try:
+                    await client.read_resource_mcp("upstream://x/doc")
+                    break
+                except MCPError:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+    finally:
+        server.close()
+    payload = {"error": "the grants store is unavailable; retry later", "code": "UNAVAILABLE"}
+    expected = {
+        "code": -32050,
+        "message": json.dumps(payload, separators=(",", ":")),
+        "data": payload,
+    }
+    assert unavailable == prompt == expected
+    blocked = [r for r in audit.records() if r["event"].endswith("_blocked")]
+    assert [(r["event"], r["outcome"]) for r in blocked][:2] == [
+        ("resource_read_blocked", "UNAVAILABLE"),
+        ("prompt_get_blocked", "UNAVAILABLE"),
+    ]
