@@ -22,6 +22,8 @@ from fastmcp import Client
 from mcp.shared.exceptions import MCPError
 
 from nexus_mcp.errors import DocSizeExceededError, UpstreamError
+from nexus_mcp.middleware.chain import PolicyChain
+from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
 from nexus_mcp.observability.audit import MemoryAuditSink, check_audit_record
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
@@ -444,3 +446,21 @@ async def test_with_postgres_down_reads_and_gets_are_unavailable_and_listings_em
         ("resource_read_blocked", "UNAVAILABLE"),
         ("prompt_get_blocked", "UNAVAILABLE"),
     ]
+
+
+# --- the tests above are not vacuous ------------------------------------------------------
+
+
+async def test_without_the_namespace_layer_the_hidden_ones_would_be_reached(serve: Any) -> None:
+    """The namespace layer is what hides them: taken out, the same requests reach the
+    resource and the prompt (so the refusals above are its, not FastMCP's)."""
+    server = serve(subject="vi", role="viewer")
+    (chain,) = server.mcp.middleware
+    assert isinstance(chain, PolicyChain)
+    chain.replace_layers([m for m in chain.layers if not isinstance(m, ToolNamespaceMiddleware)])
+    async with Client(server.mcp) as client:
+        assert "upstream://y/doc" in {str(r.uri) for r in await client.list_resources()}
+        read = await client.read_resource_mcp("upstream://y/doc")
+        assert CANARY in read.contents[0].text  # type: ignore[union-attr]
+        got = await client.get_prompt_mcp("y_secret")
+        assert CANARY in got.messages[0].content.text  # type: ignore[union-attr]
