@@ -366,6 +366,10 @@ async def test_over_http_hidden_equals_missing_and_a_refusal_keeps_its_code(
     assert hidden_prompt == {"code": -32602, "message": "Unknown prompt", "data": None}
     assert broken["code"] == -32050 and broken["data"]["code"] == "UPSTREAM_ERROR"
     assert refused["code"] == -32050 and refused["data"]["code"] == "DOC_SIZE_EXCEEDED"
+    # Audited under the token's subject, with the transport that carried them.
+    audited = [(r["subject"], r["event"], r["transport"]) for r in audit.records()]
+    assert audited[:2] == [("bob", "resource_read_blocked", "streamable-http")] * 2
+    assert ("ed", "prompt_get_finished", "streamable-http") in audited
     assert CANARY not in json.dumps(
         [hidden, missing, hidden_prompt, missing_prompt, broken, refused]
     )
