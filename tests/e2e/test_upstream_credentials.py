@@ -10,6 +10,7 @@ never be in that record, and each principal's calls must carry its own credentia
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -58,7 +59,7 @@ class TokenEndpoint:
 
     url: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
-    mode: str = "ok"  # ok | refuse | echo_subject | garbage
+    mode: str = "ok"  # ok | refuse | echo_subject | garbage | redirect | huge
     expires_in: int = 600
     issued: int = 0
 
@@ -92,20 +93,31 @@ def token_app(endpoint: TokenEndpoint) -> Starlette:
             )
         if endpoint.mode == "garbage":
             return Response(IDP_CANARY, status_code=200, media_type="text/html")
+        if endpoint.mode == "redirect":  # followed, it would be a good answer
+            return Response(status_code=307, headers={"Location": "/oauth2/elsewhere"})
         endpoint.issued += 1
         issued = f"exchanged-{claims['sub']}-{endpoint.issued}"
         if endpoint.mode == "echo_subject":  # a provider that hands the caller's token back
             issued = form["subject_token"]
-        return JSONResponse(
-            {
-                "access_token": issued,
-                "issued_token_type": ACCESS,
-                "token_type": "Bearer",
-                "expires_in": endpoint.expires_in,
-            }
-        )
+        answer = {
+            "access_token": issued,
+            "issued_token_type": ACCESS,
+            "token_type": "Bearer",
+            "expires_in": endpoint.expires_in,
+        }
+        if endpoint.mode == "huge":
+            answer["padding"] = "x" * (256 * 1024)
+        return JSONResponse(answer)
 
-    return Starlette(routes=[Route("/oauth2/token", token, methods=["POST"])])
+    async def elsewhere(_request: Request) -> Response:
+        return JSONResponse({"access_token": "redirected", "token_type": "Bearer"})
+
+    return Starlette(
+        routes=[
+            Route("/oauth2/token", token, methods=["POST"]),
+            Route("/oauth2/elsewhere", elsewhere, methods=["POST"]),
+        ]
+    )
 
 
 @contextmanager
@@ -175,6 +187,11 @@ async def test_two_principals_get_two_exchanged_tokens_and_never_their_own(
         assert gw.pin("up") == 0  # the gateway's own session: its own token only
         with log_file.open("wb") as log, nexus_http(gw, stderr=log) as base:
             async with caller(base, "alice") as alice, caller(base, "bob") as bob:
+                # Three first calls at once: one exchange, the others wait for it.
+                first = await asyncio.gather(
+                    *(alice.call_tool("up_echo", {"text": "alice"}) for _ in range(3))
+                )
+                assert not any(r.is_error for r in first)
                 for _ in range(2):
                     assert not (await alice.call_tool("up_echo", {"text": "alice"})).is_error
                     assert not (await bob.call_tool("up_echo", {"text": "bob"})).is_error
@@ -237,7 +254,7 @@ async def test_an_exchange_failure_refuses_the_call_audited_and_says_nothing_of_
         with log_file.open("wb") as log, nexus_http(gw, stderr=log) as base:
             async with caller(base, "alice") as alice:
                 results = {}
-                for mode in ("refuse", "garbage", "echo_subject"):
+                for mode in ("refuse", "garbage", "echo_subject", "redirect", "huge"):
                     idp.mode = mode
                     results[mode] = await alice.call_tool("up_echo", {"text": "alice"})
                 idp.mode = "ok"
@@ -248,8 +265,8 @@ async def test_an_exchange_failure_refuses_the_call_audited_and_says_nothing_of_
         assert "CANARY" not in result.model_dump_json()
     assert not works.is_error  # a refusal is not remembered: the next call exchanges again
     # Nothing reached the upstream but the call that had a credential.
-    assert authorizations(record, tool="echo") == ["Bearer exchanged-alice-2"]
-    assert len(idp.exchanges_for("alice")) == 4
+    assert authorizations(record, tool="echo") == ["Bearer exchanged-alice-3"]
+    assert len(idp.exchanges_for("alice")) == 6
     refusals = [r for r in finished(audit_records(gw.data_dir)) if r.get("facts")]
     assert [r["facts"] for r in refusals] == [
         {
@@ -259,6 +276,8 @@ async def test_an_exchange_failure_refuses_the_call_audited_and_says_nothing_of_
         },
         {"outcome": "upstream_credential", "reason": "exchange_failed"},
         {"outcome": "upstream_credential", "reason": "exchange_unusable"},
+        {"outcome": "upstream_credential", "reason": "exchange_failed"},  # not followed
+        {"outcome": "upstream_credential", "reason": "exchange_failed"},  # over the cap
     ]
     assert all(r["subject"] == "alice" for r in refusals)
     assert "CANARY" not in (gw.data_dir / "audit.jsonl").read_text()

@@ -54,6 +54,7 @@ from nexus_mcp.policy.token_exchange import (
 from nexus_mcp.policy.upstreams import ResolvedSecrets, TokenExchange, UpstreamConfig
 from nexus_mcp.principal import Principal
 from nexus_mcp.providers.upstream.sessions import (
+    GATEWAY_SESSION,
     BoundedTransport,
     SessionKey,
     UpstreamFailure,
@@ -139,6 +140,8 @@ class CallerCredentials:
         if not creds.per_caller:
             return None
         try:
+            if key == GATEWAY_SESSION:  # never: validation refuses ``shared`` with these
+                raise CredentialUnavailable(REASON_NO_SUBJECT_TOKEN)
             if creds.type == "per_principal":
                 found = self._principal_secrets.get(principal.subject)
                 if found is None:
