@@ -280,7 +280,9 @@ async def test_an_exchange_failure_refuses_the_call_audited_and_says_nothing_of_
         {"outcome": "upstream_credential", "reason": "exchange_failed"},  # over the cap
     ]
     assert all(r["subject"] == "alice" for r in refusals)
-    assert "CANARY" not in (gw.data_dir / "audit.jsonl").read_text()
+    audited = (gw.data_dir / "audit.jsonl").read_text()
+    assert "CANARY" not in audited
+    assert "eyJhbGci" not in audited  # no caller token (a JWT) in the audit either
     assert "IDP-SAID" not in log_file.read_text(errors="replace")
 
 

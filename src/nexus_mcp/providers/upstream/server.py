@@ -23,7 +23,8 @@ caller's HTTP headers (FASTMCP4_GUIDE section 7). Here:
   capped per server;
 - nothing the caller sent travels upstream but the tool's arguments: no header (the
   client transport is built without ``forward_incoming_headers``), no ``_meta`` except
-  the identity fields the configuration names, never a credential;
+  the identity fields the configuration names, never a credential; where the upstream
+  needs the caller's identity, a credential obtained for that caller (``credentials.py``);
 - upstream failures become ``UPSTREAM_ERROR`` with a fixed message; an upstream's own
   ``isError`` result is that tool's result, without its ``structuredContent``;
 - every tool definition is pinned (``policy/pins.py``): on connect and on every list

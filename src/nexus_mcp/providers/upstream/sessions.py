@@ -1,9 +1,11 @@
 """Connections to an upstream MCP server: one FastMCP ``Client`` per session.
 
 ``build_client`` makes the client for one session with only the gateway's own
-credentials (FastMCP's ``Client`` and transports, used as they are; see ``server.py``
-for why not its ``ProxyTool``). ``UpstreamSession`` runs it on a task of its own, since
-anyio scopes are entered and left by one task while calls come from the callers' tasks.
+credentials, or on a caller's session of a per-caller credential type only the one
+obtained for that caller (``session_headers``, ``credentials.py``); FastMCP's ``Client``
+and transports are used as they are (see ``server.py`` for why not its ``ProxyTool``).
+``UpstreamSession`` runs it on a task of its own, since anyio scopes are entered and left
+by one task while calls come from the callers' tasks.
 ``UpstreamFailure`` is how anything going wrong on the way is classified, never echoed.
 An upstream's own requests (sampling, elicitation, roots) are relayed only where the
 configuration allows it (``relay.py``).
