@@ -166,6 +166,26 @@ def bind_principal(principal: Principal | None) -> AbstractContextManager[Princi
     return _Bound[Principal | None](_principal, principal)
 
 
+@dataclass(frozen=True, slots=True)
+class SubjectToken:
+    """The caller's own verified access token (HTTP only), kept beside the principal it
+    was mapped to, for one use: the subject token of an RFC 8693 exchange
+    (``providers/upstream/credentials.py``). Never on ``CallState`` (which is audited and
+    recorded), never forwarded, never in a ``repr``."""
+
+    value: str = field(repr=False)
+    expires_at: float | None = None
+
+
+_subject_token: ContextVar[SubjectToken | None] = ContextVar("nexus_subject_token", default=None)
+current_subject_token: Callable[[], SubjectToken | None] = _subject_token.get
+
+
+def bind_subject_token(token: SubjectToken | None) -> AbstractContextManager[SubjectToken | None]:
+    """Bound by the identity layer for the request whose principal came from ``token``."""
+    return _Bound[SubjectToken | None](_subject_token, token)
+
+
 def nexus_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
     """Only the ``nexus.mcp/*`` keys of a request's ``_meta``."""
     if not meta:
@@ -187,9 +207,12 @@ __all__ = [
     "RESOURCE_READ",
     "CallState",
     "ClaimHold",
+    "SubjectToken",
     "bind_principal",
+    "bind_subject_token",
     "current_call",
     "current_principal",
+    "current_subject_token",
     "nexus_meta",
     "open_call",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 from fastmcp.server.dependencies import get_access_token
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import bind_principal, current_call
+from nexus_mcp.calls import SubjectToken, bind_principal, bind_subject_token, current_call
 from nexus_mcp.identity.resolver import HTTP_TRANSPORTS, IdentityResolver, session_key
 
 
@@ -43,7 +43,14 @@ class IdentityMiddleware(Middleware):
                 protocol=getattr(request, "protocol_version", None),
                 stateless=self.stateless_http,
             )
-        with bind_principal(principal):
+        # The token the principal was mapped from, for an upstream's token exchange only
+        # (calls.SubjectToken): not on the call state, so never audited or recorded.
+        subject = (
+            SubjectToken(token.token, token.expires_at)
+            if token is not None and principal is not None and token.token
+            else None
+        )
+        with bind_principal(principal), bind_subject_token(subject):
             return await call_next(context)
 
 

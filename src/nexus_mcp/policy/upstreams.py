@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -31,6 +32,7 @@ from pydantic import (
 )
 
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.auth_settings import is_loopback_url
 from nexus_mcp.policy.config_errors import (
     ENV_REFERENCE_PATTERN,
     ENV_REFERENCE_RE,
@@ -97,16 +99,75 @@ SecretValue = SecretRef | StrictStr  # a plain string is an inline secret: dev o
 EnvReferenceText = Annotated[StrictStr, Field(pattern=ENV_REFERENCE_PATTERN)]
 
 
-class Credentials(_Model):
-    """The gateway's own credential for an HTTP upstream (never the caller's)."""
+# Credentials obtained per caller (issue 27): never the caller's own token, never shared.
+PER_CALLER_TYPES = frozenset({"token_exchange", "per_principal"})
+SCOPE_TOKEN_RE = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]{1,256}$")  # RFC 6749 scope-token
 
-    type: Literal["none", "bearer", "header", "mtls"] = "none"
+
+class TokenExchange(_Model):
+    """RFC 8693 at the identity provider's token endpoint: the caller's verified access
+    token is the subject token, the gateway authenticates as its own client, and the
+    token asked for names this upstream (``audience`` and/or ``resource``, RFC 8707)."""
+
+    token_url: StrictStr
+    client_id: StrictStr = Field(min_length=1, max_length=256)
+    client_secret: SecretValue
+    client_auth_method: Literal["client_secret_basic", "client_secret_post"] = "client_secret_basic"
+    audience: StrictStr | None = Field(default=None, min_length=1, max_length=512)
+    resource: StrictStr | None = Field(default=None, min_length=1, max_length=512)
+    scope: tuple[StrictStr, ...] = ()
+    ca_file: Path | None = None  # the CA bundle that verifies the token endpoint
+    timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    # An exchanged token is used until this long before it expires, then exchanged again.
+    renew_before_seconds: float = Field(default=30.0, ge=0, le=3600)
+
+    @model_validator(mode="after")
+    def _sound(self) -> TokenExchange:
+        if not is_token_endpoint(self.token_url):
+            raise ValueError(
+                "exchange.token_url must be an https:// URL (http:// only to a loopback host)"
+            )
+        if self.audience is None and self.resource is None:
+            raise ValueError("exchange needs audience or resource (the upstream it is for)")
+        if self.resource is not None and not re.fullmatch(
+            r"[A-Za-z][A-Za-z0-9+.-]*:[^\s#]+", self.resource
+        ):
+            raise ValueError("exchange.resource must be an absolute URI without a fragment")
+        if any(not SCOPE_TOKEN_RE.fullmatch(s) for s in self.scope):
+            raise ValueError("exchange.scope holds a value that is not an OAuth scope token")
+        return self
+
+
+def is_token_endpoint(url: str) -> bool:
+    """https://, or http:// to a loopback address (the client secret and the caller's
+    token travel in the request); no user info, query or fragment."""
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None or parts.fragment or parts.query:
+        return False
+    if not parts.hostname or any(c.isspace() for c in url):
+        return False
+    if parts.scheme == "https":
+        return True
+    return parts.scheme == "http" and is_loopback_url(url)
+
+
+class Credentials(_Model):
+    """The credential an HTTP upstream gets: the gateway's own (``bearer``, ``header``,
+    ``mtls``), or one obtained for each caller (``token_exchange``, ``per_principal``);
+    never the caller's own token."""
+
+    type: Literal["none", "bearer", "header", "mtls", "token_exchange", "per_principal"] = "none"
     token: SecretValue | None = None  # bearer
     header: StrictStr | None = None  # header: its name
     value: SecretValue | None = None  # header: its value
     cert_file: Path | None = None  # mtls: client certificate (PEM)
     key_file: Path | None = None  # mtls: its private key (PEM)
     ca_file: Path | None = None  # any: the CA bundle that verifies the upstream
+    exchange: TokenExchange | None = None  # token_exchange
+    principals: dict[StrictStr, SecretValue] | None = None  # per_principal: subject -> secret
+    # token_exchange, per_principal: the gateway's own bearer for its own session only
+    # (listing, pinning, health), never for a caller's call. Unset: that session sends none.
+    gateway_token: SecretValue | None = None
 
     @model_validator(mode="after")
     def _fields_for_type(self) -> Credentials:
@@ -115,14 +176,17 @@ class Credentials(_Model):
             "bearer": ("token",),
             "header": ("header", "value"),
             "mtls": ("cert_file", "key_file"),
+            "token_exchange": ("exchange",),
+            "per_principal": ("principals",),
         }[self.type]
         missing = [name for name in needed if getattr(self, name) is None]
         if missing:
             raise ValueError(f"type {self.type!r} needs {', '.join(missing)}")
+        optional = ("gateway_token",) if self.type in PER_CALLER_TYPES else ()
         extra = [
             name
-            for name in ("token", "header", "value", "cert_file", "key_file")
-            if name not in needed and getattr(self, name) is not None
+            for name in (*CREDENTIAL_FIELDS, "gateway_token")
+            if name not in (*needed, *optional) and getattr(self, name) is not None
         ]
         if extra:
             raise ValueError(f"type {self.type!r} does not take {', '.join(extra)}")
@@ -131,7 +195,27 @@ class Credentials(_Model):
                 raise ValueError("header is not a valid HTTP header name")
             if self.header.lower() in RESERVED_HEADERS:
                 raise ValueError("header names a header the transport owns")
+        if self.principals is not None:
+            if not self.principals:
+                raise ValueError("principals needs at least one subject")
+            if any(not s.strip() or len(s) > 512 for s in self.principals):
+                raise ValueError("principals: a subject is empty or longer than 512 characters")
         return self
+
+    @property
+    def per_caller(self) -> bool:
+        return self.type in PER_CALLER_TYPES
+
+    def references(self) -> list[SecretValue]:
+        """Every secret this section names (for resolution checks and redaction)."""
+        found = [self.token, self.value, self.gateway_token]
+        if self.exchange is not None:
+            found.append(self.exchange.client_secret)
+        found += list((self.principals or {}).values())
+        return [f for f in found if f is not None]
+
+
+CREDENTIAL_FIELDS = ("token", "header", "value", "cert_file", "key_file", "exchange", "principals")
 
 
 class Timeouts(_Model):
@@ -224,6 +308,8 @@ class UpstreamConfig(_Model):
                 raise ValueError("transport 'http' does not take command, args or env")
             if self.cwd is not None or self.sandbox is not None:
                 raise ValueError("transport 'http' does not take cwd or sandbox")
+            if self.shared and self.credentials.per_caller:
+                raise ValueError("a shared session cannot carry each caller's own credential")
         for name in (*self.env, *self.secret_env):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise ValueError("env names must be [A-Za-z_][A-Za-z0-9_]*")
@@ -402,11 +488,17 @@ def shadowed_names(prefix: str, names: Iterable[str]) -> list[str]:
 
 
 def _inline_secrets(server: UpstreamConfig) -> list[str]:
-    return [
+    creds = server.credentials
+    found = [
         f"credentials.{name}"
-        for name in ("token", "value")
-        if isinstance(getattr(server.credentials, name), str)
+        for name in ("token", "value", "gateway_token")
+        if isinstance(getattr(creds, name), str)
     ]
+    if creds.exchange is not None and isinstance(creds.exchange.client_secret, str):
+        found.append("credentials.exchange.client_secret")
+    if any(isinstance(v, str) for v in (creds.principals or {}).values()):
+        found.append("credentials.principals")  # never which subject: the key is theirs
+    return found
 
 
 def resolve_secret(value: SecretValue, environ: Mapping[str, str]) -> SecretStr:
@@ -438,14 +530,23 @@ def resolve_secret(value: SecretValue, environ: Mapping[str, str]) -> SecretStr:
 
 @dataclass(frozen=True)
 class ResolvedSecrets:
-    """An upstream's secrets, resolved once at start-up; ``repr`` shows none of them."""
+    """An upstream's secrets, resolved once at start-up; ``repr`` shows none of them.
+
+    ``headers``: what the gateway's own session sends (and, for the gateway's own
+    credential types, every session). ``principals``: per_principal's bearer per subject;
+    ``client_secret``: token_exchange's client secret at the identity provider."""
 
     headers: Mapping[str, SecretStr] = field(default_factory=dict)
     env: Mapping[str, SecretStr] = field(default_factory=dict)
+    principals: Mapping[str, SecretStr] = field(default_factory=dict)
+    client_secret: SecretStr | None = None
 
     def values(self) -> list[str]:
         """Every secret value, for redaction checks (tests, fixtures verify)."""
-        return [s.get_secret_value() for s in (*self.headers.values(), *self.env.values())]
+        found = [*self.headers.values(), *self.env.values(), *self.principals.values()]
+        if self.client_secret is not None:
+            found.append(self.client_secret)
+        return [s.get_secret_value() for s in found]
 
 
 def resolve_secrets(server: UpstreamConfig, environ: Mapping[str, str]) -> ResolvedSecrets:
@@ -456,15 +557,30 @@ def resolve_secrets(server: UpstreamConfig, environ: Mapping[str, str]) -> Resol
         headers["Authorization"] = SecretStr(f"Bearer {token}")
     elif creds.type == "header" and creds.header is not None and creds.value is not None:
         headers[creds.header] = resolve_secret(creds.value, environ)
+    elif creds.gateway_token is not None:
+        token = resolve_secret(creds.gateway_token, environ).get_secret_value()
+        headers["Authorization"] = SecretStr(f"Bearer {token}")
     if creds.type == "mtls":
         for name in ("cert_file", "key_file"):
             path = getattr(creds, name)
             if not path.is_file():
                 raise ConfigError(f"upstream {server.server_id}: credentials.{name} is not a file")
-    if creds.ca_file is not None and not creds.ca_file.is_file():
-        raise ConfigError(f"upstream {server.server_id}: credentials.ca_file is not a file")
+    for name, path in (
+        ("ca_file", creds.ca_file),
+        ("exchange.ca_file", creds.exchange.ca_file if creds.exchange is not None else None),
+    ):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"upstream {server.server_id}: credentials.{name} is not a file")
     env = {name: resolve_secret(ref, environ) for name, ref in server.secret_env.items()}
-    return ResolvedSecrets(headers, env)
+    principals = {
+        subject: resolve_secret(ref, environ) for subject, ref in (creds.principals or {}).items()
+    }
+    client_secret = (
+        resolve_secret(creds.exchange.client_secret, environ)
+        if creds.exchange is not None
+        else None
+    )
+    return ResolvedSecrets(headers, env, principals, client_secret)
 
 
 def decide_upstream_write(server: UpstreamConfig, tool_name: str, *, mode: str) -> WriteDecision:
@@ -498,6 +614,7 @@ class UpstreamWrites:
 
 __all__ = [
     "CONFIG_LOCATION",
+    "PER_CALLER_TYPES",
     "RECHECK_SECONDS_DEFAULT",
     "RULE_UPSTREAM_NO_POLICY",
     "RULE_UPSTREAM_TOOL_NOT_ALLOWED",
@@ -510,11 +627,13 @@ __all__ = [
     "RetryPolicy",
     "SecretRef",
     "Timeouts",
+    "TokenExchange",
     "UpstreamConfig",
     "UpstreamWritePolicy",
     "UpstreamWrites",
     "UpstreamsConfig",
     "decide_upstream_write",
+    "is_token_endpoint",
     "load_upstreams",
     "name_key",
     "resolve_secret",

@@ -23,7 +23,8 @@ caller's HTTP headers (FASTMCP4_GUIDE section 7). Here:
   capped per server;
 - nothing the caller sent travels upstream but the tool's arguments: no header (the
   client transport is built without ``forward_incoming_headers``), no ``_meta`` except
-  the identity fields the configuration names, never a credential;
+  the identity fields the configuration names, never a credential; where the upstream
+  needs the caller's identity, a credential obtained for that caller (``credentials.py``);
 - upstream failures become ``UPSTREAM_ERROR`` with a fixed message; an upstream's own
   ``isError`` result is that tool's result, without its ``structuredContent``;
 - every tool definition is pinned (``policy/pins.py``): on connect and on every list
@@ -61,6 +62,7 @@ from typing import Any
 
 from fastmcp import Client
 from mcp_types import ListToolsResult
+from pydantic import SecretStr
 
 from nexus_mcp.calls import CallState
 from nexus_mcp.connector import Connector
@@ -82,6 +84,7 @@ from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.sandbox import SandboxLaunch
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.principal import Principal
+from nexus_mcp.providers.upstream.credentials import CallerCredentials
 from nexus_mcp.providers.upstream.evidence import Unsent
 from nexus_mcp.providers.upstream.listing import (
     InvalidDefinition,
@@ -121,7 +124,7 @@ log = get_logger(__name__)
 MAX_RESULT_BYTES_DEFAULT = 10 * 1024 * 1024
 
 
-class UpstreamServer(PinnedTools):
+class UpstreamServer(PinnedTools, CallerCredentials):
     """One upstream server: its sessions, its tools' pins and classification, its health."""
 
     sandbox: SandboxLaunch | None = None  # a sandboxed stdio upstream (set once, at build)
@@ -136,7 +139,7 @@ class UpstreamServer(PinnedTools):
         mode: str,
         on_change: Callable[[UpstreamServer], None],
         max_result_bytes: int = MAX_RESULT_BYTES_DEFAULT,
-        client_factory: Callable[[UpstreamServer, SessionKey], Client[Any]] | None = None,
+        client_factory: Callable[..., Client[Any]] | None = None,
         seen: SeenDigests | None = None,
         connector: Connector | None = None,
         audit: AuditLog | None = None,
@@ -147,6 +150,7 @@ class UpstreamServer(PinnedTools):
         self.config = config
         self.server_id = config.server_id
         self.secrets = secrets
+        self.setup_credentials(secrets)  # per-caller credentials (credentials.py)
         self.registry = registry
         self.registry_dir = registry_dir
         self.mode = mode
@@ -274,9 +278,9 @@ class UpstreamServer(PinnedTools):
             principal.user_id or "",
         )
 
-    async def _open(self, key: SessionKey) -> UpstreamSession:
-        client = self._client_factory(self, key)
-        session = UpstreamSession(key, client)
+    async def _open(self, key: SessionKey, credential: SecretStr | None) -> UpstreamSession:
+        client = self._client_factory(self, key, credential)
+        session = UpstreamSession(key, client, credential)
         session.task = self._spawn(session.run())
         try:
             await asyncio.wait_for(session.ready.wait(), self.config.timeouts.connect_seconds)
@@ -287,10 +291,12 @@ class UpstreamServer(PinnedTools):
             raise UpstreamFailure("unavailable", "connect_failed")
         return session
 
-    async def _session_for(self, key: SessionKey) -> UpstreamSession:
+    async def _session_for(
+        self, key: SessionKey, credential: SecretStr | None = None
+    ) -> UpstreamSession:
         self._bind_loop()
         session = self._sessions.get(key)
-        if session is not None and session.alive:
+        if session is not None and session.alive and self.fits(session, credential):
             session.last_used = time.monotonic()
             return session
         # One lock per session key: a principal whose session is connecting never holds
@@ -300,14 +306,15 @@ class UpstreamServer(PinnedTools):
             lock = self._key_locks[key] = asyncio.Lock()
         async with lock:
             session = self._sessions.get(key)
-            if session is not None and session.alive:
+            if session is not None and session.alive and self.fits(session, credential):
                 return session
             if session is not None:
                 self._sessions.pop(key, None)
+                self.retire(session)  # dead, or its caller's credential was renewed
             if key != GATEWAY_SESSION:
                 self._make_room()  # refuses at the cap; says nothing about the upstream
             try:
-                session = await self._open(key)
+                session = await self._open(key, credential)
                 # Verify this session's tool definitions before it carries a call.
                 await self._verify_new(session)
             except Exception as exc:  # an upstream's failure: typed, never its text
@@ -597,9 +604,10 @@ class UpstreamServer(PinnedTools):
         deadline = time.monotonic() + retry.max_total_seconds
         key = self.session_key(principal)
         meta = self.identity_meta(principal)
+        credential = await self.caller_credential(key, principal)  # never the caller's own
         for attempt in range(1, attempts + 1):
             try:
-                return await self._call_once(key, upstream_name, arguments, meta)
+                return await self._call_once(key, upstream_name, arguments, meta, credential)
             except UpstreamFailure as failure:
                 last_try = attempt == attempts or time.monotonic() >= deadline
                 if not failure.transport or last_try:
@@ -615,8 +623,9 @@ class UpstreamServer(PinnedTools):
         upstream_name: str,
         arguments: dict[str, Any],
         meta: dict[str, Any] | None,
+        credential: SecretStr | None = None,
     ) -> Any:
-        session = await self._session_for(key)
+        session = await self._session_for(key, credential)
         session.busy += 1
         caller = caller_context() if self._relays else None
         if caller is not None:
@@ -639,6 +648,7 @@ class UpstreamServer(PinnedTools):
                 session.callers.remove(caller)
             session.busy -= 1
             session.last_used = time.monotonic()
+            self.release(session)
 
     # -- relays: an upstream's own requests to the caller (off unless configured) -----
 

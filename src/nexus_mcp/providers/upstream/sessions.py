@@ -1,9 +1,11 @@
 """Connections to an upstream MCP server: one FastMCP ``Client`` per session.
 
 ``build_client`` makes the client for one session with only the gateway's own
-credentials (FastMCP's ``Client`` and transports, used as they are; see ``server.py``
-for why not its ``ProxyTool``). ``UpstreamSession`` runs it on a task of its own, since
-anyio scopes are entered and left by one task while calls come from the callers' tasks.
+credentials, or on a caller's session of a per-caller credential type only the one
+obtained for that caller (``session_headers``, ``credentials.py``); FastMCP's ``Client``
+and transports are used as they are (see ``server.py`` for why not its ``ProxyTool``).
+``UpstreamSession`` runs it on a task of its own, since anyio scopes are entered and left
+by one task while calls come from the callers' tasks.
 ``UpstreamFailure`` is how anything going wrong on the way is classified, never echoed.
 An upstream's own requests (sampling, elicitation, roots) are relayed only where the
 configuration allows it (``relay.py``).
@@ -22,6 +24,7 @@ import httpx2
 from fastmcp import Client
 from fastmcp.client.messages import MessageHandler
 from fastmcp.client.transports import StreamableHttpTransport
+from pydantic import SecretStr
 
 from nexus_mcp.errors import UpstreamError
 from nexus_mcp.observability.logs import get_logger
@@ -62,12 +65,20 @@ class SessionHost(Protocol):
 
 
 class UpstreamFailure(Exception):
-    """A failure of the upstream or the way to it; ``kind`` picks the fixed message."""
+    """A failure of the upstream or the way to it; ``kind`` picks the fixed message.
+    ``credential``: no credential could be obtained for this caller (``credentials.py``);
+    ``facts``: fixed labels for the audit record, never an upstream's or a provider's text."""
 
-    def __init__(self, kind: Literal["unavailable", "timeout", "error"], reason: str) -> None:
+    def __init__(
+        self,
+        kind: Literal["unavailable", "timeout", "error", "credential"],
+        reason: str,
+        **facts: str,
+    ) -> None:
         super().__init__(reason)
         self.kind = kind
         self.reason = reason
+        self.facts = facts
 
     @property
     def transport(self) -> bool:
@@ -78,8 +89,11 @@ class UpstreamFailure(Exception):
             "unavailable": "Upstream unavailable",
             "timeout": "Upstream timeout",
             "error": "Upstream error",
+            "credential": "Upstream credential unavailable",
         }[self.kind]
-        return UpstreamError(message, outcome=f"upstream_{self.kind}", reason=self.reason)
+        return UpstreamError(
+            message, outcome=f"upstream_{self.kind}", reason=self.reason, **self.facts
+        )
 
 
 class _ListChanged(MessageHandler):
@@ -97,6 +111,10 @@ class UpstreamSession:
 
     key: SessionKey
     client: Client[Any]
+    # The caller's own credential it was opened with (per-caller credential types only,
+    # ``credentials.py``); ``retired``: that credential was renewed, no call may start on it.
+    credential: SecretStr | None = None
+    retired: bool = False
     task: asyncio.Task[None] | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -270,8 +288,25 @@ def max_response_bytes(server: SessionHost) -> int:
     return max(server.max_result_bytes, MAX_LISTING_BYTES) + 1024 * 1024
 
 
-def build_client(server: SessionHost, key: SessionKey) -> Client[Any]:
-    """A FastMCP client for one session, with only the gateway's own credentials.
+def session_headers(
+    server: SessionHost, key: SessionKey, credential: SecretStr | None
+) -> dict[str, str]:
+    """What one session sends: the gateway's own credential, or (per-caller credential
+    types) on a caller's session only the credential obtained for that caller. A caller
+    session of such an upstream without one is never opened (fail closed)."""
+    own = {k: v.get_secret_value() for k, v in server.secrets.headers.items()}
+    if not server.config.credentials.per_caller or key == GATEWAY_SESSION:
+        return own
+    if credential is None:
+        raise UpstreamFailure("credential", "no_credential")
+    return {"Authorization": f"Bearer {credential.get_secret_value()}"}
+
+
+def build_client(
+    server: SessionHost, key: SessionKey, credential: SecretStr | None = None
+) -> Client[Any]:
+    """A FastMCP client for one session, with only the gateway's own credentials, or the
+    one obtained for its caller (``session_headers``).
 
     Sampling, elicitation and roots handlers are installed only where the upstream's
     ``forward`` section allows them; otherwise the client does not advertise them and the
@@ -309,7 +344,7 @@ def build_client(server: SessionHost, key: SessionKey) -> Client[Any]:
                 max_line_chars=max_response_bytes(server),
             )
     else:
-        headers = {k: v.get_secret_value() for k, v in server.secrets.headers.items()}
+        headers = session_headers(server, key, credential)
         creds = config.credentials
         verify: ssl.SSLContext | bool = True
         if creds.type == "mtls" or creds.ca_file is not None:
@@ -366,4 +401,5 @@ __all__ = [
     "UpstreamSession",
     "build_client",
     "is_transport_failure",
+    "session_headers",
 ]
