@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fastmcp import Client
 from mcp.shared.exceptions import MCPError
 
@@ -31,7 +32,10 @@ from .upstream_harness import (
 )
 
 README = "# Upstream readme\n\nResources through the gateway.\n"
-GRANTS: dict[str, Any] = {"resources": ["up"], "prompts": ["up_greet", "up_review", "up_huge_prompt"]}
+GRANTS: dict[str, Any] = {
+    "resources": ["up"],
+    "prompts": ["up_greet", "up_review", "up_huge_prompt"],
+}
 
 
 def gateway(tmp_path: Path, *, pin: bool = True, **upstream: Any) -> tuple[Gateway, Path]:
@@ -67,7 +71,7 @@ async def test_pinned_items_are_served_under_their_exposed_names(tmp_path: Path)
         assert [a.name for a in prompts["up_greet"].arguments or []] == ["name", "style"]
         resources = {str(r.uri) for r in await client.list_resources()}
         assert "upstream://up/test://static/readme" in resources
-        templates = {t.uriTemplate for t in await client.list_resource_templates()}
+        templates = {t.uri_template for t in await client.list_resource_templates()}
         assert "upstream://up/test://items/{item_id}" in templates
 
         contents = await client.read_resource("upstream://up/test://static/readme")
@@ -134,16 +138,29 @@ async def test_unpinned_items_are_quarantined_and_hidden_like_unknown_ones(
 async def test_a_changed_prompt_is_quarantined_until_re_pinned(tmp_path: Path) -> None:
     gw, _record = gateway(tmp_path)
     # The upstream now describes greet otherwise (a rug pull between runs).
-    config = gw.config_file.read_text().replace("--transport", "--variant\n    - evil\n    - --transport")
-    gw.config_file.write_text(config)
+    config = yaml.safe_load(gw.config_file.read_text())
+    config["upstreams"][0]["args"] += ["--item-variant", "evil"]
+    gw.config_file.write_text(yaml.safe_dump(config))
     server = gw.build()
     async with Client(server.mcp) as client:
         names = {p.name for p in await client.list_prompts()}
         assert "up_greet" not in names and "up_review" in names
     changed = gw.events("upstream_item_changed")
     assert changed and changed[0]["kind"] == "prompts"
-    assert run_cli(["upstream", "check", "up", "--config", str(gw.config_file),
-                    "--data-dir", str(gw.data_dir)]) == 1
+    assert (
+        run_cli(
+            [
+                "upstream",
+                "check",
+                "up",
+                "--config",
+                str(gw.config_file),
+                "--data-dir",
+                str(gw.data_dir),
+            ]
+        )
+        == 1
+    )
     assert gw.pin_items(prompt="greet") == 0
     server = gw.build()
     async with Client(server.mcp) as client:

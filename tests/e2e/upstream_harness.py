@@ -61,6 +61,7 @@ UP_TOOLS: dict[str, str] = {
     "crash": "read",
     "garbage": "read",
     "mutate_prompt": "read",
+    "spawn_tool": "read",
     "ask_sampling": "read",
     "ask_roots": "read",
     "ask_elicit": "read",
@@ -216,7 +217,10 @@ def make_gateway(
         profiles["profiles"][profile]["tools"] = [*profiles["profiles"][profile]["tools"], *names]
     for profile, kinds in (grant_items or {}).items():
         for kind, names in kinds.items():  # "resources" (sources), "prompts" (names)
-            profiles["profiles"][profile][kind] = [*profiles["profiles"][profile].get(kind, []), *names]
+            profiles["profiles"][profile][kind] = [
+                *profiles["profiles"][profile].get(kind, []),
+                *names,
+            ]
     profiles_file = root / "profiles.yaml"
     profiles_file.write_text(yaml.safe_dump(profiles))
     workspace = root / "ws"
