@@ -60,6 +60,8 @@ UP_TOOLS: dict[str, str] = {
     "mutate_silently": "read",
     "crash": "read",
     "garbage": "read",
+    "mutate_prompt": "read",
+    "spawn_tool": "read",
     "ask_sampling": "read",
     "ask_roots": "read",
     "ask_elicit": "read",
@@ -153,6 +155,15 @@ class Gateway:
             args += ["--tool", tool]
         return run_cli(args)
 
+    def pin_items(
+        self, server_id: str = "up", *, prompt: str | None = None, resource: str | None = None
+    ) -> int:
+        args = ["upstream", "pin", server_id, "--config", str(self.config_file), "--yes"]
+        args += ["--data-dir", str(self.data_dir)]
+        args += ["--prompt", prompt] if prompt is not None else []
+        args += ["--resource", resource] if resource is not None else []
+        return run_cli(args)
+
     def check(self, server_id: str) -> int:
         return run_cli(
             [
@@ -190,6 +201,7 @@ def make_gateway(
     documents: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
     grant: Mapping[str, list[str]] | None = None,
     extra: Mapping[str, Any] | None = None,
+    grant_items: Mapping[str, Mapping[str, list[str]]] | None = None,
 ) -> Gateway:
     """A gateway configuration under ``root``: one registry per upstream (``registries``,
     default: the test server's classes), profiles granting upstream tools, prod mode."""
@@ -203,6 +215,12 @@ def make_gateway(
     profiles = yaml.safe_load(SHIPPED_PROFILES.read_text())
     for profile, names in (grant or {}).items():
         profiles["profiles"][profile]["tools"] = [*profiles["profiles"][profile]["tools"], *names]
+    for profile, kinds in (grant_items or {}).items():
+        for kind, names in kinds.items():  # "resources" (sources), "prompts" (names)
+            profiles["profiles"][profile][kind] = [
+                *profiles["profiles"][profile].get(kind, []),
+                *names,
+            ]
     profiles_file = root / "profiles.yaml"
     profiles_file.write_text(yaml.safe_dump(profiles))
     workspace = root / "ws"

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nexus_mcp.commands import print_table
+from nexus_mcp.commands import print_table, upstream_items
 from nexus_mcp.errors import ConfigError, UnavailableError
 from nexus_mcp.observability.logs import ensure_logging
 from nexus_mcp.policy.pins import PinnedDefinitions, PinState
@@ -45,7 +45,9 @@ from nexus_mcp.providers.upstream.review import (
     ReviewContext,
     change_lines,
     inspect,
+    items_to_pin,
     keep_definitions,
+    pin_items,
     pin_reviewed,
     to_pin,
     verdict,
@@ -89,6 +91,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     pin.add_argument("server", metavar="SERVER", help="an upstream's server_id")
     pin.add_argument("--tool", action="append", default=None, metavar="T", help="only this tool")
     pin.add_argument("--yes", action="store_true", help="write without asking (no terminal)")
+    upstream_items.add_arguments(pin)
     pin.set_defaults(func=run_pin)
 
 
@@ -118,17 +121,21 @@ def run_check(args: argparse.Namespace) -> int:
             print(f"\n{name}: {CHANGED}")
             for line in change_lines(tool, report["kept"]):
                 print(line)
-    drift = _drift(report)
+    upstream_items.print_items(report)
+    drift = _drift(report) + upstream_items.item_drift(report)
     unusable = _print_unusable(report)
     if report["state"] != "ready":
         print(f"{args.server}: could not connect ({report['failure']})", file=sys.stderr)
         return EXIT_DRIFT
     if drift:
-        print(f"{args.server}: {len(drift)} tool(s) drifted: {', '.join(drift)}", file=sys.stderr)
+        print(
+            f"{args.server}: {len(drift)} definition(s) drifted: {', '.join(drift)}",
+            file=sys.stderr,
+        )
         return EXIT_DRIFT
     if unusable:
         return EXIT_DRIFT
-    print(f"{args.server}: every listed tool is classified and pinned")
+    print(f"{args.server}: every listed tool is classified and pinned, and so is every item")
     return EXIT_OK
 
 
@@ -146,13 +153,23 @@ def run_pin(args: argparse.Namespace) -> int:
             f"{context.lock_file(args.server)} cannot be used; move it away and pin again"
         )
     tools: dict[str, dict[str, Any]] = report["tools"]
-    wanted = set(args.tool) if args.tool else {n for n, t in tools.items() if t["allowed"]}
+    selected = upstream_items.wanted_items(args)
+    if args.tool:
+        wanted = set(args.tool)
+    elif selected:
+        wanted = set()  # only the prompts and resources named
+    else:
+        wanted = {n for n, t in tools.items() if t["allowed"]}
     unknown = sorted(wanted - set(tools))
     if unknown:
         return _refuse(f"{args.server} does not list: {', '.join(unknown)}")
+    if upstream_items.unknown_items(report, selected):
+        return _refuse(f"{args.server} does not list a prompt or resource named")
     changes = to_pin(report, wanted)
+    item_changes = items_to_pin(report, selected)
     print_table(_COLUMNS, _rows(report, only=set(wanted), verdicts=True))
-    if not changes:
+    upstream_items.print_items(report, selected)
+    if not changes and not item_changes:
         print(f"{args.server}: nothing to pin")
         _keep_definitions(context, args.server, tools, report["kept"], quiet=False)
         return EXIT_OK
@@ -161,19 +178,25 @@ def run_pin(args: argparse.Namespace) -> int:
         print(f"\n{name}: {verdict(tools[name])}, to pin: {before} -> {digest}")
         for line in change_lines(tools[name], report["kept"]):
             print(line)
+    upstream_items.print_changes(report, item_changes)
     print()
+    count = len(changes) + sum(len(v) for v in item_changes.values())
     if not args.yes:
         if not sys.stdin.isatty():
             return _refuse("no terminal to confirm on: pass --yes to write the pins")
-        answer = input(f"write {len(changes)} pin(s) to {context.lock_file(args.server)}? [y/N] ")
+        answer = input(f"write {count} pin(s) to {context.lock_file(args.server)}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("not written")
             return EXIT_DRIFT
     try:
-        path = pin_reviewed(context, args.server, report, changes)
+        path = context.lock_file(args.server)
+        if changes:
+            path = pin_reviewed(context, args.server, report, changes)
+        if item_changes:
+            path = pin_items(context, args.server, item_changes)
     except (ConfigError, UnavailableError):
         return _refuse(f"{args.server}: the quarantine evidence could not be cleared: not written")
-    print(f"wrote {len(changes)} pin(s) to {path}")
+    print(f"wrote {count} pin(s) to {path}")
     _keep_definitions(context, args.server, tools, report["kept"], quiet=True)
     return EXIT_OK
 

@@ -45,11 +45,18 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from nexus_mcp.policy.catalog import Kind, key_ok
 from nexus_mcp.policy.hashing import sha256_hex, to_canonical_json
 
 PINS_SCHEMA = "tool_pins"
 PINS_SCHEMA_ID = "nexus.mcp.tool_pins"
 PINS_SCHEMA_VERSION = "v1"
+# v2: v1 and the prompts, resource templates and resources of ``policy/catalog.py``. A
+# lock file with no such pin is still written as v1 (any version reads it); one with them
+# is v2, which a version that knows only v1 refuses as a whole (its tools quarantined:
+# fail closed, never a pin half read).
+PINS_SCHEMA_VERSION_ITEMS = "v2"
+ITEM_KINDS = tuple(kind.value for kind in Kind)
 LOCK_SUFFIX = ".lock.json"
 DEFINITION_FIELDS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
 # The contract's rules (tool_pins.schema.json), checked entry by entry.
@@ -99,6 +106,11 @@ class PinFile:
     unusable: str | None = None
     rejected: tuple[tuple[int, str], ...] = ()
     broken: frozenset[str] = frozenset()
+    # Prompts, resource templates and resources (``policy/catalog.py``): kind -> key ->
+    # digest, and stamps alike; ``broken_items``: (kind, key) whose own entry was bad.
+    items: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    item_stamps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    broken_items: frozenset[tuple[str, str]] = frozenset()
 
     def quarantines(self, tool_name: str) -> bool:
         """The lock file cannot vouch for this tool: the file, or its entry, is bad."""
@@ -116,6 +128,46 @@ class PinFile:
             return PinState.UNPINNED
         return PinState.PINNED if pinned == digest else PinState.CHANGED
 
+    def item_pin(self, kind: Kind, key: str) -> str | None:
+        return self.items.get(kind.value, {}).get(key)
+
+    def item_stamp(self, kind: Kind, key: str) -> str | None:
+        return self.item_stamps.get(kind.value, {}).get(key)
+
+    def quarantines_item(self, kind: Kind, key: str) -> bool:
+        return self.unusable is not None or (kind.value, key) in self.broken_items
+
+    def item_state(self, kind: Kind, key: str, digest: str) -> PinState:
+        pinned = self.item_pin(kind, key)
+        if pinned is None:
+            return PinState.UNPINNED
+        return PinState.PINNED if pinned == digest else PinState.CHANGED
+
+    def with_item_pins(
+        self, kind: Kind, digests: Mapping[str, str], *, renew: bool = False
+    ) -> PinFile:
+        """These pins of one kind set (``with_pins``'s rules)."""
+        now = datetime.now(UTC).isoformat(timespec="microseconds")
+        merged = {k: dict(v) for k, v in self.items.items()}
+        stamps = {k: dict(v) for k, v in self.item_stamps.items()}
+        pins = merged.setdefault(kind.value, {})
+        kept = stamps.setdefault(kind.value, {})
+        for key, digest in digests.items():
+            if renew or pins.get(key) != digest:
+                kept[key] = now
+            pins[key] = digest
+        broken = frozenset(b for b in self.broken_items if not (b[0] == kind and b[1] in digests))
+        return PinFile(
+            self.server_id,
+            self.digests,
+            self.pinned_at,
+            self.path,
+            broken=self.broken,
+            items=merged,
+            item_stamps=stamps,
+            broken_items=broken,
+        )
+
     def with_pins(self, digests: Mapping[str, str], *, renew: bool = False) -> PinFile:
         """These pins set. ``renew``: each named tool is stamped anew even when its digest
         is unchanged (an operator re-pinned it after review: a running server forgets the
@@ -127,21 +179,52 @@ class PinFile:
             if renew or merged.get(name) != digest:
                 stamps[name] = now
             merged[name] = digest
-        return PinFile(self.server_id, merged, stamps, self.path, broken=self.broken - set(digests))
+        return PinFile(
+            self.server_id,
+            merged,
+            stamps,
+            self.path,
+            broken=self.broken - set(digests),
+            items=self.items,
+            item_stamps=self.item_stamps,
+            broken_items=self.broken_items,
+        )
 
     def to_document(self) -> dict[str, Any]:
-        tools = {}
-        for name in sorted(self.digests):
-            entry: dict[str, str] = {"sha256": self.digests[name]}
-            if name in self.pinned_at:
-                entry["pinned_at"] = self.pinned_at[name]
-            tools[name] = entry
-        return {
+        document: dict[str, Any] = {
             "schema_id": PINS_SCHEMA_ID,
             "schema_version": PINS_SCHEMA_VERSION,
             "server_id": self.server_id,
-            "tools": tools,
+            "tools": _entries_of(self.digests, self.pinned_at),
         }
+        kinds = [kind for kind in ITEM_KINDS if self.items.get(kind)]
+        if kinds:
+            document["schema_version"] = PINS_SCHEMA_VERSION_ITEMS
+            for kind in kinds:
+                document[kind] = _entries_of(self.items[kind], self.item_stamps.get(kind, {}))
+        return document
+
+
+def _entries_of(digests: Mapping[str, str], stamps: Mapping[str, str]) -> dict[str, Any]:
+    entries = {}
+    for name in sorted(digests):
+        entry: dict[str, str] = {"sha256": digests[name]}
+        if name in stamps:
+            entry["pinned_at"] = stamps[name]
+        entries[name] = entry
+    return entries
+
+
+def renewed_items(before: PinFile, after: PinFile) -> frozenset[tuple[str, str]]:
+    """The (kind, key) whose pin (digest or stamp) differs between two lock files."""
+    changed: set[tuple[str, str]] = set()
+    for kind in ITEM_KINDS:
+        old, new = before.items.get(kind, {}), after.items.get(kind, {})
+        old_at, new_at = before.item_stamps.get(kind, {}), after.item_stamps.get(kind, {})
+        for key in set(old) | set(new):
+            if (old.get(key), old_at.get(key)) != (new.get(key), new_at.get(key)):
+                changed.add((kind, key))
+    return frozenset(changed)
 
 
 def renewed_pins(before: PinFile, after: PinFile) -> frozenset[str]:
@@ -169,7 +252,8 @@ def load_pins(registry_dir: Path, server_id: str) -> PinFile:
         why = _top_level_problem(document, server_id)
     if why is not None:
         return PinFile(server_id, {}, {}, path, unusable=why)
-    return _entries(server_id, path, document["tools"])
+    pins = _entries(server_id, path, document["tools"])
+    return _item_entries(pins, document)
 
 
 class _Pairs(dict[str, Any]):
@@ -215,10 +299,17 @@ def _top_level_problem(document: Any, server_id: str) -> str | None:
     if document.duplicates if isinstance(document, _Pairs) else False:
         return "a top-level key is given twice"
     expected = {"schema_id", "schema_version", "server_id", "tools"}
-    if set(document) != expected:
+    version = document.get("schema_version")
+    keys = set(document)
+    if version == PINS_SCHEMA_VERSION_ITEMS:
+        keys -= set(ITEM_KINDS)
+    if keys != expected:
         return "not the tool_pins contract (its keys differ)"
-    if (document["schema_id"], document["schema_version"]) != (PINS_SCHEMA_ID, PINS_SCHEMA_VERSION):
-        return "not the tool_pins v1 contract"
+    if document["schema_id"] != PINS_SCHEMA_ID or version not in (
+        PINS_SCHEMA_VERSION,
+        PINS_SCHEMA_VERSION_ITEMS,
+    ):
+        return "not the tool_pins v1 or v2 contract"
     found = document["server_id"]
     if not isinstance(found, str) or not PIN_SERVER_ID_RE.fullmatch(found) or found != server_id:
         return "server_id differs from the file name"
@@ -227,6 +318,12 @@ def _top_level_problem(document: Any, server_id: str) -> str | None:
         return "tools is not an object"
     if len(tools) > MAX_PIN_ENTRIES:
         return f"more than {MAX_PIN_ENTRIES} entries"
+    for kind in ITEM_KINDS:
+        items = document.get(kind, {})
+        if not isinstance(items, dict):
+            return f"{kind} is not an object"
+        if len(items) > MAX_PIN_ENTRIES:
+            return f"more than {MAX_PIN_ENTRIES} {kind} entries"
     return None
 
 
@@ -249,9 +346,47 @@ def _entries(server_id: str, path: Path, tools: dict[str, Any]) -> PinFile:
     return PinFile(server_id, digests, stamps, path, None, tuple(rejected), frozenset(broken))
 
 
-def _entry_problem(name: str, entry: Any, duplicates: frozenset[str]) -> str | None:
-    if not PIN_NAME_RE.fullmatch(name):
+def _item_entries(pins: PinFile, document: Mapping[str, Any]) -> PinFile:
+    """The v2 sections (prompts, resource templates, resources), entry by entry: a bad
+    entry is dropped and reported by its kind and position; its item is quarantined."""
+    items: dict[str, dict[str, str]] = {}
+    stamps: dict[str, dict[str, str]] = {}
+    rejected = list(pins.rejected)
+    broken: set[tuple[str, str]] = set()
+    for kind in Kind:
+        section = document.get(kind.value, {})
+        duplicates = section.duplicates if isinstance(section, _Pairs) else frozenset()
+        for position, (key, entry) in enumerate(section.items()):
+            why = _entry_problem(key, entry, duplicates, kind=kind)
+            if why is None:
+                items.setdefault(kind.value, {})[key] = entry["sha256"]
+                if "pinned_at" in entry:
+                    stamps.setdefault(kind.value, {})[key] = entry["pinned_at"]
+                continue
+            rejected.append((position, f"{kind.value}: {why}"))
+            if key_ok(kind, key):
+                broken.add((kind.value, key))
+    return PinFile(
+        pins.server_id,
+        pins.digests,
+        pins.pinned_at,
+        pins.path,
+        None,
+        tuple(rejected),
+        pins.broken,
+        items,
+        stamps,
+        frozenset(broken),
+    )
+
+
+def _entry_problem(
+    name: str, entry: Any, duplicates: frozenset[str], *, kind: Kind | None = None
+) -> str | None:
+    if kind is None and not PIN_NAME_RE.fullmatch(name):
         return "its name does not follow MCP's tool-name rule"
+    if kind is not None and not key_ok(kind, name):
+        return "its key does not follow its kind's rule"
     if name in duplicates:
         return "its name is given more than once"
     if not isinstance(entry, dict) or not set(entry) <= {"sha256", "pinned_at"}:

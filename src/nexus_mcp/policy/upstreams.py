@@ -280,6 +280,10 @@ class UpstreamConfig(_Model):
     retry: RetryPolicy = RetryPolicy()
     reconnect: Reconnect = Reconnect()
     tools: tuple[StrictStr, ...] | None = None  # allowlist; None: every classified tool
+    # Allowlists of its prompts (by name) and resources (by uri or uriTemplate), each
+    # still pinned (``policy/catalog.py``); None: every pinned one; (): none at all.
+    prompts: tuple[StrictStr, ...] | None = None
+    resources: tuple[StrictStr, ...] | None = None
     prefix: StrictStr | None = None  # default "<server_id>_"
     forward: Forwarding = Forwarding()
     identity_meta: IdentityMeta = IdentityMeta()
@@ -332,6 +336,12 @@ class UpstreamConfig(_Model):
         name = self.name_prefix + tool_name
         # fullmatch: ``$`` would let a name end in a newline through.
         return name if TOOL_NAME_RE.fullmatch(name) else None
+
+    def allows_item(self, kind: str, key: str) -> bool:
+        """The prompts/resources allowlists (``prompts``, ``resources``; templates are
+        allowed by their ``uriTemplate`` in ``resources``)."""
+        allowed = self.prompts if kind == "prompts" else self.resources
+        return allowed is None or key in allowed
 
     def allows(self, tool_name: str) -> bool:
         """The per-server allowlist (seed 002): a tool not listed is never exposed."""

@@ -91,9 +91,16 @@ def test_a_lock_file_is_not_a_registry(tmp_path: Path) -> None:
         {"schema_id": "nexus.mcp.tool_pins", "schema_version": "v1", "server_id": "up"},
         {
             "schema_id": "nexus.mcp.tool_pins",
-            "schema_version": "v2",
+            "schema_version": "v3",
             "server_id": "up",
             "tools": {},
+        },
+        {  # v1 knows no prompts: a v1 file that has them is not v1
+            "schema_id": "nexus.mcp.tool_pins",
+            "schema_version": "v1",
+            "server_id": "up",
+            "tools": {},
+            "prompts": {},
         },
         {
             "schema_id": "nexus.mcp.tool_pins",

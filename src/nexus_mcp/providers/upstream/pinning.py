@@ -82,6 +82,7 @@ class PinnedTools(QuarantineEvidence):
     listing_cut: tuple[str, int] | None
     _pins_mtime: float | None
     _pins_unreadable: float | None
+    catalog: Any  # its prompts and resources (``catalog.UpstreamCatalog``)
     # The connections' (``server.py``): what an exposed tool forwards through.
     forward: Callable[..., Coroutine[Any, Any, Any]]
 
@@ -102,6 +103,8 @@ class PinnedTools(QuarantineEvidence):
         self._pins_mtime = mtime
         self._pins_unreadable = None
         self._forget(renewed_pins(before, pins))
+        self.catalog.forget(before)
+        self.catalog.redecide()
         self._note_pins()
         return True
 

@@ -11,10 +11,13 @@ import contextlib
 import time
 from collections.abc import Iterable
 
+from fastmcp.prompts import Prompt
+from fastmcp.resources import Resource, ResourceTemplate
 from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool
 from fastmcp.utilities.versions import VersionSpec
 
+from nexus_mcp.providers.upstream.catalog import UpstreamCatalog
 from nexus_mcp.providers.upstream.server import UpstreamServer
 
 # How long the first tools/list after start-up may wait for upstreams still connecting
@@ -95,6 +98,38 @@ class UpstreamProvider(Provider):
             if tool is not None:
                 return tool
         return None
+
+    # Prompts, resources and resource templates (``catalog.py``): the same warm-up, the
+    # same one enforcement path.
+
+    async def _catalogs(self) -> list[UpstreamCatalog]:
+        await self.warm_up()
+        for server in self.servers:
+            server._bind_loop()
+        return [server.catalog for server in self.servers]
+
+    async def _list_prompts(self) -> list[Prompt]:
+        return [p for c in await self._catalogs() for p in c.visible_prompts().values()]
+
+    async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
+        for catalog in await self._catalogs():
+            found = catalog.visible_prompts().get(name)
+            if found is not None:
+                return found
+        return None
+
+    async def _list_resources(self) -> list[Resource]:
+        return [r for c in await self._catalogs() for r in c.visible_resources().values()]
+
+    async def _get_resource(self, uri: str, version: VersionSpec | None = None) -> Resource | None:
+        for catalog in await self._catalogs():
+            found = catalog.visible_resources().get(uri)
+            if found is not None:
+                return found
+        return None
+
+    async def _list_resource_templates(self) -> list[ResourceTemplate]:
+        return [t for c in await self._catalogs() for t in c.visible_templates().values()]
 
 
 __all__ = ["FIRST_LIST_WAIT_SECONDS", "UpstreamProvider"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.catalog import Kind
 from nexus_mcp.policy.definition_diff import definition_diff
 from nexus_mcp.policy.pins import (
     PinnedDefinitions,
@@ -202,7 +203,59 @@ def server_report(server: UpstreamServer, registry_dir: Path) -> dict[str, Any]:
         "cut": server.listing_cut,
         "pin_problems": server.pins.problems(),
         "pins_unusable": server.pins.unusable is not None,
+        "items": item_report(server),
     }
+
+
+def item_report(server: UpstreamServer) -> list[dict[str, Any]]:
+    """What ``server`` decided of every prompt, resource template and resource it lists
+    (``catalog.py``), in the order of their kinds and keys."""
+    rows = []
+    for kind in Kind:
+        for key, view in sorted(server.catalog.views[kind].items()):
+            pinned = server.pins.item_pin(kind, key)
+            rows.append(
+                {
+                    "kind": kind,
+                    "key": key,
+                    "exposed": view.exposed or "-",
+                    "pin": view.pin_state,
+                    "pinned": pinned,
+                    "sha256": view.digest,
+                    "status": view.status,
+                    "reason": view.reason,
+                    "allowed": view.status != "not_allowed",
+                    "definition": view.definition,
+                    "broken": server.pins.quarantines_item(kind, key),
+                }
+            )
+    return rows
+
+
+def items_to_pin(
+    report: Mapping[str, Any], wanted: Mapping[Kind, Collection[str]] | None
+) -> dict[Kind, dict[str, str]]:
+    """The items of ``wanted`` (None: every allowed one) whose pin would change, by kind,
+    with the digest each would be pinned by: the one listed now."""
+    changes: dict[Kind, dict[str, str]] = {}
+    for item in report.get("items", ()):
+        kind, key = item["kind"], item["key"]
+        chosen = item["allowed"] if wanted is None else key in wanted.get(kind, ())
+        if chosen and (item["pin"] != PinState.PINNED or item["broken"]):
+            changes.setdefault(kind, {})[key] = item["sha256"]
+    return changes
+
+
+def pin_items(
+    context: ReviewContext, server_id: str, changes: Mapping[Kind, Mapping[str, str]]
+) -> Path:
+    """Write the item pins ``changes``, each stamped anew: the evidence of every session
+    and replica is kept under a pin's digest and stamp (``catalog.py``), so a new stamp
+    starts with none, and nothing is cleared first."""
+    pins = load_pins(context.registry_dir, server_id)
+    for kind, digests in changes.items():
+        pins = pins.with_item_pins(kind, digests, renew=True)
+    return write_pins(pins)
 
 
 def verdict(tool: Mapping[str, Any]) -> str:
@@ -323,7 +376,10 @@ __all__ = [
     "change_lines",
     "clear_evidence",
     "inspect",
+    "item_report",
+    "items_to_pin",
     "keep_definitions",
+    "pin_items",
     "pin_reviewed",
     "selection_digest",
     "server_report",

@@ -84,6 +84,7 @@ from nexus_mcp.policy.registry import RegistrySet
 from nexus_mcp.policy.sandbox import SandboxLaunch
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.principal import Principal
+from nexus_mcp.providers.upstream.catalog import UpstreamCatalog
 from nexus_mcp.providers.upstream.credentials import CallerCredentials
 from nexus_mcp.providers.upstream.evidence import Unsent
 from nexus_mcp.providers.upstream.listing import (
@@ -205,6 +206,8 @@ class UpstreamServer(PinnedTools, CallerCredentials):
         # Evidence kept across restarts (embedded backend), and what it already holds.
         self.persisted: PersistedEvidence | None = None
         self._kept: set[Proof] = set()
+        # Its prompts, resources and resource templates (``catalog.py``).
+        self.catalog = UpstreamCatalog(self)
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -529,6 +532,7 @@ class UpstreamServer(PinnedTools, CallerCredentials):
             if authoritative:
                 self._report_listing(listing, invalid)
             await self._evaluate(definitions, authoritative=authoritative, digests=digests)
+            await self.catalog.list_on(session, authoritative=authoritative)
             if authoritative or self._verified_tools is None:
                 self._verified_tools = listing.tools
             now = time.monotonic()
@@ -686,6 +690,7 @@ class UpstreamServer(PinnedTools, CallerCredentials):
                 v.upstream_name for v in self.views.values() if v.status == "unclassified"
             ),
             "sessions": self.session_count(),
+            **self.catalog.summary(),
         }
 
 

@@ -103,6 +103,13 @@ class _ListChanged(MessageHandler):
     async def on_tool_list_changed(self, message: Any) -> None:
         self._on_change()
 
+    # Prompts and resources are listed and decided with the tools (``catalog.py``).
+    async def on_prompt_list_changed(self, message: Any) -> None:
+        self._on_change()
+
+    async def on_resource_list_changed(self, message: Any) -> None:
+        self._on_change()
+
 
 @dataclass
 class UpstreamSession:

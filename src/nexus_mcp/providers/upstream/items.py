@@ -1,0 +1,224 @@
+"""An upstream's prompts, resources and resource templates as FastMCP holds them.
+
+Each is an ordinary FastMCP component, so the server's middleware chain (grants,
+audit, envelope) runs for it exactly as for a native one. What it does when run is
+``catalog.py``'s ``forward_*``: on the caller's own upstream session (never another
+principal's), within the upstream's call timeout, its answer checked for shape and size
+and never echoed when it is wrong. The upstream's own ``_meta`` is not passed on.
+
+Every resource content carries ``_meta["nexus/sha256"]``: the sha256 of its bytes (the
+UTF-8 of a text, the decoded bytes of a blob), as read tools' documents carry theirs.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from fastmcp.prompts import Message, Prompt, PromptResult
+from fastmcp.prompts.base import PromptArgument
+from fastmcp.resources import Resource, ResourceTemplate
+from fastmcp.resources.base import ResourceContent, ResourceResult
+from fastmcp.utilities.tasks import TaskConfig
+from mcp_types import (
+    BlobResourceContents,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+    TextResourceContents,
+)
+from pydantic import AnyUrl
+
+from nexus_mcp.errors import DocSizeExceededError
+from nexus_mcp.policy.catalog import Kind, backend_uri
+from nexus_mcp.policy.documents import MAX_READ_LIMIT_NAME
+from nexus_mcp.policy.hashing import sha256_hex, to_canonical_json
+from nexus_mcp.policy.pins import PinState
+from nexus_mcp.providers.upstream.sessions import UpstreamFailure
+
+SHA256_META = "nexus/sha256"
+MAX_CONTENTS = 1000  # content items of one read or one prompt's messages
+
+
+@dataclass(frozen=True)
+class ItemView:
+    """What nexus decided about one prompt, resource or template an upstream lists."""
+
+    kind: Kind
+    key: str  # the upstream's own name, uri or uriTemplate
+    exposed: str | None  # what callers see it as
+    definition: Mapping[str, Any]
+    digest: str
+    pin_state: PinState
+    status: Literal["exposed", "quarantined", "not_allowed", "bad_name"]
+    reason: str | None = None
+
+
+class ItemHost(Protocol):
+    """What the components need of their upstream (``catalog.UpstreamCatalog``)."""
+
+    server_id: str
+
+    async def read_resource(self, view: ItemView, backend_uri: str) -> ResourceResult: ...
+
+    async def render_prompt(self, view: ItemView, arguments: dict[str, Any]) -> PromptResult: ...
+
+
+_FORBIDDEN = TaskConfig(mode="forbidden")
+
+
+class UpstreamPrompt(Prompt):
+    task_config: TaskConfig = _FORBIDDEN
+    _host: Any = None
+    _view: Any = None
+
+    @classmethod
+    def for_view(cls, host: ItemHost, view: ItemView) -> UpstreamPrompt:
+        d = view.definition
+        arguments = [
+            PromptArgument(
+                name=a["name"], description=a.get("description"), required=bool(a.get("required"))
+            )
+            for a in d.get("arguments") or []
+        ]
+        prompt = cls(
+            name=view.exposed or view.key,
+            title=d.get("title"),
+            description=d.get("description"),
+            arguments=arguments,
+            task_config=_FORBIDDEN,
+        )
+        prompt._host, prompt._view = host, view
+        return prompt
+
+    async def render(self, arguments: dict[str, Any] | None = None) -> PromptResult:
+        host: ItemHost = self._host
+        return await host.render_prompt(self._view, dict(arguments or {}))
+
+
+class UpstreamResource(Resource):
+    task_config: TaskConfig = _FORBIDDEN
+    _host: Any = None
+    _view: Any = None
+    _backend: str | None = None
+
+    @classmethod
+    def for_view(
+        cls, host: ItemHost, view: ItemView, *, uri: str | None = None, backend: str | None = None
+    ) -> UpstreamResource:
+        d = view.definition
+        resource = cls(
+            uri=AnyUrl(uri or view.exposed or ""),
+            name=str(d.get("name") or view.key),
+            title=d.get("title"),
+            description=d.get("description"),
+            mime_type=d.get("mimeType") or "text/plain",
+            task_config=_FORBIDDEN,
+        )
+        resource._host, resource._view = host, view
+        resource._backend = backend or view.key
+        return resource
+
+    async def read(self) -> ResourceResult:
+        host: ItemHost = self._host
+        return await host.read_resource(self._view, self._backend or self._view.key)
+
+
+class UpstreamTemplate(ResourceTemplate):
+    task_config: TaskConfig = _FORBIDDEN
+    _host: Any = None
+    _view: Any = None
+
+    @classmethod
+    def for_view(cls, host: ItemHost, view: ItemView) -> UpstreamTemplate:
+        d = view.definition
+        template = cls(
+            uri_template=view.exposed or "",
+            name=str(d.get("name") or view.key),
+            title=d.get("title"),
+            description=d.get("description"),
+            mime_type=d.get("mimeType") or "text/plain",
+            parameters={},
+            task_config=_FORBIDDEN,
+        )
+        template._host, template._view = host, view
+        return template
+
+    async def create_resource(
+        self, uri: str, params: dict[str, Any], context: Any = None
+    ) -> UpstreamResource:
+        # The upstream's URI is the one asked for, less the exposed prefix: exactly what
+        # matched the exposed template, never a re-expansion of the parameters.
+        backend = backend_uri(self._host.server_id, str(uri)) or ""
+        return UpstreamResource.for_view(self._host, self._view, uri=str(uri), backend=backend)
+
+
+def to_resource_result(raw: Any, max_bytes: int) -> ResourceResult:
+    """The upstream's ReadResourceResult, checked (never echoed) and hashed per content."""
+    try:
+        items = list(raw.contents or [])
+        if not items or len(items) > MAX_CONTENTS:
+            raise ValueError("contents")
+        contents: list[ResourceContent] = []
+        total = 0
+        for item in items:
+            if isinstance(item, TextResourceContents):
+                body: str | bytes = item.text
+                data = item.text.encode("utf-8", "surrogatepass")
+            elif isinstance(item, BlobResourceContents):
+                data = base64.b64decode(item.blob, validate=True)
+                body = data
+            else:
+                raise TypeError("content kind")
+            total += len(data)
+            if total > max_bytes:
+                raise DocSizeExceededError(limit_name=MAX_READ_LIMIT_NAME, limit_bytes=max_bytes)
+            mime = item.mime_type if isinstance(item.mime_type, str) else None
+            contents.append(
+                ResourceContent(content=body, mime_type=mime, meta={SHA256_META: sha256_hex(data)})
+            )
+    except DocSizeExceededError:
+        raise
+    except (ValueError, TypeError, AttributeError, binascii.Error, UnicodeError):
+        raise UpstreamFailure("error", "bad_result").to_error() from None
+    return ResourceResult(contents=contents)
+
+
+def to_prompt_result(raw: Any, max_bytes: int) -> PromptResult:
+    """The upstream's GetPromptResult, checked for shape and size (never echoed)."""
+    try:
+        messages = list(raw.messages or [])
+        if len(messages) > MAX_CONTENTS:
+            raise ValueError("messages")
+        kept: list[Message] = []
+        for message in messages:
+            if message.role not in ("user", "assistant"):
+                raise ValueError("role")
+            content = message.content
+            if not isinstance(content, TextContent | ImageContent | EmbeddedResource) and getattr(
+                content, "type", None
+            ) not in ("audio", "resource_link"):
+                raise TypeError("content kind")
+            kept.append(Message(content=content, role=message.role))
+        dumped = [m.content.model_dump(mode="json", by_alias=True) for m in messages]
+        size = len(to_canonical_json([dumped, raw.description]))
+        description = raw.description if isinstance(raw.description, str) else None
+    except (ValueError, TypeError, AttributeError):
+        raise UpstreamFailure("error", "bad_result").to_error() from None
+    if size > max_bytes:
+        raise DocSizeExceededError(limit_name=MAX_READ_LIMIT_NAME, limit_bytes=max_bytes)
+    return PromptResult(messages=kept, description=description)
+
+
+__all__ = [
+    "SHA256_META",
+    "ItemView",
+    "UpstreamPrompt",
+    "UpstreamResource",
+    "UpstreamTemplate",
+    "to_prompt_result",
+    "to_resource_result",
+]
