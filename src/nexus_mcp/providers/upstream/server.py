@@ -79,7 +79,7 @@ from nexus_mcp.policy.quarantine import (
     SeenDigests,
 )
 from nexus_mcp.policy.registry import RegistrySet
-from nexus_mcp.policy.sandbox import SandboxLaunch
+from nexus_mcp.policy.sandbox import SandboxLaunch, isolation
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.principal import Principal
 from nexus_mcp.providers.upstream.evidence import Unsent
@@ -670,6 +670,7 @@ class UpstreamServer(PinnedTools):
         return {
             "state": self.state,
             "transport": self.config.transport,
+            "isolation": isolation(self.config.transport, self.sandbox),
             "tools": sorted(self.visible_tools()),
             "quarantined": quarantined,
             "unclassified": sorted(
