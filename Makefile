@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	@echo "==> installing the test tools (pytest, hypothesis, ruff, mypy) into $(VENV)"
+	@echo "==> installing the test tools (pytest, hypothesis, ruff, mypy, mcp-server-git) into $(VENV)"
 	$(BIN)/python -m pip install -e ".[test]"
 	touch $@
 
@@ -33,22 +33,23 @@ run: $(VENV)/.installed
 	$(BIN)/nexus-mcp serve --transport http --mode dev --port $(PORT) \
 		--workspace $(DEMO) --data-dir .nexus-data --config demo/nexus.yaml
 
-# The non-Python MCP clients the end-to-end tests drive (tests/e2e/test_clients.py), at the
+# The non-Python MCP clients the end-to-end tests drive (tests/e2e/test_clients.py) and the
+# reference MCP servers they mount as upstreams (server-filesystem, server-everything), at the
 # exact versions of tests/clients/package-lock.json; reinstalled only when the pins change.
 $(CLIENTS)/node_modules/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
-	@echo "==> installing the npm test parts (TypeScript SDK, MCP Inspector, oidc-provider) into $(CLIENTS)"
+	@echo "==> installing the npm test parts (TypeScript SDK, MCP Inspector, oidc-provider, reference servers) into $(CLIENTS)"
 	$(NPM) ci --prefix $(CLIENTS) --no-audit --no-fund
 	touch $@
 
-## clients: install the TypeScript SDK, MCP Inspector and OpenID provider the tests drive (node, npm)
+## clients: install the TypeScript SDK, MCP Inspector, OpenID provider and reference MCP servers the tests drive (node, npm)
 clients: $(CLIENTS)/node_modules/.installed
 
 ## test: the whole suite, the command CI runs (the npm client tests skip without npm)
 test: $(VENV)/.installed-test
 	@if ! command -v $(NPM) >/dev/null 2>&1; then \
-		echo "==> npm not found: the TypeScript SDK and MCP Inspector tests will be skipped"; \
+		echo "==> npm not found: the TypeScript SDK, MCP Inspector and npm reference-server tests will be skipped"; \
 	elif ! $(MAKE) --no-print-directory clients; then \
-		echo "==> npm ci failed: the TypeScript SDK and MCP Inspector tests will be skipped"; fi
+		echo "==> npm ci failed: the TypeScript SDK, MCP Inspector and npm reference-server tests will be skipped"; fi
 	$(BIN)/python -m pytest
 
 ## check: lint, format check, strict type check, the package's import contracts and the docs

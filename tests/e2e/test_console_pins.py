@@ -35,7 +35,15 @@ from nexus_mcp.settings import load_settings
 
 from .access_helpers import AUDIENCE, SECRET, list_as, serve_settings, token
 from .servers import server_env
-from .upstream_harness import Gateway, http_upstream, http_upstream_process, make_gateway
+from .test_upstream_sandbox import bwrap_present  # noqa: F401 - the fixture, by name
+from .upstream_harness import (
+    UPSTREAM_SCRIPT,
+    Gateway,
+    http_upstream,
+    http_upstream_process,
+    make_gateway,
+    stdio_upstream,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -287,3 +295,41 @@ async def test_the_console_beside_a_stdio_server_connects_to_review_and_repin(
     assert [(r["tool"], r["pinned_sha256"], r["host_id"]) for r in repinned] == [
         ("echo", listed, "console:standalone")
     ]
+
+
+@pytest.mark.usefixtures("bwrap_present")
+async def test_the_page_says_which_upstreams_run_sandboxed(tmp_path: Path) -> None:
+    """Each upstream's section says how it runs: sandboxed (network off), unsandboxed
+    (a warning) or remote; the words are the page's own, never the upstream's."""
+    support = {"readable": [str(UPSTREAM_SCRIPT.parent)]}
+    with http_upstream_process() as (url, _proc):
+        upstreams = [
+            stdio_upstream("box", sandbox=support),
+            stdio_upstream("plain"),
+            http_upstream("web", url, tools=["echo"]),
+        ]
+        gw = make_gateway(tmp_path / "gw", upstreams)
+        async with serve(gw, tmp_path / "flag.txt") as served, client(served) as browser:
+            await sign_in(browser, served.link(role="viewer"))
+            page = (await browser.get("/console/pins")).text
+    shown = {
+        sid: re.search(
+            rf'<section class="upstream" id="server-{sid}">.*?'
+            r'<p class="sandbox( warn| muted)" data-sandbox="(\w+)" data-network="([-\w]+)">'
+            r"([^<]*)</p>",
+            page,
+            re.S,
+        )
+        for sid in ("box", "plain", "web")
+    }
+    found = {sid: m.groups() if m else None for sid, m in shown.items()}
+    assert found["box"] == (
+        " muted",
+        "bubblewrap",
+        "off",
+        "Runs in a bubblewrap sandbox (its own folders only), network off.",
+    )
+    assert found["plain"] is not None and found["plain"][:3] == (" warn", "none", "on")
+    assert "rights over its files and the network" in found["plain"][3]
+    assert found["web"] is not None and found["web"][:3] == (" muted", "remote", "-")
+    assert page.count('<p class="sandbox') == 3

@@ -7,8 +7,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fastmcp import Client
+from structlog.testing import capture_logs
 
-from .upstream_harness import Gateway, make_gateway, run_cli, stdio_upstream
+from .servers import free_port
+from .test_upstream_sandbox import bwrap_present  # noqa: F401 - the fixture, by name
+from .upstream_harness import (
+    UPSTREAM_SCRIPT,
+    Gateway,
+    http_upstream,
+    make_gateway,
+    run_cli,
+    stdio_upstream,
+)
 
 
 def gateway(tmp_path: Path) -> Gateway:
@@ -33,10 +44,58 @@ def test_list_shows_every_tool_with_its_class_and_pin_state(
     gw = gateway(tmp_path)
     assert cli(gw, "list") == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["server", "state", "tool", "exposed", "as", "class", "pin", "status"]
+    header = ["server", "state", "tool", "exposed", "as", "class", "pin", "status"]
+    assert out[0].split() == [*header, "sandbox", "network"]
     rows = {line.split()[2]: line.split() for line in out[1:]}
-    assert rows["echo"] == ["up", "ready", "echo", "up_echo", "read", "unpinned", "quarantined"]
+    assert rows["echo"] == [
+        *("up", "ready", "echo", "up_echo", "read", "unpinned", "quarantined"),
+        *("none", "on"),  # a stdio upstream run with the gateway's rights and network
+    ]
     assert rows["write_note"][4] == "write"
+
+
+@pytest.mark.usefixtures("bwrap_present")
+async def test_list_and_the_operator_summary_say_how_each_upstream_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sandboxed (network on or off), unsandboxed (no section, or one turned off) or
+    remote: the table and the running gateway's summary (``/readyz``'s operator detail)
+    say the same, from the sandbox each was launched with."""
+    support = {"readable": [str(UPSTREAM_SCRIPT.parent)]}
+    upstreams = [
+        stdio_upstream("plain"),
+        stdio_upstream("box", sandbox=support),
+        stdio_upstream("net", sandbox={**support, "network": True}),
+        stdio_upstream("off", sandbox={**support, "enabled": False}),
+        http_upstream(
+            "web", f"http://127.0.0.1:{free_port()}/mcp", timeouts={"connect_seconds": 1}
+        ),
+    ]
+    gw = make_gateway(tmp_path / "gw", upstreams)
+    assert cli(gw, "list") == 0
+    out = capsys.readouterr().out.splitlines()
+    runs = {line.split()[0]: tuple(line.split()[-2:]) for line in out[1:]}
+    expected = {
+        "plain": ("none", "on"),
+        "box": ("bubblewrap", "off"),
+        "net": ("bubblewrap", "on"),
+        "off": ("none", "on"),
+        "web": ("remote", "-"),
+    }
+    assert runs == expected
+    with capture_logs() as logs:
+        server = gw.build()
+    # Start-up names the unsandboxed stdio ones (never the remote one).
+    (warning,) = [e for e in logs if e["event"] == "upstreams_unsandboxed"]
+    assert warning["upstreams"] == ["plain", "off"]
+    async with Client(server.mcp):
+        upstreams_now = server.runtime.upstreams
+        assert upstreams_now is not None
+        summaries = upstreams_now.summary()
+    network = {"on": True, "off": False, "-": None}
+    assert {sid: s["isolation"] for sid, s in summaries.items()} == {
+        sid: {"sandbox": how, "network": network[net]} for sid, (how, net) in expected.items()
+    }
 
 
 def test_check_exits_one_on_any_drift_and_zero_when_clean(

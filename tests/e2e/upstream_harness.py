@@ -2,7 +2,8 @@
 
 The upstreams are real processes: ``tests/support/upstream_server.py`` (a FastMCP server
 written here, which records what it receives) over stdio or streamable HTTP, and the
-reference filesystem server from npm (``tests/clients``).
+reference servers nobody here wrote: server-filesystem and server-everything from npm
+(``tests/clients``), mcp-server-git from PyPI (the test extra).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import importlib.util
 import json
 import shutil
 import socket
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from nexus_mcp.cli import main as cli_main
@@ -29,6 +32,7 @@ from nexus_mcp.policy.approvals import mint_approval_token
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import load_settings
 
+from .node_clients import is_ci
 from .servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,6 +48,11 @@ FS_SERVER = (
     / "dist"
     / "index.js"
 )
+NODE_MODULES = REPO / "tests" / "clients" / "node_modules"
+EVERYTHING_SERVER = (
+    NODE_MODULES / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
+)
+REGISTRIES = REPO / "config" / "upstreams"
 
 # The test server's tools and their registry classes.
 UP_TOOLS: dict[str, str] = {
@@ -133,6 +142,57 @@ def fs_upstream(root: Path, server_id: str = "fs", **extra: Any) -> dict[str, An
         "args": [str(FS_SERVER), str(root)],
         **extra,
     }
+
+
+def everything_upstream(server_id: str = "everything", **extra: Any) -> dict[str, Any]:
+    """``@modelcontextprotocol/server-everything`` over stdio (skipped without it, failed
+    under CI)."""
+    node = shutil.which("node")
+    if node is None or not EVERYTHING_SERVER.is_file():
+        missing("node or @modelcontextprotocol/server-everything", "make clients")
+    return {
+        "server_id": server_id,
+        "transport": "stdio",
+        "command": node,
+        "args": [str(EVERYTHING_SERVER), "stdio"],
+        **extra,
+    }
+
+
+def git_upstream(repository: Path | None, server_id: str = "git", **extra: Any) -> dict[str, Any]:
+    """``mcp-server-git`` over stdio, run by this Python (skipped without it, failed under
+    CI); ``repository``: its own ``--repository`` confinement (None: any path it is given)."""
+    require_git_server()
+    args = ["-m", "mcp_server_git"]
+    if repository is not None:
+        args += ["--repository", str(repository)]
+    return {
+        "server_id": server_id,
+        "transport": "stdio",
+        "command": sys.executable,
+        "args": args,
+        **extra,
+    }
+
+
+def require_git_server() -> None:
+    """git and mcp-server-git, or the test is skipped (failed under CI)."""
+    if importlib.util.find_spec("mcp_server_git") is None or shutil.which("git") is None:
+        missing("git or mcp-server-git", "make test installs the test extra")
+
+
+def missing(what: str, fix: str) -> None:
+    if is_ci():
+        pytest.fail(f"{what} is required in CI ({fix})", pytrace=False)
+    pytest.skip(f"{what} missing: {fix}")
+
+
+def copy_registry(gw: Gateway, server_id: str, shipped: str | None = None) -> None:
+    """A shipped registry of ``config/upstreams`` (``shipped``, default: the id's) as the
+    registry of upstream ``server_id``."""
+    document = json.loads((REGISTRIES / f"{shipped or server_id}.json").read_text())
+    document["server_id"] = server_id
+    (gw.registry_dir / f"{server_id}.json").write_text(json.dumps(document))
 
 
 @dataclass

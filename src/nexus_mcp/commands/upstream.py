@@ -1,6 +1,7 @@
 """``nexus-mcp upstream``: the upstream MCP servers of a configuration, their tools and pins.
 
-nexus-mcp upstream list  --config FILE           servers, state, tools, class, pin state
+nexus-mcp upstream list  --config FILE           servers, state, tools, class, pin state,
+                                                 sandboxed or not, network on or off
 nexus-mcp upstream check --config FILE SERVER    connect, list, diff against registry and
                                                  pins; exit 1 on drift
 nexus-mcp upstream pin   --config FILE SERVER [--tool T] [--yes]
@@ -59,6 +60,10 @@ EXIT_DRIFT = 1
 EXIT_USAGE = 2
 
 _COLUMNS = ("server", "state", "tool", "exposed as", "class", "pin", "status")
+# ``list`` also says how each upstream runs (``policy.sandbox.isolation``): in the
+# bubblewrap sandbox or not (``remote``: an HTTP upstream), with the network or not.
+_LIST_COLUMNS = (*_COLUMNS, "sandbox", "network")
+_NETWORK = {True: "on", False: "off", None: "-"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -100,13 +105,16 @@ def run_list(args: argparse.Namespace) -> int:
     try:
         context = _load(args)
         for server_id in context.server_ids:
-            rows.extend(_rows(asyncio.run(inspect(context, server_id))))
+            report = asyncio.run(inspect(context, server_id))
+            how = report["isolation"]
+            runs = (how["sandbox"], _NETWORK[how["network"]])
+            rows.extend((*row, *runs) for row in _rows(report))
     except ConfigError as exc:
         return _refuse(str(exc))
     if not rows:
         print("no upstreams configured")
         return EXIT_OK
-    print_table(_COLUMNS, rows)
+    print_table(_LIST_COLUMNS, rows)
     return EXIT_OK
 
 

@@ -184,6 +184,7 @@ def server_model(report: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": report["server_id"],
         "state": report["state"],
+        "isolation": _isolation(report.get("isolation")),
         "failure": report["failure"],
         "pins_unusable": report["pins_unusable"],
         "problems": problems,
@@ -224,6 +225,22 @@ def tool_model(tool: Mapping[str, Any], kept: Any, *, pinnable: bool) -> dict[st
         "changed": changed,
         "can_pin": pinnable and changed and tool["allowed"],
     }
+
+
+def _isolation(how: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """How the upstream runs (``policy.sandbox.isolation``), in the page's words."""
+    if how is None:
+        return None
+    network = {True: "on", False: "off"}.get(how["network"], "-")
+    words = {
+        "bubblewrap": f"Runs in a bubblewrap sandbox (its own folders only), network {network}.",
+        "none": (
+            "Runs unsandboxed: with the gateway's user's rights over its files and the"
+            " network. Give it a sandbox: section to confine it."
+        ),
+        "remote": "A remote (HTTP) server: not a process this gateway runs.",
+    }
+    return {"sandbox": how["sandbox"], "network": network, "words": words[how["sandbox"]]}
 
 
 def _text(value: Any) -> str:

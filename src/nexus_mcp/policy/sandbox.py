@@ -23,6 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
@@ -305,6 +306,24 @@ def command_folders(command: Path) -> tuple[Path, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def isolation(transport: str, box: SandboxConfig | SandboxLaunch | None) -> dict[str, Any]:
+    """How an upstream runs, as operators are told (``nexus-mcp upstream list``, the
+    console's Upstream pins page, ``/readyz``'s operator detail).
+
+    ``sandbox``: ``bubblewrap`` (``network`` as its section says), ``none`` (a stdio
+    upstream with the gateway's user's rights over its files, and the network:
+    ``network`` true) or ``remote`` (an HTTP upstream, not a process of this gateway:
+    ``network`` None). ``box``: the sandbox it was launched with (``SandboxLaunch``), or
+    the one its configuration asks for; a configured sandbox that cannot be had stops
+    start-up, it never runs unsandboxed instead (``plan_sandboxes``)."""
+    if transport != "stdio":
+        return {"sandbox": "remote", "network": None}
+    config = box.config if isinstance(box, SandboxLaunch) else box
+    if config is None or not config.enabled:
+        return {"sandbox": "none", "network": True}
+    return {"sandbox": "bubblewrap", "network": config.network}
+
+
 def gateway_paths(
     *, data_dir: Path, audit_path: Path, registry_dir: Path, trusted_files: Sequence[Path]
 ) -> dict[Path, str]:
@@ -324,6 +343,7 @@ __all__ = [
     "SandboxUpstream",
     "command_folders",
     "gateway_paths",
+    "isolation",
     "overlaps",
     "plan_sandboxes",
 ]

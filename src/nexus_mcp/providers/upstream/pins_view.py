@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from nexus_mcp.errors import ConfigError, UnavailableError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.pins import PinnedDefinitions
+from nexus_mcp.policy.sandbox import isolation
+from nexus_mcp.policy.upstreams import UpstreamConfig
 from nexus_mcp.providers.upstream.review import (
     ReviewContext,
     inspect,
@@ -92,7 +94,8 @@ class PinsView:
             return await inspect(self.context, server_id)
         except ConfigError:
             log.warning("console_upstream_unusable", server_id=server_id)
-            return unreachable(server_id, "configuration")
+            config = self.context.config.get(server_id)
+            return unreachable(server_id, "configuration", config)
 
     async def repin(self, server_id: str, tool: str | None, shown: str) -> RepinOutcome:
         """Pin ``tool`` (None: every changed tool of the server), only if the upstream
@@ -136,11 +139,15 @@ class PinsView:
         return True
 
 
-def unreachable(server_id: str, failure: str) -> dict[str, Any]:
-    """The report of an upstream that could not be reviewed."""
+def unreachable(
+    server_id: str, failure: str, config: UpstreamConfig | None = None
+) -> dict[str, Any]:
+    """The report of an upstream that could not be reviewed (its isolation: what its
+    configuration asks for)."""
     return {
         "server_id": server_id,
         "state": "degraded",
+        "isolation": isolation(config.transport, config.sandbox) if config else None,
         "failure": failure,
         "tools": {},
         "missing": [],

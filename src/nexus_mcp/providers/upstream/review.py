@@ -12,7 +12,8 @@ tools it pins, then writes their pins with a new stamp (a running server forgets
 copy of the evidence when it reads the new lock file), then keeps their definitions
 beside the lock file for the next diff.
 
-The report is a plain dict: ``server_id``, ``state``, ``failure``, ``tools`` (name ->
+The report is a plain dict: ``server_id``, ``state``, ``isolation`` (sandboxed or not,
+network or not: ``policy.sandbox.isolation``), ``failure``, ``tools`` (name ->
 exposed, class, pin, pinned, sha256, status, allowed, definition, broken, seen,
 evidence), ``missing`` (pinned, no longer listed), ``kept`` (the pinned definitions), and
 what could not be used (``invalid``, ``cut``, ``pin_problems``, ``pins_unusable``).
@@ -40,6 +41,7 @@ from nexus_mcp.policy.pins import (
 )
 from nexus_mcp.policy.quarantine import PersistedEvidence
 from nexus_mcp.policy.registry import RegistrySet
+from nexus_mcp.policy.sandbox import isolation
 from nexus_mcp.policy.upstreams import (
     ResolvedSecrets,
     UpstreamConfig,
@@ -194,6 +196,7 @@ def server_report(server: UpstreamServer, registry_dir: Path) -> dict[str, Any]:
     return {
         "server_id": server.server_id,
         "state": server.state,
+        "isolation": isolation(server.config.transport, server.sandbox),
         "failure": server.last_failure,
         "tools": tools,
         "missing": missing,

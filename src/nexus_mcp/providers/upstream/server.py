@@ -81,7 +81,7 @@ from nexus_mcp.policy.quarantine import (
     SeenDigests,
 )
 from nexus_mcp.policy.registry import RegistrySet
-from nexus_mcp.policy.sandbox import SandboxLaunch
+from nexus_mcp.policy.sandbox import SandboxLaunch, isolation
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
 from nexus_mcp.principal import Principal
 from nexus_mcp.providers.upstream.catalog import UpstreamCatalog
@@ -684,6 +684,7 @@ class UpstreamServer(PinnedTools, CallerCredentials):
         return {
             "state": self.state,
             "transport": self.config.transport,
+            "isolation": isolation(self.config.transport, self.sandbox),
             "tools": sorted(self.visible_tools()),
             "quarantined": quarantined,
             "unclassified": sorted(
