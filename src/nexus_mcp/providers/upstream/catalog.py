@@ -62,7 +62,6 @@ from nexus_mcp.providers.upstream.items import (
 from nexus_mcp.providers.upstream.sessions import UpstreamFailure, is_transport_failure
 
 if TYPE_CHECKING:
-    from nexus_mcp.providers.upstream.server import UpstreamServer
     from nexus_mcp.providers.upstream.sessions import UpstreamSession
 
 log = get_logger(__name__)
@@ -171,7 +170,9 @@ def screen_items(
 class UpstreamCatalog:
     """The prompts, resources and resource templates of one ``UpstreamServer``."""
 
-    def __init__(self, server: UpstreamServer) -> None:
+    def __init__(self, server: Any) -> None:
+        # ``server``: its ``UpstreamServer`` (not imported: the server module imports
+        # this one); its pins, sessions, evidence, audit and configuration.
         self.server = server
         self.server_id = server.server_id
         self.views: dict[Kind, dict[str, ItemView]] = {kind: {} for kind in Kind}
