@@ -51,6 +51,7 @@ from nexus_mcp.policy.classification import DEV_MODE
 from nexus_mcp.policy.hashing import sha256_hex
 from nexus_mcp.policy.pins import PinState, renewed_items
 from nexus_mcp.policy.quarantine import STORE_UPSTREAM_QUARANTINE, MemorySeenDigests
+from nexus_mcp.policy.upstreams import UpstreamConfig
 from nexus_mcp.providers.upstream.items import (
     ItemView,
     UpstreamPrompt,
@@ -318,7 +319,8 @@ class UpstreamCatalog:
 
     def _exposed(self, kind: Kind, key: str) -> str | None:
         if kind is Kind.PROMPT:
-            return self.server.config.exposed_name(key)
+            config: UpstreamConfig = self.server.config
+            return config.exposed_name(key)
         return exposed_uri(self.server_id, key)
 
     def _publish(self, kind: Kind) -> None:
@@ -343,7 +345,7 @@ class UpstreamCatalog:
     # -- what callers see ---------------------------------------------------------------
 
     def _down(self) -> bool:
-        return self.server.state == "degraded" and self.server.config.when_down == "hide"
+        return bool(self.server.state == "degraded" and self.server.config.when_down == "hide")
 
     def visible_prompts(self) -> dict[str, UpstreamPrompt]:
         return {} if self._down() else self.prompts
