@@ -12,6 +12,9 @@ providers. Nothing else maps an exception to a code or builds an unknown-tool an
 - ``unknown_tool``: the answer a hidden or missing tool gets, byte for byte FastMCP's own
   (``Unknown tool: '<name>'``), whichever layer gives it.
 - ``ConnectorRefusal``: a typed refusal crossing FastMCP's tool boundary.
+- ``RequestRefusal``: a typed refusal of a request that has no error result (a
+  ``resources/read``): a JSON-RPC error with code ``REFUSAL_JSONRPC_CODE``, the envelope's
+  ``error`` text as message and the envelope ``{"error", "code"}`` as ``data``.
 """
 
 from __future__ import annotations
@@ -25,10 +28,18 @@ from fastmcp.exceptions import FastMCPError, ToolError
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.exceptions import ValidationError as FastMCPValidationError
 from fastmcp.tools import ToolResult
+from mcp.shared.exceptions import MCPError
 from mcp_types import TextContent
 from pydantic import ValidationError as PydanticValidationError
 
-from nexus_mcp.errors import InternalError, InvalidInputError, NexusError, correlation_ref
+from nexus_mcp.errors import Code, InternalError, InvalidInputError, NexusError, correlation_ref
+
+# The JSON-RPC code of a typed refusal of a request that has no error result (an
+# implementation-defined server error, -32000 to -32099); the wire filter keeps its
+# message and envelope (transport/wire_errors.py), the envelope layer makes sure nothing
+# but a ``RequestRefusal`` carries it.
+REFUSAL_JSONRPC_CODE = -32050
+_CODES = frozenset(str(code) for code in Code)
 
 
 class ConnectorRefusal(ToolError):
@@ -49,6 +60,33 @@ class UnknownTool(FastMCPNotFoundError, FastMCPError):
 
     def __init__(self, name: str) -> None:
         FastMCPError.__init__(self, f"Unknown tool: {name!r}", log_level=logging.DEBUG)
+
+
+class RequestRefusal(MCPError, FastMCPError):
+    """A typed refusal of a ``resources/read``: a JSON-RPC error carrying the envelope.
+
+    Resources have no error result, so the envelope travels as the error's ``data`` (and
+    its text as the message). Also a ``FastMCPError`` at debug level: FastMCP then logs
+    it as an expected outcome and passes it on unchanged (``to_mcp_error`` keeps an
+    ``MCPError``).
+    """
+
+    def __init__(self, error: NexusError) -> None:
+        super().__init__(REFUSAL_JSONRPC_CODE, error.message, error.to_payload())
+        self.log_level = logging.DEBUG
+        self.refusal = error
+
+
+def is_refusal_payload(message: object, data: object) -> bool:
+    """Whether a JSON-RPC error's ``message`` and ``data`` are a refusal's envelope: ``data``
+    exactly ``{"error": message, "code": <a stable code>}``."""
+    return (
+        isinstance(data, dict)
+        and set(data) == {"error", "code"}
+        and isinstance(message, str)
+        and data["error"] == message
+        and data["code"] in _CODES
+    )
 
 
 def unknown_tool(name: str) -> UnknownTool:
@@ -153,9 +191,12 @@ def to_envelope(error: NexusError) -> ToolResult:
 
 
 __all__ = [
+    "REFUSAL_JSONRPC_CODE",
     "ConnectorRefusal",
+    "RequestRefusal",
     "UnknownTool",
     "invalid_input_from",
+    "is_refusal_payload",
     "refusal_of",
     "safe_facts",
     "to_envelope",

@@ -6,7 +6,9 @@ Every refusal and failure of a ``tools/call`` leaves as the error envelope of DE
 FastMCP's own answer (``Unknown tool: '<name>'``) so that a hidden tool cannot be told from
 a missing one. Failures of other requests are re-raised as a masked JSON-RPC error, because
 on handshake-era connections FastMCP would pass a plain exception's text to the client
-(FASTMCP4_GUIDE 1.5).
+(FASTMCP4_GUIDE 1.5). A typed refusal of a ``resources/read`` is a ``RequestRefusal`` (a
+JSON-RPC error carrying the envelope); a JSON-RPC error with its code that is not one
+(an upstream's own error relayed) leaves masked, so only our envelope ever carries it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from mcp_types import INVALID_PARAMS
 from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.calls import META_CORRELATION_ID, CallState, nexus_meta, open_call
-from nexus_mcp.envelope import to_envelope, to_wire_error
+from nexus_mcp.envelope import (
+    REFUSAL_JSONRPC_CODE,
+    RequestRefusal,
+    to_envelope,
+    to_wire_error,
+)
 from nexus_mcp.errors import InternalError, InvalidInputError
 from nexus_mcp.observability.logs import get_logger
 
@@ -120,7 +127,13 @@ class EnvelopeMiddleware(Middleware):
     ) -> Any:
         try:
             return await call_next(context)
-        except (MCPError, FastMCPError, FastMCPNotFoundError):
+        except RequestRefusal:
+            raise
+        except MCPError as exc:
+            if exc.code == REFUSAL_JSONRPC_CODE:  # the code of our envelope, not from us
+                raise _masked_internal(context, exc) from exc
+            raise
+        except (FastMCPError, FastMCPNotFoundError):
             raise
         except PydanticValidationError as exc:
             if not is_request_validation(exc):

@@ -19,6 +19,9 @@ its own, the stdio reader and the session transport theirs), so the filter sits 
 wire: ``TransportErrorsMiddleware`` for HTTP (JSON bodies of any status and each event of
 an SSE stream) and ``ScrubbingSendStream`` around the stdio write stream (``transport/serve.py``).
 A tool's refusal is a ``CallToolResult`` (our envelope), not a JSON-RPC error: untouched.
+A refusal of a ``resources/read`` is a JSON-RPC error built by ``envelope.RequestRefusal``
+(code ``REFUSAL_JSONRPC_CODE``, the envelope as ``data``, its text as message, never request
+content): kept as it is when it has exactly that shape.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import ErrorData, JSONRPCError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nexus_mcp.envelope import REFUSAL_JSONRPC_CODE, is_refusal_payload
 from nexus_mcp.observability.logs import get_logger
 
 log = get_logger(__name__)
@@ -137,6 +141,9 @@ def scrub_error(error: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(code, int) or isinstance(code, bool):
         return {"code": INTERNAL_ERROR, "message": FIXED_MESSAGES[INTERNAL_ERROR]}
     message = error.get("message")
+    if code == REFUSAL_JSONRPC_CODE and is_refusal_payload(message, error.get("data")):
+        # Our envelope (envelope.RequestRefusal): a safe text and a stable code.
+        return {"code": code, "message": message, "data": error["data"]}
     if not (isinstance(message, str) and _is_constant(message)):
         message = FIXED_MESSAGES.get(code, FALLBACK_MESSAGE)
     scrubbed: dict[str, Any] = {"code": code, "message": message}
