@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from nexus_mcp.envelope import REFUSAL_JSONRPC_CODE
 from nexus_mcp.transport.wire_errors import (
     MAX_ERROR_BODY_BYTES,
     ScrubbingSendStream,
@@ -191,3 +192,39 @@ async def test_the_stdio_stream_writes_errors_scrubbed_and_results_as_they_are()
     assert isinstance(written[0], JSONRPCError)
     assert written[0].error.data is None and written[0].error.message == "Method not found"
     assert written[1] == ok
+
+
+REFUSAL = {"error": "Upstream 404", "code": "UPSTREAM_ERROR"}
+
+
+def test_a_refusal_envelope_keeps_its_text_and_envelope() -> None:
+    ours = {"code": REFUSAL_JSONRPC_CODE, "message": "Upstream 404", "data": dict(REFUSAL)}
+    assert scrub_error(ours) == ours
+    body = error(REFUSAL_JSONRPC_CODE, "Upstream 404", data=dict(REFUSAL))
+    assert scrub_json(body) is body
+
+
+@pytest.mark.parametrize(
+    "error_in",
+    [
+        {"code": REFUSAL_JSONRPC_CODE, "message": CANARY, "data": dict(REFUSAL)},
+        {"code": REFUSAL_JSONRPC_CODE, "message": "Upstream 404",
+         "data": {**REFUSAL, "uri": CANARY}},
+        {"code": REFUSAL_JSONRPC_CODE, "message": "Upstream 404",
+         "data": {**REFUSAL, "code": CANARY}},
+        {"code": REFUSAL_JSONRPC_CODE, "message": "Upstream 404", "data": CANARY},
+        {"code": REFUSAL_JSONRPC_CODE, "message": "Upstream 404"},
+        {"code": -32602, "message": "Upstream 404", "data": dict(REFUSAL)},
+    ],
+    ids=["message-differs", "extra-key", "unknown-code", "data-text", "no-data",
+         "other-code"],
+)  # fmt: skip
+def test_anything_else_under_the_refusal_code_or_shape_is_scrubbed(
+    error_in: dict[str, Any],
+) -> None:
+    # (A well-formed envelope is kept whoever built it: the envelope layer masks one that
+    # is not a RequestRefusal before it reaches the wire, middleware/test_envelope.py.)
+    scrubbed = scrub_error(error_in)
+    assert "data" not in scrubbed
+    assert scrubbed["message"] in ("Request failed", "Invalid request parameters")
+    assert CANARY not in json.dumps(scrubbed)
