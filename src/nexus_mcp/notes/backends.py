@@ -93,7 +93,7 @@ class LocalVaultBackend:
         self._root = Path(root)
         self._max_file_bytes = max_file_bytes
         # Server state inside this folder (its audit log, grants): never a note.
-        root_real = os.path.realpath(self._root)
+        self._root_real = root_real = os.path.realpath(self._root)
         self._hidden = tuple(
             real
             for real in (os.path.realpath(path) for path in hidden)
@@ -153,6 +153,11 @@ class LocalVaultBackend:
                 finally:
                     os.close(fd)
         except NotFoundError:
+            # A missing folder on the way: inside hidden state it is refused like the rest
+            # of it, so a 404 never tells which of its folders exist.
+            lexical = os.path.join(self._root_real, *parts)
+            if any(is_path_inside(hidden, lexical) for hidden in self._hidden):
+                raise UpstreamError.invalid_path() from None
             raise UpstreamError.status(NOT_FOUND_STATUS) from None
         except (InvalidPathError, ConflictError):
             raise UpstreamError.invalid_path() from None
