@@ -12,9 +12,12 @@ providers. Nothing else maps an exception to a code or builds an unknown-tool an
 - ``unknown_tool``: the answer a hidden or missing tool gets, byte for byte FastMCP's own
   (``Unknown tool: '<name>'``), whichever layer gives it.
 - ``ConnectorRefusal``: a typed refusal crossing FastMCP's tool boundary.
-- ``RequestRefusal``: a typed refusal of a request that has no error result (a
-  ``resources/read``): a JSON-RPC error with code ``REFUSAL_JSONRPC_CODE``, the envelope's
-  ``error`` text as message and the envelope ``{"error", "code"}`` as ``data``.
+- ``to_request_error``: a refusal of a ``resources/read`` or ``prompts/get`` (which have no
+  error result) as the JSON-RPC error the client receives: code ``REFUSAL_JSONRPC_CODE``,
+  the envelope's JSON as its message and the envelope itself as its ``data``.
+- ``not_found_error``: the one answer to a resource or prompt that is hidden or missing:
+  FastMCP's code (``-32602``) with a fixed message and no ``data``, so it quotes neither
+  the URI nor the name (FastMCP's own answer quotes both).
 """
 
 from __future__ import annotations
@@ -29,17 +32,10 @@ from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.exceptions import ValidationError as FastMCPValidationError
 from fastmcp.tools import ToolResult
 from mcp.shared.exceptions import MCPError
-from mcp_types import TextContent
+from mcp_types import INVALID_PARAMS, TextContent
 from pydantic import ValidationError as PydanticValidationError
 
-from nexus_mcp.errors import Code, InternalError, InvalidInputError, NexusError, correlation_ref
-
-# The JSON-RPC code of a typed refusal of a request that has no error result (an
-# implementation-defined server error, -32000 to -32099); the wire filter keeps its
-# message and envelope (transport/wire_errors.py), the envelope layer makes sure nothing
-# but a ``RequestRefusal`` carries it.
-REFUSAL_JSONRPC_CODE = -32050
-_CODES = frozenset(str(code) for code in Code)
+from nexus_mcp.errors import InternalError, InvalidInputError, NexusError, correlation_ref
 
 
 class ConnectorRefusal(ToolError):
@@ -62,35 +58,46 @@ class UnknownTool(FastMCPNotFoundError, FastMCPError):
         FastMCPError.__init__(self, f"Unknown tool: {name!r}", log_level=logging.DEBUG)
 
 
-class RequestRefusal(MCPError, FastMCPError):
-    """A typed refusal of a ``resources/read``: a JSON-RPC error carrying the envelope.
-
-    Resources have no error result, so the envelope travels as the error's ``data`` (and
-    its text as the message). Also a ``FastMCPError`` at debug level: FastMCP then logs
-    it as an expected outcome and passes it on unchanged (``to_mcp_error`` keeps an
-    ``MCPError``).
-    """
-
-    def __init__(self, error: NexusError) -> None:
-        super().__init__(REFUSAL_JSONRPC_CODE, error.message, error.to_payload())
-        self.log_level = logging.DEBUG
-        self.refusal = error
+def unknown_tool(name: str) -> UnknownTool:
+    return UnknownTool(name)
 
 
-def is_refusal_payload(message: object, data: object) -> bool:
-    """Whether a JSON-RPC error's ``message`` and ``data`` are a refusal's envelope: ``data``
-    exactly ``{"error": message, "code": <a stable code>}``."""
-    return (
-        isinstance(data, dict)
-        and set(data) == {"error", "code"}
-        and isinstance(message, str)
-        and data["error"] == message
-        and data["code"] in _CODES
+# The JSON-RPC code of a typed refusal of a resources/read or prompts/get (the range
+# -32000..-32099 is the implementation's; the MCP SDK uses none near it).
+REFUSAL_JSONRPC_CODE = -32050
+RESOURCE_NOT_FOUND_MESSAGE = "Resource not found"
+PROMPT_NOT_FOUND_MESSAGE = "Unknown prompt"
+
+
+def not_found_error(*, prompt: bool) -> MCPError:
+    """What a hidden or missing resource (or prompt) answers: nothing of the request."""
+    message = PROMPT_NOT_FOUND_MESSAGE if prompt else RESOURCE_NOT_FOUND_MESSAGE
+    return MCPError(code=INVALID_PARAMS, message=message)
+
+
+def to_request_error(error: NexusError) -> MCPError:
+    """A refusal of a resources/read or prompts/get: the envelope's JSON as the message,
+    the envelope (``{"error", "code"}``) as ``data``."""
+    payload = error.to_payload()
+    return MCPError(
+        code=REFUSAL_JSONRPC_CODE,
+        message=json.dumps(payload, separators=(",", ":")),
+        data=payload,
     )
 
 
-def unknown_tool(name: str) -> UnknownTool:
-    return UnknownTool(name)
+def request_refusal(exc: BaseException, *, correlation_id: str) -> NexusError:
+    """``to_wire_error`` for a resources/read or prompts/get: FastMCP wraps what a resource
+    or prompt raises in its ``ResourceError``/``PromptError`` (with the URI or name in the
+    text), so a typed refusal is taken from the cause and anything else is internal."""
+    cause = exc.__cause__
+    if isinstance(exc, FastMCPError) and isinstance(cause, NexusError | ConnectorRefusal):
+        exc = cause
+    if isinstance(exc, ConnectorRefusal | NexusError | FastMCPValidationError):
+        return to_wire_error(exc, correlation_id=correlation_id)
+    internal = InternalError(ref=correlation_ref(correlation_id), exception=type(exc).__name__)
+    internal.__cause__ = exc
+    return internal
 
 
 def refusal_of(exc: BaseException) -> BaseException:
@@ -191,15 +198,18 @@ def to_envelope(error: NexusError) -> ToolResult:
 
 
 __all__ = [
+    "PROMPT_NOT_FOUND_MESSAGE",
     "REFUSAL_JSONRPC_CODE",
+    "RESOURCE_NOT_FOUND_MESSAGE",
     "ConnectorRefusal",
-    "RequestRefusal",
     "UnknownTool",
     "invalid_input_from",
-    "is_refusal_payload",
+    "not_found_error",
     "refusal_of",
+    "request_refusal",
     "safe_facts",
     "to_envelope",
+    "to_request_error",
     "to_wire_error",
     "unknown_tool",
 ]

@@ -13,12 +13,12 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fastmcp import Client
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -79,7 +79,30 @@ async def refusal(client: Client[Any], uri: str) -> dict[str, Any]:
 
 
 def refused(envelope: dict[str, str]) -> dict[str, Any]:
-    return {"code": REFUSAL_JSONRPC_CODE, "message": envelope["error"], "data": envelope}
+    """The refusal of a read as the chain sends it (``envelope.to_request_error``)."""
+    message = json.dumps(envelope, separators=(",", ":"))
+    return {"code": REFUSAL_JSONRPC_CODE, "message": message, "data": envelope}
+
+
+def granting_notes(path: Path) -> Path:
+    """The shipped profiles, each granting the note resources (``resources: [notes]``)."""
+    profiles = yaml.safe_load((REPO_ROOT / "config" / "tool_profiles.yaml").read_text())
+    for profile in profiles["profiles"].values():
+        profile["resources"] = ["notes"]
+    path.write_text(yaml.safe_dump(profiles), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def serve(make_server: ServerFactory, tmp_path: Path) -> ServerFactory:
+    """``make_server`` with the note resources granted (unless ``profiles`` is given)."""
+    granted = granting_notes(tmp_path / "profiles-granting-notes.yaml")
+
+    def build(**overrides: Any) -> NexusServer:
+        overrides.setdefault("profiles", {"file": granted})
+        return make_server(**overrides)
+
+    return build
 
 
 @pytest.fixture
@@ -94,9 +117,9 @@ def notes(workspace: Path) -> Path:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_note_reads_whole_as_markdown_with_the_sha256_of_its_bytes(
-    make_server: ServerFactory, notes: Path, mode: str
+    serve: ServerFactory, notes: Path, mode: str
 ) -> None:
-    async with Client(make_server().mcp, mode=mode) as client:
+    async with Client(serve().mcp, mode=mode) as client:
         contents = await client.read_resource(PREFIX + "notes/plan.md")
     [content] = contents
     dumped = content.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -109,18 +132,18 @@ async def test_a_note_reads_whole_as_markdown_with_the_sha256_of_its_bytes(
 
 
 async def test_a_nested_note_of_the_demo_workspace_reads_as_stored(
-    make_server: ServerFactory, workspace: Path
+    serve: ServerFactory, workspace: Path
 ) -> None:
     rel = "notes/projects/atlas/meeting-notes_2026-10-14.md"
     stored = (workspace / rel).read_bytes()
-    async with Client(make_server().mcp) as client:
+    async with Client(serve().mcp) as client:
         [content] = await client.read_resource(PREFIX + rel)
     assert content_bytes(content) == stored
     assert content.meta == {"nexus/sha256": sha256(stored)}
 
 
 async def test_a_unicode_name_reads_percent_encoded_or_as_the_client_sends_it(
-    make_server: ServerFactory, notes: Path
+    serve: ServerFactory, notes: Path
 ) -> None:
     stored = (notes / UNICODE_PATH).read_bytes()
     encoded = (
@@ -128,7 +151,7 @@ async def test_a_unicode_name_reads_percent_encoded_or_as_the_client_sends_it(
         + "notes/caf%C3%A9%20%C3%BCn%C3%AF/"
         + ("%E6%97%A5%E6%9C%AC%E8%AA%9E%20%E3%83%8E%E3%83%BC%E3%83%88.md")
     )
-    async with Client(make_server().mcp) as client:
+    async with Client(serve().mcp) as client:
         by_client = await client.read_resource(PREFIX + UNICODE_PATH)  # the client encodes
         by_hand = await read(client, encoded)
         as_written = await read(client, PREFIX + UNICODE_PATH)  # raw UTF-8 in the URI
@@ -138,11 +161,11 @@ async def test_a_unicode_name_reads_percent_encoded_or_as_the_client_sends_it(
 
 
 async def test_a_note_that_is_not_utf8_is_a_blob_of_its_exact_bytes(
-    make_server: ServerFactory, workspace: Path
+    serve: ServerFactory, workspace: Path
 ) -> None:
     stored = b"\xef\xbb\xbf# BOM then Latin-1 \xe9t\xe9\n\xff"
     write(workspace, "notes/latin.markdown", stored)
-    async with Client(make_server().mcp) as client:
+    async with Client(serve().mcp) as client:
         [content] = await read(client, PREFIX + "notes/latin.markdown")
     assert content.mime_type == "text/markdown"
     assert base64.b64decode(content.blob) == stored
@@ -150,20 +173,18 @@ async def test_a_note_that_is_not_utf8_is_a_blob_of_its_exact_bytes(
 
 
 async def test_a_bom_and_crlf_survive_as_text_byte_for_byte(
-    make_server: ServerFactory, workspace: Path
+    serve: ServerFactory, workspace: Path
 ) -> None:
     stored = "\ufeff# Title\r\n\r\nbody\u2028x\r\n".encode()
     write(workspace, "notes/Windows.MD", stored)
-    async with Client(make_server().mcp) as client:
+    async with Client(serve().mcp) as client:
         [content] = await read(client, PREFIX + "notes/Windows.MD")
     assert content.text.encode("utf-8") == stored
     assert content.meta == {"nexus/sha256": sha256(stored)}
 
 
-async def test_the_template_is_listed_and_no_note_is(
-    make_server: ServerFactory, notes: Path
-) -> None:
-    async with Client(make_server().mcp) as client:
+async def test_the_template_is_listed_and_no_note_is(serve: ServerFactory, notes: Path) -> None:
+    async with Client(serve().mcp) as client:
         templates = await client.list_resource_templates()
         resources = await client.list_resources()
     assert resources == []  # template only: no walk of the vault per page
@@ -177,16 +198,29 @@ async def test_the_template_is_listed_and_no_note_is(
     assert template.meta["nexus"] == {"risk": "read", "toolset": "notes"}
 
 
+async def test_without_a_grant_the_template_is_hidden_and_a_note_reads_as_unknown(
+    make_server: ServerFactory, notes: Path
+) -> None:
+    # The shipped profiles grant no resources: the notes are not readable as a whole.
+    async with Client(make_server().mcp) as client:
+        assert await client.list_resource_templates() == []
+        hidden = await refusal(client, PREFIX + "notes/plan.md")
+        unknown = await refusal(client, "nexus://elsewhere/plan.md")
+    assert hidden == unknown
+    assert hidden["code"] == -32602
+    assert BODY_CANARY not in json.dumps(hidden)
+
+
 # -- the document limit ------------------------------------------------------------------
 
 
 async def test_a_note_over_the_read_limit_is_refused_unread_and_one_at_it_is_read(
-    make_server: ServerFactory, workspace: Path
+    serve: ServerFactory, workspace: Path
 ) -> None:
     limit = 4096
     write(workspace, "notes/at.md", "a" * limit)
     write(workspace, "notes/over.md", BODY_CANARY + "b" * limit)
-    async with Client(make_server(limits={"max_read_bytes": limit}).mcp) as client:
+    async with Client(serve(limits={"max_read_bytes": limit}).mcp) as client:
         [at] = await read(client, PREFIX + "notes/at.md")
         over = await refusal(client, PREFIX + "notes/over.md")
     assert len(at.text) == limit
@@ -198,10 +232,10 @@ async def test_a_note_over_the_read_limit_is_refused_unread_and_one_at_it_is_rea
 
 
 async def test_a_multibyte_note_is_measured_in_bytes_not_characters(
-    make_server: ServerFactory, workspace: Path
+    serve: ServerFactory, workspace: Path
 ) -> None:
     write(workspace, "notes/wide.md", "é" * 3000)  # 3000 characters, 6000 bytes
-    async with Client(make_server(limits={"max_read_bytes": 5000}).mcp) as client:
+    async with Client(serve(limits={"max_read_bytes": 5000}).mcp) as client:
         answer = await refusal(client, PREFIX + "notes/wide.md")
     assert answer["data"]["code"] == "DOC_SIZE_EXCEEDED"
 
@@ -235,11 +269,11 @@ TRAVERSALS = [
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_every_escape_is_invalid_path_without_echo_and_nothing_changes(
-    make_server: ServerFactory, workspace: Path, mode: str
+    serve: ServerFactory, workspace: Path, mode: str
 ) -> None:
     (workspace.parent / "ws-evil" / f"{PATH_CANARY}.md").write_text(OUTSIDE_CANARY)
     before = snapshot(workspace)
-    async with Client(make_server().mcp, mode=mode) as client:
+    async with Client(serve().mcp, mode=mode) as client:
         answers = {rest: await refusal(client, PREFIX + rest) for rest in TRAVERSALS}
     assert answers == dict.fromkeys(TRAVERSALS, refused(INVALID_PATH))
     dumped = json.dumps(list(answers.values()))
@@ -248,7 +282,7 @@ async def test_every_escape_is_invalid_path_without_echo_and_nothing_changes(
 
 
 async def test_a_link_out_of_the_workspace_is_refused_as_any_escape(
-    make_server: ServerFactory, workspace: Path, tmp_path: Path
+    serve: ServerFactory, workspace: Path, tmp_path: Path
 ) -> None:
     outside = tmp_path / "outside.md"
     outside.write_text(OUTSIDE_CANARY)
@@ -257,7 +291,7 @@ async def test_a_link_out_of_the_workspace_is_refused_as_any_escape(
     (tmp_path / "ws-evil" / "n.md").write_text(OUTSIDE_CANARY)
     inside = write(workspace, "notes/inside.md", "# inside\n")
     (workspace / "notes" / "link-in.md").symlink_to(inside)
-    async with Client(make_server().mcp) as client:
+    async with Client(serve().mcp) as client:
         link_file = await refusal(client, PREFIX + "notes/link-out.md")
         link_dir = await refusal(client, PREFIX + "notes/dir-out/n.md")
         [followed] = await read(client, PREFIX + "notes/link-in.md")
@@ -266,12 +300,11 @@ async def test_a_link_out_of_the_workspace_is_refused_as_any_escape(
 
 
 async def test_server_state_inside_the_workspace_is_never_a_note(
-    make_server: ServerFactory, workspace: Path, audit: MemoryAuditSink
+    serve: ServerFactory, workspace: Path, audit: MemoryAuditSink
 ) -> None:
     data_dir = workspace / "state"
-    profiles = workspace / "profiles.md"
-    shutil.copy(REPO_ROOT / "config" / "tool_profiles.yaml", profiles)
-    server = make_server(data_dir=data_dir, profiles={"file": profiles})
+    profiles = granting_notes(workspace / "profiles.md")
+    server = serve(data_dir=data_dir, profiles={"file": profiles})
     state_files = sorted(p for p in data_dir.rglob("*") if p.is_file())
     assert state_files  # the grants database at least
     write(data_dir, "planted.md", BODY_CANARY)  # anything in the data dir
@@ -293,7 +326,7 @@ async def test_server_state_inside_the_workspace_is_never_a_note(
 
 
 async def test_missing_not_markdown_folder_and_fifo_answer_alike(
-    make_server: ServerFactory, workspace: Path
+    serve: ServerFactory, workspace: Path
 ) -> None:
     write(workspace, "notes/todo.txt", BODY_CANARY)
     write(workspace, "notes/noext", BODY_CANARY)
@@ -311,7 +344,7 @@ async def test_missing_not_markdown_folder_and_fifo_answer_alike(
         "notes/pipe.md",
         "notes/plan.md/x.md",
     ]
-    async with Client(make_server().mcp) as client:
+    async with Client(serve().mcp) as client:
         answers = {rest: await refusal(client, PREFIX + rest) for rest in rests}
     assert answers == dict.fromkeys(rests, refused(MISSING))
     dumped = json.dumps(list(answers.values()))
@@ -320,21 +353,19 @@ async def test_missing_not_markdown_folder_and_fifo_answer_alike(
     assert snapshot(workspace) == before
 
 
-async def test_an_unknown_vault_reads_as_a_missing_note(
-    make_server: ServerFactory, notes: Path
-) -> None:
-    server = make_server(vault_id="no-such-vault")
+async def test_an_unknown_vault_reads_as_a_missing_note(serve: ServerFactory, notes: Path) -> None:
+    server = serve(vault_id="no-such-vault")
     async with Client(server.mcp) as client:
         answer = await refusal(client, PREFIX + "notes/plan.md")
     assert answer == refused(MISSING)
 
 
 async def test_a_principal_with_a_vault_reads_its_vault_not_the_workspace(
-    make_server: ServerFactory, notes: Path, tmp_path: Path
+    serve: ServerFactory, notes: Path, tmp_path: Path
 ) -> None:
     vault = tmp_path / "vault-a"
     write(vault, "notes/plan.md", "# vault a\n")
-    server = make_server(vault_id="a", notes={"vaults": {"a": vault}})
+    server = serve(vault_id="a", notes={"vaults": {"a": vault}})
     async with Client(server.mcp) as client:
         [content] = await read(client, PREFIX + "notes/plan.md")
         missing = await refusal(client, PREFIX + "notes/café ünï/日本語 ノート.md")
@@ -343,21 +374,21 @@ async def test_a_principal_with_a_vault_reads_its_vault_not_the_workspace(
 
 
 async def test_the_notes_tools_and_the_resource_refuse_the_same_paths_alike(
-    make_server: ServerFactory, notes: Path
+    serve: ServerFactory, notes: Path
 ) -> None:
     cases = {"notes/absent.md": MISSING, f"../{PATH_CANARY}.md": INVALID_PATH,
              "C:/x.md": INVALID_PATH, "notes": MISSING}  # fmt: skip
-    async with Client(make_server().mcp) as client:
+    async with Client(serve().mcp) as client:
         for path, expected in cases.items():
             tool = await client.call_tool("get_note_outline", {"path": path}, raise_on_error=False)
             assert json.loads(tool.content[0].text) == expected, path
             assert (await refusal(client, PREFIX + path))["data"] == expected, path
 
 
-async def test_reads_log_one_bounded_line_without_path_or_content(
-    make_server: ServerFactory, notes: Path, log_output: io.StringIO
+async def test_reads_log_one_bounded_line_and_are_audited_without_path_or_content(
+    serve: ServerFactory, notes: Path, log_output: io.StringIO, audit: MemoryAuditSink
 ) -> None:
-    async with Client(make_server().mcp) as client:
+    async with Client(serve().mcp) as client:
         await read(client, PREFIX + "notes/plan.md")
         await refusal(client, PREFIX + f"../{PATH_CANARY}.md")
         await refusal(client, PREFIX + f"{PATH_CANARY}.md")
@@ -372,6 +403,15 @@ async def test_reads_log_one_bounded_line_without_path_or_content(
     assert reads[0]["size_bytes"] == len(NOTE.encode())
     for leaked in (BODY_CANARY, PATH_CANARY, "notes/plan.md"):
         assert leaked not in text
+    records = [r for r in audit.records() if r.get("resource_source") == "notes"]
+    assert [(r["outcome"], r["uri_sha256"]) for r in records] == [
+        ("OK", sha256((PREFIX + "notes/plan.md").encode())),
+        ("UPSTREAM_ERROR", sha256((PREFIX + f"../{PATH_CANARY}.md").encode())),
+        ("UPSTREAM_ERROR", sha256((PREFIX + f"{PATH_CANARY}.md").encode())),
+    ]
+    audited = json.dumps(audit.records())
+    for leaked in (BODY_CANARY, PATH_CANARY, "notes/plan.md"):
+        assert leaked not in audited
 
 
 async def test_a_canister_backend_serves_no_note_resources(tmp_path: Path, workspace: Path) -> None:
@@ -406,7 +446,7 @@ async def test_stdio_serve_reads_a_note_and_refuses_with_the_envelope_on_the_wir
         command=sys.executable,
         args=["-m", "nexus_mcp", "serve", "--mode", "dev", "--workspace", str(notes),
               "--data-dir", str(tmp_path / "data")],
-        env=server_env(),
+        env=server_env({"NEXUS_MCP_PROFILES__FILE": str(granting_notes(tmp_path / "p.yaml"))}),
     )  # fmt: skip
     stderr_path = tmp_path / "stderr.log"
     with stderr_path.open("w") as errlog:
@@ -429,10 +469,7 @@ async def test_stdio_serve_reads_a_note_and_refuses_with_the_envelope_on_the_wir
     assert content.mime_type == "text/markdown"
     assert content.meta == {"nexus/sha256": sha256(NOTE.encode())}
     assert unicode_note.contents[0].text == "# ノート\n\ncafé\n"
-    assert errors == [
-        {"code": REFUSAL_JSONRPC_CODE, "message": "Invalid path", "data": INVALID_PATH},
-        {"code": REFUSAL_JSONRPC_CODE, "message": "Upstream 404", "data": MISSING},
-    ]
+    assert errors == [refused(INVALID_PATH), refused(MISSING)]
     stderr = stderr_path.read_text()
     for leaked in (BODY_CANARY, PATH_CANARY, "notes/plan.md"):
         assert leaked not in stderr

@@ -13,6 +13,11 @@ profile is selected per principal and not written onto the subject, a token limi
 keeps precedence over an assignment made meanwhile. A principal naming an unknown profile
 sees nothing. Read-only callers never see write-class tools, and a tool whose contract
 requires scopes is visible only to principals holding all of them.
+
+Resource sources and prompts are granted by the same profile (its ``resources`` and
+``prompts``) and by direct grants, and looked up through caches of their own, so the
+tools' lookup (every call asks it) is unchanged. Both are reads: a read-only principal
+keeps them.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from nexus_mcp.policy.grants import (
     to_tool_name,
 )
 from nexus_mcp.policy.profiles import ToolProfileConfig, select_profile
-from nexus_mcp.policy.tuples import TOOLS_PREFIX, TupleStore
+from nexus_mcp.policy.tuples import PROMPTS_PREFIX, RESOURCES_PREFIX, TOOLS_PREFIX, TupleStore
 from nexus_mcp.policy.upstreams import name_key
 from nexus_mcp.policy.visibility import VisibleToolsCache
 from nexus_mcp.principal import Principal
@@ -66,6 +71,23 @@ def lookup_tools(store: TupleStore, subject: str, zone: str) -> frozenset[str]:
     )
 
 
+def lookup_resource_sources(store: TupleStore, subject: str, zone: str) -> frozenset[str]:
+    """``lookup_tools`` for resource sources."""
+    return _lookup(store, subject, zone, RESOURCES_PREFIX)
+
+
+def lookup_prompts(store: TupleStore, subject: str, zone: str) -> frozenset[str]:
+    """``lookup_tools`` for prompt names."""
+    return _lookup(store, subject, zone, PROMPTS_PREFIX)
+
+
+def _lookup(store: TupleStore, subject: str, zone: str, prefix: str) -> frozenset[str]:
+    relation = PROFILE_RELATION if subject.startswith(PROFILE_SUBJECT_PREFIX) else DIRECT_RELATION
+    return frozenset(
+        o.removeprefix(prefix) for o in store.list_objects(subject, relation, zone, prefix)
+    )
+
+
 def upstream_collisions(upstream: Sequence[str], native: Collection[str]) -> frozenset[str]:
     """The upstream names no grant may reach: a native tool's name, or one more than one
     upstream tool is exposed under, compared by ``name_key``."""
@@ -94,6 +116,13 @@ class GrantedTools:
     ) -> None:
         self.store = store
         self.cache = VisibleToolsCache(store, ttl_seconds=cache_ttl_seconds, lookup=lookup_tools)
+        # Resource sources and prompts: caches of their own, the tools' one untouched.
+        self.resource_cache = VisibleToolsCache(
+            store, ttl_seconds=cache_ttl_seconds, lookup=lookup_resource_sources
+        )
+        self.prompt_cache = VisibleToolsCache(
+            store, ttl_seconds=cache_ttl_seconds, lookup=lookup_prompts
+        )
         self.profiles = profiles
         self.write_tools = frozenset(write_tools)
         # Tools whose contract requires scopes (seed 002): hidden from callers without them.
@@ -144,7 +173,7 @@ class GrantedTools:
             ensure_principal_grants(
                 self.store, self.profiles, profile_subject(name), name, self.zone
             )
-        self.cache.invalidate()
+        self._invalidate_all()
 
     def select(self, principal: Principal) -> str | None:
         """The profile this principal gets (None: no tools at all)."""
@@ -196,6 +225,26 @@ class GrantedTools:
             self._recent.clear()
         self._recent[key] = (now + RECENT_ANSWER_SECONDS, generation, visible)
         return visible
+
+    def visible_resource_sources(self, principal: Principal) -> frozenset[str]:
+        """The resource sources (``notes``, upstream server ids) this principal may list
+        and read: its profile's and its direct grants; read-only principals keep them."""
+        return self._granted_in(principal, self.resource_cache)
+
+    def visible_prompts(self, principal: Principal) -> frozenset[str]:
+        """The exposed prompt names this principal may list and get (read-only keeps them)."""
+        return self._granted_in(principal, self.prompt_cache)
+
+    def _granted_in(self, principal: Principal, cache: VisibleToolsCache) -> frozenset[str]:
+        try:
+            name = self.select(principal)
+        except Exception:
+            with self._lock:
+                self._errors += 1
+            raise
+        if name is None:
+            return frozenset()
+        return cache.get(profile_subject(name), self.zone) | cache.get(principal.subject, self.zone)
 
     def _visible_tools(self, principal: Principal) -> frozenset[str]:
         return self._with_scopes(self._granted(principal), principal.scopes)
@@ -256,7 +305,11 @@ class GrantedTools:
             else:
                 for key in [k for k in self._selections if k[0] == subject]:
                     del self._selections[key]
-        self.cache.invalidate(subject)
+        self._invalidate_all(subject)
+
+    def _invalidate_all(self, subject: str | None = None) -> None:
+        for cache in (self.cache, self.resource_cache, self.prompt_cache):
+            cache.invalidate(subject)
 
     def metrics(self) -> dict[str, int]:
         counters = self.cache.metrics()
@@ -278,6 +331,8 @@ __all__ = [
     "DEFAULT_ZONE",
     "PROFILE_SUBJECT_PREFIX",
     "GrantedTools",
+    "lookup_prompts",
+    "lookup_resource_sources",
     "lookup_tools",
     "profile_subject",
     "upstream_collisions",

@@ -2,8 +2,12 @@
 
 A profile is a named set of tool names that may extend one parent profile. Inheritance is
 resolved eagerly at load time, so every ``ToolProfile`` holds its full tool set and nothing
-downstream walks chains. The file also maps roles to profiles. Profiles are policy; the
-grants store (``stores/grants.py``) is enforcement.
+downstream walks chains. A profile grants resources and prompts as it grants tools, under
+two more keys inherited the same way: ``resources`` (resource sources: ``notes`` for the
+native note resources, or an upstream server id for that upstream's resources and
+templates) and ``prompts`` (exposed prompt names, under MCP's tool-name rule). The file
+also maps roles to profiles. Profiles are policy; the grants store (``stores/grants.py``)
+is enforcement.
 
 Which profile applies to a caller (``select_profile``), first match wins:
 
@@ -36,21 +40,29 @@ DEFAULT_PROFILE = "minimal"
 # MCP's tool-name rule; it also keeps a name safe to embed in a "/tools/<name>" object.
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# A resource source: "notes" or an upstream server id (policy/upstreams.SERVER_ID_RE); it
+# is also safe to embed in a "/resources/<source>" object.
+RESOURCE_SOURCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Exposed prompt names follow the tool-name rule ("<prefix><name>" for an upstream's).
+PROMPT_NAME_RE = TOOL_NAME_RE
 
 _TOP_LEVEL_KEYS = frozenset({"profiles", "default_profile", "roles"})
-_PROFILE_KEYS = frozenset({"tools", "extends", "description"})
+_PROFILE_KEYS = frozenset({"tools", "resources", "prompts", "extends", "description"})
 
 logger = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class ToolProfile:
-    """A resolved profile: ``tools`` already includes every ancestor's tools."""
+    """A resolved profile: ``tools``, ``resources`` and ``prompts`` already include every
+    ancestor's."""
 
     name: str
     tools: frozenset[str]
     extends: str | None = None
     description: str = ""
+    resources: frozenset[str] = frozenset()
+    prompts: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -118,12 +130,17 @@ def default_profiles_path() -> Path:
 
 
 def load_profiles(
-    path: Path | str | None = None, known_tools: Iterable[str] | None = None
+    path: Path | str | None = None,
+    known_tools: Iterable[str] | None = None,
+    *,
+    known_resources: Iterable[str] | None = None,
+    known_prompts: Iterable[str] | None = None,
 ) -> ToolProfileConfig:
     """Read, validate and resolve a profile file; every problem is a ``ConfigError``.
 
     Tool names not in ``known_tools`` (when given) are warnings, never errors: a profile
-    may name tools of optional servers.
+    may name tools of optional servers. Resource sources not in ``known_resources`` and
+    prompt names not in ``known_prompts`` (when given) likewise.
     """
     source = Path(path) if path is not None else default_profiles_path()
     document = _read_document(source)
@@ -134,7 +151,11 @@ def load_profiles(
     if not isinstance(default_profile, str) or default_profile not in profiles:
         raise ConfigError(f"{source}: default_profile must name a profile defined in the file")
     role_profiles = _parse_roles(document.get("roles"), profiles, default_profile, source)
-    warnings = _collect_unknown_tools(raw_profiles, known_tools, source)
+    warnings = (
+        _collect_unknown(raw_profiles, "tools", "tool", known_tools, source)
+        + _collect_unknown(raw_profiles, "resources", "resource source", known_resources, source)
+        + _collect_unknown(raw_profiles, "prompts", "prompt", known_prompts, source)
+    )
     return ToolProfileConfig(
         profiles=MappingProxyType(profiles),
         default_profile=default_profile,
@@ -147,6 +168,8 @@ class _RawProfile(NamedTuple):
     tools: tuple[str, ...]
     extends: str | None
     description: str
+    resources: tuple[str, ...] = ()
+    prompts: tuple[str, ...] = ()
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -206,18 +229,16 @@ def _parse_profiles(value: object, source: Path) -> dict[str, _RawProfile]:
 def _parse_profile(name: str, body: object, source: Path) -> _RawProfile:
     where = f"{source}: profile '{name}'"
     if not isinstance(body, dict):
-        raise ConfigError(f"{where} must be a mapping with 'tools', 'extends', 'description'")
+        raise ConfigError(
+            f"{where} must be a mapping with 'tools', 'resources', 'prompts', 'extends', "
+            "'description'"
+        )
     unknown = sorted(str(key) for key in body if key not in _PROFILE_KEYS)
     if unknown:
         raise ConfigError(f"{where} has unknown keys {unknown}")
-    tools = body.get("tools")
-    if tools is None:
-        tools = []
-    if not isinstance(tools, list):
-        raise ConfigError(f"{where}: 'tools' must be a list of tool names")
-    for tool in tools:
-        if not isinstance(tool, str) or not TOOL_NAME_RE.fullmatch(tool):
-            raise ConfigError(f"{where}: every tool must be a name matching {TOOL_NAME_RE.pattern}")
+    tools = _name_list(body, "tools", "tool", TOOL_NAME_RE, where)
+    resources = _name_list(body, "resources", "resource source", RESOURCE_SOURCE_RE, where)
+    prompts = _name_list(body, "prompts", "prompt", PROMPT_NAME_RE, where)
     extends = body.get("extends")
     if extends is not None and not isinstance(extends, str):
         raise ConfigError(f"{where}: 'extends' must be a profile name")
@@ -226,7 +247,22 @@ def _parse_profile(name: str, body: object, source: Path) -> _RawProfile:
         description = ""
     if not isinstance(description, str):
         raise ConfigError(f"{where}: 'description' must be a string")
-    return _RawProfile(tuple(tools), extends, description)
+    return _RawProfile(tools, extends, description, resources, prompts)
+
+
+def _name_list(
+    body: Mapping[str, Any], key: str, what: str, rule: re.Pattern[str], where: str
+) -> tuple[str, ...]:
+    """A profile's list under ``key``: absent or null is empty; every entry matches ``rule``."""
+    names = body.get(key)
+    if names is None:
+        return ()
+    if not isinstance(names, list):
+        raise ConfigError(f"{where}: '{key}' must be a list of {what} names")
+    for name in names:
+        if not isinstance(name, str) or not rule.fullmatch(name):
+            raise ConfigError(f"{where}: every {what} must be a name matching {rule.pattern}")
+    return tuple(names)
 
 
 def _resolve_inheritance(raw: Mapping[str, _RawProfile], source: Path) -> dict[str, ToolProfile]:
@@ -248,12 +284,18 @@ def _resolve_inheritance(raw: Mapping[str, _RawProfile], source: Path) -> dict[s
                 )
             chain.append(current)
             current = raw[current].extends
-        inherited = resolved[current].tools if current is not None else frozenset()
+        parent = resolved[current] if current is not None else None
         for name in reversed(chain):
             body = raw[name]
-            tools = inherited | frozenset(body.tools)
-            resolved[name] = ToolProfile(name, tools, body.extends, body.description)
-            inherited = tools
+            profile = ToolProfile(
+                name,
+                frozenset(body.tools) | (parent.tools if parent else frozenset()),
+                body.extends,
+                body.description,
+                resources=frozenset(body.resources) | (parent.resources if parent else frozenset()),
+                prompts=frozenset(body.prompts) | (parent.prompts if parent else frozenset()),
+            )
+            resolved[name] = parent = profile
     return {name: resolved[name] for name in raw}
 
 
@@ -274,24 +316,40 @@ def _parse_roles(
     return mapping
 
 
-def _collect_unknown_tools(
-    raw: Mapping[str, _RawProfile], known_tools: Iterable[str] | None, source: Path
+_UNKNOWN_EVENTS = {
+    "tools": "tool_profile_unknown_tool",
+    "resources": "tool_profile_unknown_resource_source",
+    "prompts": "tool_profile_unknown_prompt",
+}
+
+
+def _collect_unknown(
+    raw: Mapping[str, _RawProfile],
+    key: str,
+    what: str,
+    known_names: Iterable[str] | None,
+    source: Path,
 ) -> tuple[str, ...]:
-    if known_tools is None:
+    """One warning per name under ``key`` that is not in ``known_names`` (when given)."""
+    if known_names is None:
         return ()
-    known = frozenset(known_tools)
+    known = frozenset(known_names)
+    event = _UNKNOWN_EVENTS[key]
+    field_name = {"tools": "tool", "resources": "source", "prompts": "prompt"}[key]
     warnings: list[str] = []
     for name, body in raw.items():
         # Only the declaring profile reports a name, so a child does not repeat its parent's.
-        for tool in sorted(set(body.tools) - known):
-            warnings.append(f"{source}: profile '{name}' names unknown tool '{tool}'")
-            logger.warning("tool_profile_unknown_tool", file=str(source), profile=name, tool=tool)
+        for unknown in sorted(set(getattr(body, key)) - known):
+            warnings.append(f"{source}: profile '{name}' names unknown {what} '{unknown}'")
+            logger.warning(event, file=str(source), profile=name, **{field_name: unknown})
     return tuple(warnings)
 
 
 __all__ = [
     "DEFAULT_PROFILE",
     "PROFILES_FILENAME",
+    "PROMPT_NAME_RE",
+    "RESOURCE_SOURCE_RE",
     "TOOL_NAME_RE",
     "ProfileSelection",
     "ProfileSource",

@@ -7,8 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-# Tools are the objects /tools/<name> of the tuple store.
+# Tools are the objects /tools/<name> of the tuple store; resource sources
+# /resources/<source> and prompts /prompts/<name>, each kind under its own prefix, so a
+# tool listing (the hot path) never reads a resource or prompt grant.
 TOOLS_PREFIX = "/tools/"
+RESOURCES_PREFIX = "/resources/"
+PROMPTS_PREFIX = "/prompts/"
 
 
 class RelationTuple(NamedTuple):
@@ -63,4 +67,4 @@ class TupleStore(Protocol):
     def close(self) -> None: ...
 
 
-__all__ = ["TOOLS_PREFIX", "RelationTuple", "TupleStore"]
+__all__ = ["PROMPTS_PREFIX", "RESOURCES_PREFIX", "TOOLS_PREFIX", "RelationTuple", "TupleStore"]

@@ -8,8 +8,9 @@ then normalized as the notes tools normalize theirs (backslashes, no ``..``, no 
 server state, link and hard-link refusals. Only ``.md`` and ``.markdown`` files are notes:
 anything else, a folder and a missing file alike are ``Upstream 404``, and a refused path is
 ``Invalid path``, exactly as the notes tools answer. A file over ``limits.max_read_bytes``
-is ``DOC_SIZE_EXCEEDED``, found before it is read. Every refusal is a ``RequestRefusal``
-(the envelope as a JSON-RPC error), never holding the URI, the path or note content.
+is ``DOC_SIZE_EXCEEDED``, found before it is read. A refusal is raised as its typed
+``NexusError`` (never holding the URI, the path or note content); the chain's envelope
+layer sends it as the envelope of a ``resources/read`` (``envelope.to_request_error``).
 
 A content is the file's bytes as stored: text when they are UTF-8 (so its UTF-8 encoding is
 those bytes), else a blob; ``mimeType`` is ``text/markdown`` and ``_meta["nexus/sha256"]``
@@ -24,15 +25,16 @@ URI in the message; the notes normalizer is the screening.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from fastmcp import FastMCP
+from fastmcp.exceptions import ResourceError
 from fastmcp.resources import ResourceContent, ResourceResult, ResourceTemplate
 
 from nexus_mcp.calls import current_principal
-from nexus_mcp.envelope import RequestRefusal
 from nexus_mcp.errors import NexusError, UpstreamError
 from nexus_mcp.notes.backends import NOT_FOUND_STATUS, NoteFileReader
 from nexus_mcp.notes.paths import PATH_SEPARATOR, normalize_note_path
@@ -49,6 +51,9 @@ MARKDOWN_SUFFIXES = (".md", ".markdown")
 # A URI's query and fragment are no part of a note's name (a '?' or '#' in a name is
 # written %3F, %23): a note URI that has one names no note.
 _NOT_IN_NOTE_URI = frozenset("?#")
+
+# The text of the FastMCP error a refusal travels in (never sent: the refusal is).
+REFUSED = "note refused"
 
 log = get_logger(__name__)
 
@@ -100,7 +105,10 @@ class NoteResourceTemplate(ResourceTemplate):
             return ResourceResult([to_note_content(data)])
         except NexusError as exc:
             error = exc
-            raise RequestRefusal(exc) from None
+            # FastMCP logs a resource's own exception as an error with its traceback; a
+            # refusal is an expected outcome. Its own error at debug level passes through,
+            # and the envelope layer sends the refusal it carries (envelope.request_refusal).
+            raise ResourceError(REFUSED, log_level=logging.DEBUG) from exc
         finally:
             log.info("notes_resource", **to_log_record(time.perf_counter() - started, size, error))
 

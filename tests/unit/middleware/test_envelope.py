@@ -10,8 +10,6 @@ from fastmcp.server.middleware import MiddlewareContext
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ValidationError
 
-from nexus_mcp.envelope import REFUSAL_JSONRPC_CODE, RequestRefusal
-from nexus_mcp.errors import UpstreamError
 from nexus_mcp.middleware.envelope import (
     INTERNAL_JSONRPC_CODE,
     INVALID_PARAMS_MESSAGE,
@@ -84,32 +82,3 @@ async def test_a_real_failure_stays_a_masked_internal_error(exc: Exception) -> N
         "Internal server error",
     )
     assert CANARY not in str(error.error.model_dump())
-
-
-async def test_a_refusal_of_a_read_leaves_as_it_is() -> None:
-    refusal = RequestRefusal(UpstreamError.invalid_path())
-    error = await answer(refusal)
-    assert error is refusal
-    assert (error.error.code, error.error.message, error.error.data) == (
-        REFUSAL_JSONRPC_CODE,
-        "Invalid path",
-        {"error": "Invalid path", "code": "UPSTREAM_ERROR"},
-    )
-
-
-async def test_a_json_rpc_error_with_the_refusal_code_that_is_not_ours_is_masked() -> None:
-    # An upstream's own error relayed with our code must not pass as our envelope.
-    forged = MCPError(
-        code=REFUSAL_JSONRPC_CODE, message=CANARY, data={"error": CANARY, "code": "NOT_FOUND"}
-    )
-    error = await answer(forged)
-    assert (error.error.code, error.error.message, error.error.data) == (
-        INTERNAL_JSONRPC_CODE,
-        "Internal server error",
-        None,
-    )
-
-
-async def test_another_json_rpc_error_passes_unchanged() -> None:
-    other = MCPError(code=-32602, message="Resource not found")
-    assert await answer(other) is other
