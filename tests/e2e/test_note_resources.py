@@ -198,6 +198,16 @@ async def test_the_template_is_listed_and_no_note_is(serve: ServerFactory, notes
     assert template.meta["nexus"] == {"risk": "read", "toolset": "notes"}
 
 
+async def test_a_read_only_caller_reads_notes_a_read_is_no_write(
+    serve: ServerFactory, notes: Path
+) -> None:
+    before = snapshot(notes)
+    async with Client(serve(read_only=True).mcp) as client:
+        [content] = await read(client, PREFIX + "notes/plan.md")
+    assert content.text == NOTE
+    assert snapshot(notes) == before
+
+
 async def test_without_a_grant_the_template_is_hidden_and_a_note_reads_as_unknown(
     make_server: ServerFactory, notes: Path
 ) -> None:
