@@ -71,6 +71,9 @@ class _MissingVault:
     async def read_note(self, path: str, caller: Principal) -> object:
         raise UpstreamError.status(404)
 
+    async def read_note_bytes(self, path: str, caller: Principal, *, max_bytes: int) -> bytes:
+        raise UpstreamError.status(404)
+
 
 class VaultRouter:
     """Maps a principal to its notes backend; backends are built once and reused."""

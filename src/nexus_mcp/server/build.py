@@ -59,6 +59,7 @@ from nexus_mcp.policy.upstreams import (
 )
 from nexus_mcp.providers.fixtures import FixtureProvider, ReplaySet
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
+from nexus_mcp.providers.note_resources import register_note_resources
 from nexus_mcp.providers.recording import Recorder
 from nexus_mcp.providers.tool_index import ToolIndex
 from nexus_mcp.providers.upstream.gateway import UpstreamGateway
@@ -421,6 +422,10 @@ def _build_server(
             for tool in native:
                 recorder.record_tool(settings.registry.server_id, tool, book.contracts[tool.name])
             log.info("fixtures_recording", tools=len(native))
+        if settings.notes.backend == "local":
+            # The notes as resources, read through the notes rules (providers/note_resources.py);
+            # the canister hands over parsed notes, not files, so it serves none.
+            register_note_resources(mcp, vaults, max_bytes=settings.limits.max_read_bytes)
     if upstreams is not None:
         upstreams.bind(book, runtime.access, runtime.targets)
         mcp.add_provider(upstreams.provider)

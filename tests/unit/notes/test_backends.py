@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from nexus_mcp.errors import UpstreamError
-from nexus_mcp.notes.backends import LocalVaultBackend, NoteBackend, is_path_inside
+from nexus_mcp.errors import DocSizeExceededError, UpstreamError
+from nexus_mcp.notes.backends import (
+    LocalVaultBackend,
+    NoteBackend,
+    NoteFileReader,
+    is_path_inside,
+)
 from nexus_mcp.principal import Principal
 
 CALLER = Principal(subject="tester", vault_id="vault-1", user_id="user-1")
@@ -137,3 +142,39 @@ async def test_reads_create_and_change_no_files_in_the_vault(tmp_path: Path) -> 
     with pytest.raises(UpstreamError):
         await backend.read_note("inbox/missing.md", CALLER)
     assert _snapshot(root) == before
+
+
+async def test_hidden_state_is_refused_by_inode_and_by_its_missing_folders(tmp_path: Path) -> None:
+    root = _vault(tmp_path)
+    state = root / "state"
+    (state / "db").mkdir(parents=True)
+    (state / "db" / "grants.sqlite3").write_bytes(b"CANARY-STATE")
+    os.link(state / "db" / "grants.sqlite3", root / "inbox" / "grants.md")
+    os.link(root / "inbox" / "one.md", root / "inbox" / "two.md")  # other names: still a note
+    backend = LocalVaultBackend(root, hidden=[state / "db", state / "vaults"])
+    for path in ("inbox/grants.md", "state/db/x.md", "state/vaults/v/x.md", "state/vaults"):
+        for read in (
+            backend.read_note(path, CALLER),
+            backend.read_note_bytes(path, CALLER, max_bytes=1024),
+        ):
+            with pytest.raises(UpstreamError) as caught:
+                await read
+            assert caught.value.message == "Invalid path", path
+    assert (await backend.read_note("inbox/two.md", CALLER)).body == "# Heading\n\nbody\n"
+    with pytest.raises(UpstreamError) as caught:
+        await backend.read_note("state/other/x.md", CALLER)  # not hidden: missing
+    assert caught.value.message == "Upstream 404"
+
+
+async def test_the_bytes_of_a_note_are_read_as_stored_under_the_callers_limit(
+    tmp_path: Path,
+) -> None:
+    root = _vault(tmp_path)
+    stored = b"\xef\xbb\xbf# A\xff\r\n"
+    (root / "bad.md").write_bytes(stored)
+    backend = LocalVaultBackend(root, max_file_bytes=4)  # the tools' cap is not the limit
+    assert isinstance(backend, NoteFileReader)
+    assert await backend.read_note_bytes("bad.md", CALLER, max_bytes=len(stored)) == stored
+    with pytest.raises(DocSizeExceededError) as caught:
+        await backend.read_note_bytes("bad.md", CALLER, max_bytes=len(stored) - 1)
+    assert caught.value.facts == {"limit_name": "max_read_bytes", "limit_bytes": len(stored) - 1}
