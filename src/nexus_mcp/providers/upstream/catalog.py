@@ -438,6 +438,7 @@ class UpstreamCatalog:
         finally:
             session.busy -= 1
             session.last_used = time.monotonic()
+            server.release(session)  # a session whose credential was renewed closes now
 
     async def read_resource(self, view: ItemView, backend: str) -> ResourceResult:
         await self._still_exposed(view)

@@ -64,7 +64,6 @@ from fastmcp import Client
 from mcp_types import ListToolsResult
 from pydantic import SecretStr
 
-from nexus_mcp.calls import CallState
 from nexus_mcp.connector import Connector
 from nexus_mcp.observability.audit import AuditLog
 from nexus_mcp.observability.logs import get_logger
@@ -87,6 +86,7 @@ from nexus_mcp.principal import Principal
 from nexus_mcp.providers.upstream.catalog import UpstreamCatalog
 from nexus_mcp.providers.upstream.credentials import CallerCredentials
 from nexus_mcp.providers.upstream.evidence import Unsent
+from nexus_mcp.providers.upstream.forwarding import Forwarding
 from nexus_mcp.providers.upstream.listing import (
     InvalidDefinition,
     fetch_listing,
@@ -99,21 +99,12 @@ from nexus_mcp.providers.upstream.pinning import (
     mtime_ns,
     screened,
 )
-from nexus_mcp.providers.upstream.relay import (
-    Caller,
-    caller_context,
-    caller_on,
-    elicit,
-    roots_of,
-    sample,
-)
 from nexus_mcp.providers.upstream.sessions import (
     GATEWAY_SESSION,
     SessionKey,
     UpstreamFailure,
     UpstreamSession,
     build_client,
-    is_transport_failure,
 )
 from nexus_mcp.providers.upstream.tools import (
     ToolView,
@@ -125,7 +116,7 @@ log = get_logger(__name__)
 MAX_RESULT_BYTES_DEFAULT = 10 * 1024 * 1024
 
 
-class UpstreamServer(PinnedTools, CallerCredentials):
+class UpstreamServer(PinnedTools, CallerCredentials, Forwarding):
     """One upstream server: its sessions, its tools' pins and classification, its health."""
 
     sandbox: SandboxLaunch | None = None  # a sandboxed stdio upstream (set once, at build)
@@ -579,100 +570,6 @@ class UpstreamServer(PinnedTools, CallerCredentials):
                 await self._list_on(gateway, authoritative=True)
                 return
         await self._evaluate({}, authoritative=False)
-
-    # -- calls ------------------------------------------------------------------------
-
-    def identity_meta(self, principal: Principal) -> dict[str, Any] | None:
-        wanted = self.config.identity_meta
-        meta: dict[str, Any] = {}
-        if wanted.subject is not None:
-            meta[wanted.subject] = principal.subject
-        if wanted.role is not None:
-            meta[wanted.role] = principal.effective_role
-        return meta or None
-
-    async def forward(
-        self, state: CallState, upstream_name: str, arguments: dict[str, Any], retryable: bool
-    ) -> Any:
-        """Send one tools/call upstream on the caller's session; retries only reads, only
-        transport failures, bounded in count and total time."""
-        principal = state.principal
-        assert principal is not None
-        if self.state == "degraded" and (
-            self._reconnect is not None and not self._reconnect.done()
-        ):
-            # Known down and waiting to reconnect: refuse at once, block nobody.
-            raise UpstreamFailure("unavailable", "upstream_down")
-        retry = self.config.retry
-        attempts = retry.attempts if retryable else 1
-        deadline = time.monotonic() + retry.max_total_seconds
-        key = self.session_key(principal)
-        meta = self.identity_meta(principal)
-        credential = await self.caller_credential(key, principal)  # never the caller's own
-        for attempt in range(1, attempts + 1):
-            try:
-                return await self._call_once(key, upstream_name, arguments, meta, credential)
-            except UpstreamFailure as failure:
-                last_try = attempt == attempts or time.monotonic() >= deadline
-                if not failure.transport or last_try:
-                    raise
-                delay = retry.backoff_seconds * (2 ** (attempt - 1))
-                delay = min(delay, max(0.0, deadline - time.monotonic()))
-                await asyncio.sleep(random.uniform(0, delay))
-        raise UpstreamFailure("unavailable", "retries_exhausted")  # pragma: no cover
-
-    async def _call_once(
-        self,
-        key: SessionKey,
-        upstream_name: str,
-        arguments: dict[str, Any],
-        meta: dict[str, Any] | None,
-        credential: SecretStr | None = None,
-    ) -> Any:
-        session = await self._session_for(key, credential)
-        session.busy += 1
-        caller = caller_context() if self._relays else None
-        if caller is not None:
-            session.callers.append(caller)
-        try:
-            async with asyncio.timeout(self.config.timeouts.call_seconds):
-                return await session.client.call_tool_mcp(upstream_name, arguments, meta=meta)
-        except TimeoutError:
-            raise UpstreamFailure("timeout", "call_timeout") from None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - classified, never echoed
-            if not session.alive or is_transport_failure(exc):
-                await self._drop(session)
-                self._connection_failed(key)
-                raise UpstreamFailure("unavailable", "transport_failure") from None
-            raise UpstreamFailure("error", "jsonrpc_error") from None
-        finally:
-            if caller is not None:
-                session.callers.remove(caller)
-            session.busy -= 1
-            session.last_used = time.monotonic()
-            self.release(session)
-
-    # -- relays: an upstream's own requests to the caller (off unless configured) -----
-
-    @property
-    def _relays(self) -> bool:
-        forward = self.config.forward
-        return forward.sampling or forward.elicitation or forward.roots
-
-    def _caller_for(self, key: SessionKey, kind: str) -> Caller:
-        """The caller to relay to: one whose call is in flight on this very session."""
-        return caller_on(self._sessions.get(key), kind, self.server_id)
-
-    async def relay_sampling(self, key: SessionKey, params: Any) -> Any:
-        return await sample(self._caller_for(key, "sampling"), params)
-
-    async def relay_elicitation(self, key: SessionKey, params: Any) -> Any:
-        return await elicit(self._caller_for(key, "elicitation"), params)
-
-    async def relay_roots(self, key: SessionKey) -> list[Any]:
-        return await roots_of(self._caller_for(key, "roots"))
 
     def summary(self) -> dict[str, Any]:
         """For /readyz and ``upstream list``: state, tools, quarantine (names only)."""
