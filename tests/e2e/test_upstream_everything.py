@@ -136,3 +136,48 @@ async def test_its_writes_take_the_write_path(tmp_path: Path) -> None:
         assert text(stopped).startswith("Stopped simulated logging")
     calls = [e for e in gw.events("tool_call_finished") if e.get("server_id") == "everything"]
     assert [e["upstream_tool"] for e in calls] == ["toggle-simulated-logging"] * 2
+
+
+async def test_its_prompts_resources_and_templates_through_the_chain(tmp_path: Path) -> None:
+    """Issue 27: the reference server's prompts, static resources and templates, pinned
+    by ``upstream pin`` beside its tools, granted by a profile, read and rendered through
+    the gateway under their exposed names, each content hashed."""
+    import hashlib
+
+    upstream = everything_upstream(tools=READS)
+    grant = [f"everything_{name}" for name in READS]
+    prompts = ["everything_simple-prompt", "everything_args-prompt"]
+    gw = make_gateway(
+        tmp_path / "gw",
+        [upstream],
+        grant={"full": grant},
+        grant_items={"full": {"resources": ["everything"], "prompts": prompts}},
+    )
+    copy_registry(gw, "everything")
+    assert gw.pin("everything") == 0
+    lock = json.loads((gw.registry_dir / "everything.lock.json").read_text())
+    assert lock["schema_version"] == "v2"
+    assert {"simple-prompt", "args-prompt"} <= set(lock["prompts"])
+    assert "demo://resource/dynamic/text/{resourceId}" in lock["resource_templates"]
+    server = gw.build()
+    async with Client(server.mcp) as client:
+        listed = {p.name for p in await client.list_prompts()}
+        # Pinned but not granted: completable-prompt is not shown.
+        assert listed == set(prompts), listed
+        args = await client.get_prompt("everything_args-prompt", {"city": "Oslo"})
+        assert "Oslo" in json.dumps([m.content.model_dump() for m in args.messages])
+        uris = {str(r.uri) for r in await client.list_resources()}
+        doc = "upstream://everything/demo://resource/static/document/architecture.md"
+        assert doc in uris
+        contents = await client.read_resource(doc)
+        body = contents[0].text.encode()  # type: ignore[union-attr]
+        assert (contents[0].meta or {})["nexus/sha256"] == hashlib.sha256(body).hexdigest()
+        templates = {t.uri_template for t in await client.list_resource_templates()}
+        assert "upstream://everything/demo://resource/dynamic/text/{resourceId}" in templates
+        dynamic = await client.read_resource("upstream://everything/demo://resource/dynamic/text/7")
+        assert dynamic and (dynamic[0].meta or {}).get("nexus/sha256")
+        blob = await client.read_resource("upstream://everything/demo://resource/dynamic/blob/7")
+        assert blob and (blob[0].meta or {}).get("nexus/sha256")
+    reads = gw.events("resource_read_finished")
+    assert reads and all(e.get("resource_source") == "everything" for e in reads)
+    assert all("architecture" not in json.dumps(e) for e in reads)
