@@ -182,6 +182,9 @@ class UpstreamCatalog:
         self.templates: dict[str, UpstreamTemplate] = {}
         self._local = MemorySeenDigests()
         self._reported: dict[tuple[Kind, str], str] = {}  # (kind, what) -> digest of it
+        # The last authoritative listing's skipped items and cut, per kind (``check``).
+        self.invalid: dict[Kind, list[dict[str, Any]]] = {kind: [] for kind in Kind}
+        self.cut: dict[Kind, str | None] = {kind: None for kind in Kind}
 
     # -- listing and deciding -----------------------------------------------------------
 
@@ -213,11 +216,13 @@ class UpstreamCatalog:
                 )
             except Exception:  # noqa: BLE001 - an upstream's failure, never its text
                 if authoritative:
+                    self.invalid[kind], self.cut[kind] = [], "list_failed"
                     self._report(kind, EVENT_ITEMS_UNLISTED, "failed", reason="list_failed")
                     self._decide(kind, {})
                 continue
             valid, invalid = await asyncio.to_thread(screen_items, kind, listing)
             if authoritative:
+                self.invalid[kind], self.cut[kind] = invalid, listing.cut
                 if listing.cut is not None:
                     self._report(
                         kind, EVENT_ITEMS_UNLISTED, listing.cut, reason=listing.cut, kept=len(valid)
