@@ -35,6 +35,10 @@ ARG_IDEMPOTENCY_KEY = "idempotency_key"
 ARG_APPROVAL_TOKEN = "approval_token"  # noqa: S105 - an argument name, not a secret
 PLUMBING_ARGS = frozenset({ARG_IDEMPOTENCY_KEY, ARG_APPROVAL_TOKEN})
 
+# The ``tool_name`` of the state a resources/read or a prompts/get runs under.
+RESOURCE_READ = "(resource)"
+PROMPT_GET = "(prompt)"
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimHold:
@@ -98,6 +102,12 @@ class CallState:
     started_event: AuditEvent | None = None  # a read's started event, not yet written
     # (the arguments object the gateway validated, the validated keyword arguments)
     validated_arguments: tuple[Mapping[str, Any], dict[str, Any]] | None = None
+    # A resources/read or prompts/get (``tool_name`` is then RESOURCE_READ or PROMPT_GET):
+    # the source the URI is granted under and the sha256 of the URI (never its text), and
+    # the prompt's name once it is known to be a real prompt (else it is caller input).
+    resource_source: str | None = None
+    uri_sha256: str | None = None
+    prompt: str | None = None
 
     def __post_init__(self) -> None:
         if not self.correlation_id:
@@ -173,6 +183,8 @@ __all__ = [
     "META_TOOL_CLASS",
     "META_TOOL_EFFECT",
     "PLUMBING_ARGS",
+    "PROMPT_GET",
+    "RESOURCE_READ",
     "CallState",
     "ClaimHold",
     "bind_principal",

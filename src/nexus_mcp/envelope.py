@@ -12,6 +12,12 @@ providers. Nothing else maps an exception to a code or builds an unknown-tool an
 - ``unknown_tool``: the answer a hidden or missing tool gets, byte for byte FastMCP's own
   (``Unknown tool: '<name>'``), whichever layer gives it.
 - ``ConnectorRefusal``: a typed refusal crossing FastMCP's tool boundary.
+- ``to_request_error``: a refusal of a ``resources/read`` or ``prompts/get`` (which have no
+  error result) as the JSON-RPC error the client receives: code ``REFUSAL_JSONRPC_CODE``,
+  the envelope's JSON as its message and the envelope itself as its ``data``.
+- ``not_found_error``: the one answer to a resource or prompt that is hidden or missing:
+  FastMCP's code (``-32602``) with a fixed message and no ``data``, so it quotes neither
+  the URI nor the name (FastMCP's own answer quotes both).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from fastmcp.exceptions import FastMCPError, ToolError
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.exceptions import ValidationError as FastMCPValidationError
 from fastmcp.tools import ToolResult
-from mcp_types import TextContent
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, TextContent
 from pydantic import ValidationError as PydanticValidationError
 
 from nexus_mcp.errors import InternalError, InvalidInputError, NexusError, correlation_ref
@@ -53,6 +60,44 @@ class UnknownTool(FastMCPNotFoundError, FastMCPError):
 
 def unknown_tool(name: str) -> UnknownTool:
     return UnknownTool(name)
+
+
+# The JSON-RPC code of a typed refusal of a resources/read or prompts/get (the range
+# -32000..-32099 is the implementation's; the MCP SDK uses none near it).
+REFUSAL_JSONRPC_CODE = -32050
+RESOURCE_NOT_FOUND_MESSAGE = "Resource not found"
+PROMPT_NOT_FOUND_MESSAGE = "Unknown prompt"
+
+
+def not_found_error(*, prompt: bool) -> MCPError:
+    """What a hidden or missing resource (or prompt) answers: nothing of the request."""
+    message = PROMPT_NOT_FOUND_MESSAGE if prompt else RESOURCE_NOT_FOUND_MESSAGE
+    return MCPError(code=INVALID_PARAMS, message=message)
+
+
+def to_request_error(error: NexusError) -> MCPError:
+    """A refusal of a resources/read or prompts/get: the envelope's JSON as the message,
+    the envelope (``{"error", "code"}``) as ``data``."""
+    payload = error.to_payload()
+    return MCPError(
+        code=REFUSAL_JSONRPC_CODE,
+        message=json.dumps(payload, separators=(",", ":")),
+        data=payload,
+    )
+
+
+def request_refusal(exc: BaseException, *, correlation_id: str) -> NexusError:
+    """``to_wire_error`` for a resources/read or prompts/get: FastMCP wraps what a resource
+    or prompt raises in its ``ResourceError``/``PromptError`` (with the URI or name in the
+    text), so a typed refusal is taken from the cause and anything else is internal."""
+    cause = exc.__cause__
+    if isinstance(exc, FastMCPError) and isinstance(cause, NexusError | ConnectorRefusal):
+        exc = cause
+    if isinstance(exc, ConnectorRefusal | NexusError | FastMCPValidationError):
+        return to_wire_error(exc, correlation_id=correlation_id)
+    internal = InternalError(ref=correlation_ref(correlation_id), exception=type(exc).__name__)
+    internal.__cause__ = exc
+    return internal
 
 
 def refusal_of(exc: BaseException) -> BaseException:
@@ -153,12 +198,18 @@ def to_envelope(error: NexusError) -> ToolResult:
 
 
 __all__ = [
+    "PROMPT_NOT_FOUND_MESSAGE",
+    "REFUSAL_JSONRPC_CODE",
+    "RESOURCE_NOT_FOUND_MESSAGE",
     "ConnectorRefusal",
     "UnknownTool",
     "invalid_input_from",
+    "not_found_error",
     "refusal_of",
+    "request_refusal",
     "safe_facts",
     "to_envelope",
+    "to_request_error",
     "to_wire_error",
     "unknown_tool",
 ]

@@ -12,6 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from nexus_mcp.envelope import not_found_error, to_request_error
+from nexus_mcp.errors import UpstreamError
 from nexus_mcp.transport.wire_errors import (
     MAX_ERROR_BODY_BYTES,
     ScrubbingSendStream,
@@ -191,3 +193,41 @@ async def test_the_stdio_stream_writes_errors_scrubbed_and_results_as_they_are()
     assert isinstance(written[0], JSONRPCError)
     assert written[0].error.data is None and written[0].error.message == "Method not found"
     assert written[1] == ok
+
+
+# --- issue 27: resources/read and prompts/get ---------------------------------------------
+
+
+def test_a_read_or_get_refusal_keeps_its_envelope_through_the_wire_filter() -> None:
+    refusal = to_request_error(UpstreamError(reason="error"))
+    error = {"code": refusal.error.code, "message": refusal.error.message,
+             "data": refusal.error.data}  # fmt: skip
+    assert scrub_error(error) == error
+    assert error["data"]["code"] == "UPSTREAM_ERROR"
+    # The fixed not-found texts quote nothing and are kept.
+    for prompt in (False, True):
+        found = not_found_error(prompt=prompt).error
+        assert scrub_error({"code": found.code, "message": found.message}) == {
+            "code": -32602,
+            "message": found.message,
+        }
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"code": -32050, "message": CANARY, "data": {"error": CANARY, "code": "NOT_FOUND"}},
+        {"code": -32050, "message": json.dumps({"error": CANARY, "code": "NOPE"}),
+         "data": {"error": CANARY, "code": "NOPE"}},
+        {"code": -32050, "message": '{"error":"x","code":"NOT_FOUND"}',
+         "data": {"error": "x", "code": "NOT_FOUND", "uri": CANARY}},
+        {"code": -32050, "message": '{"error":"x","code":"NOT_FOUND"}', "data": [CANARY]},
+        {"code": -32050, "message": '{"error":"x","code":"NOT_FOUND"}'},
+        {"code": -32050, "message": f'{{"error":"{CANARY}","code":"NOT_FOUND"}}',
+         "data": {"error": "other", "code": "NOT_FOUND"}},
+    ],
+    ids=["message-not-the-data", "unknown-code", "extra-data", "data-not-object", "no-data",
+         "message-differs"],
+)  # fmt: skip
+def test_anything_else_under_the_refusal_code_is_scrubbed(forged: dict[str, Any]) -> None:
+    assert scrub_error(forged) == {"code": -32050, "message": "Request refused"}

@@ -15,6 +15,11 @@ and ``--data-dir`` override it. The tools a grant may name include those of the
 configured upstreams under the names callers see (their registry entries, as ``serve``
 exposes them), and ``show`` and ``inspect`` say for each upstream tool whether ``serve``
 exposes it now, from the registry and the lock file, without starting the upstream.
+
+``grant`` and ``revoke`` also take ``--resource SOURCE`` (``notes``, or an upstream server
+id: every resource and template it exposes) and ``--prompt NAME`` (an exposed prompt),
+granted directly as a tool is; a source or prompt no profile names and no configured
+upstream has is refused unless ``--allow-unknown-tool`` is given.
 """
 
 from __future__ import annotations
@@ -33,12 +38,19 @@ from nexus_mcp.policy.grant_admin import UNKNOWN_PROFILE, assign, revoke_direct,
 from nexus_mcp.policy.grants import (
     DIRECT_RELATION,
     PROFILE_RELATION,
+    grant_prompt,
+    grant_resource,
     grant_tool,
+    revoke_prompt,
+    revoke_resource,
+    to_prompt_object,
+    to_resource_object,
     to_tool_name,
     to_tool_object,
 )
 from nexus_mcp.policy.pins import PinFile, load_pins
 from nexus_mcp.policy.profiles import (
+    ToolProfile,
     ToolProfileConfig,
     default_profiles_path,
     load_profiles,
@@ -48,6 +60,8 @@ from nexus_mcp.policy.registry import (
     RegistrySet,
     upstream_registry_dir,
 )
+from nexus_mcp.policy.resources import NOTES_SOURCE
+from nexus_mcp.policy.tuples import PROMPTS_PREFIX, RESOURCES_PREFIX
 from nexus_mcp.policy.upstreams import UpstreamConfig, load_upstreams
 from nexus_mcp.principal import ROLE_FALLBACK, to_log_subject
 from nexus_mcp.settings import Settings, config_sections, load_settings
@@ -69,6 +83,14 @@ UNKNOWN_TOOL_MESSAGE = (
     "no profile or registered server has this tool; check the name (see 'nexus-mcp "
     f"registry show'), or pass {ALLOW_UNKNOWN_TOOL_FLAG} for a tool of an upstream server "
     "that is not connected yet"
+)
+UNKNOWN_SOURCE_MESSAGE = (
+    "no profile names this resource source and no configured upstream has this id "
+    f"(the note resources are '{NOTES_SOURCE}'); pass {ALLOW_UNKNOWN_TOOL_FLAG} to grant it even so"
+)
+UNKNOWN_PROMPT_MESSAGE = (
+    "no profile names this prompt and it has no configured upstream's name prefix; pass "
+    f"{ALLOW_UNKNOWN_TOOL_FLAG} to grant it even so"
 )
 STALE_PROFILE_NOTE = (
     "note: the grants database holds another tool list for this profile than the profiles "
@@ -118,15 +140,24 @@ def add_parser(
     assign = _add(actions, "assign", "assign a profile to a subject", common, assign_subject)
     _add_subject(assign)
     assign.add_argument("profile", metavar="PROFILE", help="a profile name (see 'profiles list')")
-    grant = _add(actions, "grant", "grant one tool directly to a subject", common, grant_subject)
+    grant = _add(
+        actions, "grant", "grant one tool, resource source or prompt directly to a subject",
+        common, grant_subject,
+    )  # fmt: skip
     _add_subject(grant)
-    grant.add_argument(
-        "tool", metavar="TOOL",
+    granted = grant.add_mutually_exclusive_group(required=True)
+    granted.add_argument(
+        "tool", metavar="TOOL", nargs="?",
         help="a tool name that a profile or a registered server has (see 'registry show')",
     )  # fmt: skip
+    granted.add_argument(
+        "--resource", metavar="SOURCE",
+        help=f"a resource source: '{NOTES_SOURCE}' or an upstream server id",
+    )  # fmt: skip
+    granted.add_argument("--prompt", metavar="NAME", help="an exposed prompt name")
     grant.add_argument(
         ALLOW_UNKNOWN_TOOL_FLAG, action="store_true",
-        help="grant it even so: a tool of an upstream server that is not connected yet",
+        help="grant it even so: a tool, source or prompt of an upstream not connected yet",
     )  # fmt: skip
     revoke_parser = _add(
         actions, "revoke", "revoke a direct tool grant or the profile", common, revoke_subject
@@ -134,6 +165,8 @@ def add_parser(
     _add_subject(revoke_parser)
     which = revoke_parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--tool", help="remove this direct grant")
+    which.add_argument("--resource", metavar="SOURCE", help="remove this direct source grant")
+    which.add_argument("--prompt", metavar="NAME", help="remove this direct prompt grant")
     which.add_argument("--profile", action="store_true", help="remove profile and assignment")
     inspect = _add(actions, "inspect", "the tools a subject would see", common, inspect_subject)
     _add_subject(inspect)
@@ -174,6 +207,11 @@ def show_profile(args: argparse.Namespace) -> int:
     print(f"tools ({len(profile.tools)}):")
     for tool in sorted(profile.tools):
         print(f"  {tool}  ({states[tool]})" if tool in states else f"  {tool}")
+    for label, names in (("resources", profile.resources), ("prompts", profile.prompts)):
+        if names:
+            print(f"{label} ({len(names)}):")
+            for name in sorted(names):
+                print(f"  {name}")
     return EXIT_OK
 
 
@@ -190,6 +228,8 @@ def grant_subject(args: argparse.Namespace) -> int:
     config = _load_config(args)
     if config is None:
         return EXIT_CONFIG
+    if args.resource is not None or args.prompt is not None:
+        return _grant_resource_or_prompt(args, config)
     try:
         to_tool_object(args.tool)  # a name that cannot be a tool is INVALID_INPUT first
         if not args.allow_unknown_tool and args.tool not in known_tools(
@@ -209,11 +249,58 @@ def grant_subject(args: argparse.Namespace) -> int:
     return _with_store(args, act)
 
 
+def _grant_resource_or_prompt(args: argparse.Namespace, config: ToolProfileConfig) -> int:
+    """``grant --resource SOURCE`` or ``grant --prompt NAME``, checked as a tool grant is."""
+    prompt = args.prompt is not None
+    name = args.prompt if prompt else args.resource
+    try:
+        # A name that cannot be a source or prompt is INVALID_INPUT first.
+        to_prompt_object(name) if prompt else to_resource_object(name)
+        if not args.allow_unknown_tool:
+            upstreams = configured_upstreams(args.settings, _config_path(args))
+            if prompt and not _known_prompt(config, upstreams, name):
+                raise NotFoundError(UNKNOWN_PROMPT_MESSAGE, kind="prompt")
+            if not prompt and not _known_source(config, upstreams, name):
+                raise NotFoundError(UNKNOWN_SOURCE_MESSAGE, kind="resource")
+    except NexusError as exc:
+        return _refuse(f"{exc.message} ({exc.code})")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    def act(config: ToolProfileConfig, store: TupleStore) -> str:
+        if prompt:
+            revision = grant_prompt(store, args.subject, name, args.zone)
+            return f"granted prompt '{name}' directly (revision {revision})"
+        revision = grant_resource(store, args.subject, name, args.zone)
+        return f"granted resource source '{name}' directly (revision {revision})"
+
+    return _with_store(args, act)
+
+
+def _known_source(
+    config: ToolProfileConfig, upstreams: tuple[UpstreamConfig, ...], source: str
+) -> bool:
+    named = {s for profile in config.profiles.values() for s in profile.resources}
+    return (
+        source == NOTES_SOURCE or source in named or any(u.server_id == source for u in upstreams)
+    )
+
+
+def _known_prompt(
+    config: ToolProfileConfig, upstreams: tuple[UpstreamConfig, ...], prompt: str
+) -> bool:
+    named = {p for profile in config.profiles.values() for p in profile.prompts}
+    return prompt in named or any(prompt.startswith(u.name_prefix) for u in upstreams)
+
+
 def revoke_subject(args: argparse.Namespace) -> int:
     def act(config: ToolProfileConfig, store: TupleStore) -> str:
         if args.profile:
             revision = revoke_profile(store, args.subject, args.zone)
             return f"revoked profile grants and assignment (revision {revision})"
+        if args.resource is not None or args.prompt is not None:
+            return _revoke_resource_or_prompt(args, config, store)
         revoked = revoke_direct(store, args.subject, args.tool, args.zone)
         message = f"revoked direct grant of '{args.tool}' (revision {revoked.revision})"
         if revoked.still_from_profile:
@@ -221,6 +308,21 @@ def revoke_subject(args: argparse.Namespace) -> int:
         return message
 
     return _with_store(args, act)
+
+
+def _revoke_resource_or_prompt(
+    args: argparse.Namespace, config: ToolProfileConfig, store: TupleStore
+) -> str:
+    prompt = args.prompt is not None
+    name = args.prompt if prompt else args.resource
+    revoke = revoke_prompt if prompt else revoke_resource
+    revision = revoke(store, args.subject, name, args.zone)
+    what = "prompt" if prompt else "resource source"
+    message = f"revoked direct grant of {what} '{name}' (revision {revision})"
+    obj = to_prompt_object(name) if prompt else to_resource_object(name)
+    if store.check(args.subject, PROFILE_RELATION, obj, args.zone):
+        message += f"; the {what} stays visible through the subject's profile"
+    return message
 
 
 def inspect_subject(args: argparse.Namespace) -> int:
@@ -371,9 +473,31 @@ def _print_inspection(
     else:
         rows = [(tool, ", ".join(sources[tool])) for tool in sorted(sources)]
         print_table(("TOOL", "SOURCE"), rows)
+    _print_resources_and_prompts(args, config.profiles[selection.name], store)
     stored = _served_profile_tools(store, selection.name, args.zone)
     if stored is not None and stored != profile_tools:
         print(STALE_PROFILE_NOTE)
+
+
+def _print_resources_and_prompts(
+    args: argparse.Namespace, profile: ToolProfile, store: TupleStore | None
+) -> None:
+    """The resource sources and prompts the subject gets: its profile's and direct ones."""
+    for label, granted, prefix in (
+        ("RESOURCE SOURCE", profile.resources, RESOURCES_PREFIX),
+        ("PROMPT", profile.prompts, PROMPTS_PREFIX),
+    ):
+        direct = (
+            store.list_objects(args.subject, DIRECT_RELATION, args.zone, prefix)
+            if store is not None
+            else []
+        )
+        sources: dict[str, list[str]] = {n: [f"profile:{profile.name}"] for n in granted}
+        for obj in direct:
+            sources.setdefault(obj.removeprefix(prefix), []).append("direct")
+        if sources:
+            print()
+            print_table((label, "SOURCE"), [(n, ", ".join(sources[n])) for n in sorted(sources)])
 
 
 def _served_profile_tools(

@@ -12,6 +12,12 @@ before the tool runs; a read-class call's started and finished events are writte
 together, in one write, after the tool returns (or fails, times out or is cancelled) and
 before the result goes back up the chain. Both events keep every field, and the started
 event its own time.
+
+A ``resources/read`` or ``prompts/get`` is one ``resource_read_*`` or ``prompt_get_*``
+event, written before its answer leaves: ``_blocked`` when it never reached a resource or
+prompt (hidden, unknown, the grants store down), else ``_finished`` with its outcome. It
+names the resource's source and the sha256 of its URI, or the prompt (a name only once it
+is known to be a real prompt) and a digest of its arguments; never a URI or an argument.
 """
 
 from __future__ import annotations
@@ -19,18 +25,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fastmcp.exceptions import DisabledError as FastMCPDisabledError
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import PLUMBING_ARGS, CallState
+from nexus_mcp.calls import PLUMBING_ARGS, PROMPT_GET, CallState, current_call
 from nexus_mcp.connector import chained_call
 from nexus_mcp.contracts import ToolContract
-from nexus_mcp.envelope import safe_facts, to_wire_error
+from nexus_mcp.envelope import request_refusal, safe_facts, to_wire_error
 from nexus_mcp.errors import Code, NexusError
 from nexus_mcp.middleware.waiting import is_question
 from nexus_mcp.observability.audit import (
     AUDIT_SCHEMA_VERSION,
     OUTCOME_OK,
+    PROMPT_GET_BLOCKED,
+    PROMPT_GET_FINISHED,
+    RESOURCE_READ_BLOCKED,
+    RESOURCE_READ_FINISHED,
     TOOL_CALL_BLOCKED,
     TOOL_CALL_FINISHED,
     TOOL_CALL_STARTED,
@@ -44,6 +55,10 @@ from nexus_mcp.policy.hashing import fingerprint_arguments
 OUTCOME_UNKNOWN_TOOL = "UNKNOWN_TOOL"
 OUTCOME_TOOL_ERROR = "TOOL_ERROR"
 OUTCOME_INPUT_REQUIRED = "INPUT_REQUIRED"  # a question to the client, not a result
+OUTCOME_UNKNOWN_RESOURCE = "UNKNOWN_RESOURCE"
+OUTCOME_UNKNOWN_PROMPT = "UNKNOWN_PROMPT"
+# What a prompt the caller named is recorded as until it is known to be a real prompt.
+UNREGISTERED_PROMPT = "(unregistered)"
 MAX_LOGGED_VALUE_CHARS = 256
 _INPUT_CODES = frozenset({Code.INVALID_INPUT, Code.INVALID_PATH})
 _APPROVAL_FIELDS = (
@@ -157,6 +172,48 @@ class AuditTrail:
         record["ts"] = utc_timestamp()
         return AuditEvent.from_record(record)
 
+    def request_finished(
+        self, state: CallState, *, blocked: bool, outcome: str, error: NexusError | None = None
+    ) -> None:
+        """The one event of a resources/read or prompts/get (``state.tool_name`` says which)."""
+        prompt = state.tool_name == PROMPT_GET
+        if prompt:
+            kind = PROMPT_GET_BLOCKED if blocked else PROMPT_GET_FINISHED
+        else:
+            kind = RESOURCE_READ_BLOCKED if blocked else RESOURCE_READ_FINISHED
+        record: dict[str, Any] = {
+            "v": AUDIT_SCHEMA_VERSION,
+            "event": kind,
+            "tool_call_id": state.tool_call_id,
+            "correlation_id": state.correlation_id,
+            "tool": state.tool_name,
+        }
+        if prompt:
+            record["prompt"] = state.prompt or UNREGISTERED_PROMPT
+        else:
+            if state.resource_source is not None:
+                record["resource_source"] = state.resource_source
+            if state.uri_sha256 is not None:
+                record["uri_sha256"] = state.uri_sha256
+        principal = state.principal
+        if principal is not None:
+            record["subject"] = principal.log_subject
+            record["role"] = principal.effective_role
+        record["outcome"] = outcome
+        if state.block_reason is not None:
+            record["reason"] = state.block_reason
+        record["duration_ms"] = state.elapsed_ms
+        if prompt:
+            record["args_digest"] = self._args_digest(state)
+        if state.session_key is not None:
+            record["session"] = state.session_key
+        record["transport"] = state.transport or "memory"
+        facts = safe_facts(error)
+        if facts is not None:
+            record["facts"] = facts
+        record["ts"] = utc_timestamp()
+        self.log.emit(AuditEvent.from_record(record))
+
     @staticmethod
     def _args_digest(state: CallState) -> str:
         # Computed once per call: the started and finished events carry the same digest.
@@ -239,6 +296,44 @@ class AuditMiddleware(Middleware):
             if record is not None:
                 record.__exit__(None, None, None)
 
+    async def on_read_resource(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        return await self._request(context, call_next, OUTCOME_UNKNOWN_RESOURCE)
+
+    async def on_get_prompt(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        return await self._request(context, call_next, OUTCOME_UNKNOWN_PROMPT)
+
+    async def _request(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any], unknown: str
+    ) -> Any:
+        state = current_call()
+        if state is None:  # the envelope opens one for every read and get
+            return await call_next(context)
+        try:
+            result = await call_next(context)
+        except (FastMCPNotFoundError, FastMCPDisabledError):
+            reason = "unknown_prompt" if unknown == OUTCOME_UNKNOWN_PROMPT else "unknown_resource"
+            state.block_reason = state.block_reason or reason
+            self.trail.request_finished(state, blocked=True, outcome=unknown)
+            raise
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                error = request_refusal(exc, correlation_id=state.correlation_id)
+            else:  # cancellation: record it, then let it propagate untouched
+                error = NexusError("cancelled")
+            # Refused before any resource or prompt was reached (the grants store down):
+            # blocked; a failure of the read or render itself: finished, with its code.
+            blocked = not state.executed
+            self.trail.request_finished(
+                state, blocked=blocked, outcome=str(error.code), error=error
+            )
+            raise
+        self.trail.request_finished(state, blocked=False, outcome=OUTCOME_OK)
+        return result
+
     def _finished(
         self,
         state: CallState,
@@ -254,6 +349,8 @@ class AuditMiddleware(Middleware):
 __all__ = [
     "OUTCOME_INPUT_REQUIRED",
     "OUTCOME_TOOL_ERROR",
+    "OUTCOME_UNKNOWN_PROMPT",
+    "OUTCOME_UNKNOWN_RESOURCE",
     "OUTCOME_UNKNOWN_TOOL",
     "AuditMiddleware",
     "AuditTrail",

@@ -7,6 +7,12 @@ FastMCP's own answer (``Unknown tool: '<name>'``) so that a hidden tool cannot b
 a missing one. Failures of other requests are re-raised as a masked JSON-RPC error, because
 on handshake-era connections FastMCP would pass a plain exception's text to the client
 (FASTMCP4_GUIDE 1.5).
+
+A ``resources/read`` or ``prompts/get`` has no error result: a typed refusal leaves as the
+JSON-RPC error ``REFUSAL_JSONRPC_CODE`` carrying the envelope (``envelope.to_request_error``),
+anything else as ``INTERNAL_ERROR`` the same way, and a hidden or missing resource or
+prompt as one fixed not-found error that quotes neither URI nor name. Each opens a call
+state as a tool call does, so identity, namespace and audit record it alike.
 """
 
 from __future__ import annotations
@@ -15,17 +21,31 @@ import re
 from typing import Any
 
 import mcp_types
-from fastmcp.exceptions import FastMCPError
+from fastmcp.exceptions import DisabledError, FastMCPError
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from pydantic import ValidationError as PydanticValidationError
 
-from nexus_mcp.calls import META_CORRELATION_ID, CallState, nexus_meta, open_call
-from nexus_mcp.envelope import to_envelope, to_wire_error
+from nexus_mcp.calls import (
+    META_CORRELATION_ID,
+    PROMPT_GET,
+    RESOURCE_READ,
+    CallState,
+    nexus_meta,
+    open_call,
+)
+from nexus_mcp.envelope import (
+    not_found_error,
+    request_refusal,
+    to_envelope,
+    to_request_error,
+    to_wire_error,
+)
 from nexus_mcp.errors import InternalError, InvalidInputError
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.policy.resources import uri_sha256
 
 log = get_logger(__name__)
 
@@ -115,6 +135,47 @@ class EnvelopeMiddleware(Middleware):
                     )
                 return to_envelope(error)
 
+    async def on_read_resource(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        state = _request_state(context, RESOURCE_READ, {})
+        state.uri_sha256 = uri_sha256(str(context.message.uri))
+        return await self._answer(context, call_next, state, prompt=False)
+
+    async def on_get_prompt(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        arguments = context.message.arguments
+        state = _request_state(context, PROMPT_GET, dict(arguments or {}))
+        return await self._answer(context, call_next, state, prompt=True)
+
+    async def _answer(
+        self,
+        context: MiddlewareContext[Any],
+        call_next: CallNext[Any, Any],
+        state: CallState,
+        *,
+        prompt: bool,
+    ) -> Any:
+        with open_call(state):
+            try:
+                if estimate_size(state.arguments, self.max_request_bytes) > self.max_request_bytes:
+                    raise InvalidInputError("request is too large", problem="request_size")
+                return await call_next(context)
+            except (FastMCPNotFoundError, DisabledError):
+                raise not_found_error(prompt=prompt) from None
+            except Exception as exc:  # noqa: BLE001 - the one place that catches all (DESIGN.md)
+                error = request_refusal(exc, correlation_id=state.correlation_id)
+                if isinstance(error, InternalError):
+                    log.error(
+                        "request_internal_error",
+                        method=context.method,
+                        correlation_id=state.correlation_id,
+                        ref=error.facts.get("ref"),
+                        exc_type=type(exc.__cause__ or exc).__name__,
+                    )
+                raise to_request_error(error) from None
+
     async def on_request(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
@@ -136,6 +197,23 @@ class EnvelopeMiddleware(Middleware):
             raise MCPError(code=INVALID_PARAMS, message=INVALID_PARAMS_MESSAGE, data="") from exc
         except Exception as exc:  # masked: never let exception text reach the client
             raise _masked_internal(context, exc) from exc
+
+
+def _request_state(
+    context: MiddlewareContext[Any], kind: str, arguments: dict[str, Any]
+) -> CallState:
+    ctx = context.fastmcp_context
+    request = ctx.request_context if ctx is not None else None
+    meta = nexus_meta(getattr(request, "meta", None))
+    state = CallState(
+        tool_name=kind,
+        arguments=arguments,
+        meta=meta,
+        transport=ctx.transport if ctx is not None else None,
+    )
+    if (given := _correlation_id(meta)) is not None:
+        state.correlation_id = given
+    return state
 
 
 def is_request_validation(exc: PydanticValidationError) -> bool:

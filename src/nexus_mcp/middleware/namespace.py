@@ -6,6 +6,14 @@ byte, so a hidden tool cannot be told from a missing one. The audit records the 
 reason (for an upstream tool hidden from everyone: which one, and why). No principal
 means nothing is visible (fail closed), and so does a failed grant lookup (which is
 never cached).
+
+Resources and prompts go through the same grants: ``resources/list`` and
+``resources/templates/list`` keep what the caller's granted sources expose
+(``policy/resources.resource_source``), ``prompts/list`` its granted prompts. A
+``resources/read`` or ``prompts/get`` of one the caller is not granted raises FastMCP's own
+not-found error, exactly as for one that does not exist, and the envelope answers both with
+one fixed error that quotes nothing (``middleware/envelope.py``). While the shared grants
+store is down, a read or get is refused ``UNAVAILABLE`` and a listing is empty.
 """
 
 from __future__ import annotations
@@ -13,12 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import current_call, current_principal
 from nexus_mcp.envelope import unknown_tool
 from nexus_mcp.errors import UnavailableError
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.policy.resources import resource_source
 from nexus_mcp.principal import Principal
 
 log = get_logger(__name__)
@@ -28,6 +38,10 @@ class Namespace(Protocol):
     """Answers which tool names a principal may see. Raises when the lookup fails."""
 
     def visible_tools(self, principal: Principal) -> frozenset[str]: ...
+
+    def visible_resource_sources(self, principal: Principal) -> frozenset[str]: ...
+
+    def visible_prompts(self, principal: Principal) -> frozenset[str]: ...
 
     def record_filtered(self, count: int) -> None: ...
 
@@ -46,6 +60,10 @@ class WarmUp(Protocol):
 
 # (server_id, upstream tool, reason code) of a name an upstream tool is hidden under.
 HiddenLookup = Callable[[str], "tuple[str, str, str] | None"]
+Lookup = Callable[[Principal], frozenset[str]]
+# What a refused read or get raises: FastMCP's own not-found error, as for a missing one.
+HIDDEN_RESOURCE = "Unknown resource"
+HIDDEN_PROMPT = "Unknown prompt"
 
 
 class ToolNamespaceMiddleware(Middleware):
@@ -65,10 +83,18 @@ class ToolNamespaceMiddleware(Middleware):
         if warm_up is not None and warm_up.warming():
             await warm_up.warm_up()
 
-    def _visible(self, principal: Principal | None, *, calling: bool = False) -> frozenset[str]:
+    def _visible(
+        self,
+        principal: Principal | None,
+        *,
+        calling: bool = False,
+        lookup: Lookup | None = None,
+    ) -> frozenset[str]:
         if principal is None:
             return frozenset()
         try:
+            if lookup is not None:
+                return lookup(principal)
             return self.namespace.visible_tools(principal)
         except UnavailableError:
             # The shared grants store did not answer: a call is refused with its typed
@@ -111,6 +137,79 @@ class ToolNamespaceMiddleware(Middleware):
             self.namespace.record_rejected()
             raise unknown_tool(name)
         return await call_next(context)
+
+    # --- resources and prompts (issue 27) -----------------------------------------------
+
+    async def on_list_resources(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        await self._settle()
+        resources: Sequence[Any] = await call_next(context)
+        sources = self._sources()
+        return [r for r in resources if resource_source(str(r.uri)) in sources]
+
+    async def on_list_resource_templates(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        await self._settle()
+        templates: Sequence[Any] = await call_next(context)
+        sources = self._sources()
+        return [t for t in templates if resource_source(str(t.uri_template)) in sources]
+
+    async def on_list_prompts(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        await self._settle()
+        prompts: Sequence[Any] = await call_next(context)
+        visible = self._visible(current_principal(), lookup=self.namespace.visible_prompts)
+        return [p for p in prompts if p.name in visible]
+
+    async def on_read_resource(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        uri = str(context.message.uri)
+        await self._settle()
+        source = resource_source(uri)
+        state = current_call()
+        if state is not None:
+            state.resource_source = source
+        if source is None or source not in self._sources(calling=True):
+            if state is not None:
+                state.block_reason = "unknown_resource" if source is None else "not_granted"
+            self.namespace.record_rejected()
+            raise FastMCPNotFoundError(HIDDEN_RESOURCE)
+        if state is not None:
+            state.executed = True  # past the grants: a failure now is the read's own
+        return await call_next(context)
+
+    async def on_get_prompt(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        name = str(context.message.name)
+        await self._settle()
+        visible = self._visible(
+            current_principal(), calling=True, lookup=self.namespace.visible_prompts
+        )
+        if name not in visible:
+            state = current_call()
+            if state is not None:
+                ctx = context.fastmcp_context
+                exists = ctx is not None and await ctx.fastmcp.get_prompt(name) is not None
+                state.block_reason = "not_granted" if exists else "unknown_prompt"
+                if exists:
+                    state.prompt = name  # a real prompt's name: no longer only caller input
+            self.namespace.record_rejected()
+            raise FastMCPNotFoundError(HIDDEN_PROMPT)
+        state = current_call()
+        if state is not None:
+            state.prompt = name
+            state.executed = True  # past the grants: a failure now is the render's own
+        return await call_next(context)
+
+    def _sources(self, *, calling: bool = False) -> frozenset[str]:
+        return self._visible(
+            current_principal(), calling=calling, lookup=self.namespace.visible_resource_sources
+        )
 
 
 __all__ = ["Namespace", "ToolNamespaceMiddleware"]

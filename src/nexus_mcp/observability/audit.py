@@ -1,6 +1,8 @@
 """The audit trail: typed events about every tool call and the sinks that keep them.
 
-Events are ``tool_call_started``, ``tool_call_finished`` and ``tool_call_blocked``. They
+Events are ``tool_call_started``, ``tool_call_finished`` and ``tool_call_blocked``, and
+for resources and prompts ``resource_read_finished``/``_blocked`` and
+``prompt_get_finished``/``_blocked``. They
 carry digests of arguments, never values (unless a tool's contract allows a field),
 and never bearer tokens, secrets or note bodies. Sinks: an append-only JSONL file written
 through on every ``emit`` (one event, or a call's started and finished events together),
@@ -23,6 +25,12 @@ from nexus_mcp.json_text import compact_json
 TOOL_CALL_STARTED = "tool_call_started"
 TOOL_CALL_FINISHED = "tool_call_finished"
 TOOL_CALL_BLOCKED = "tool_call_blocked"
+# A resources/read or prompts/get: ``tool`` is "(resource)" or "(prompt)"; the record names
+# the resource's source and the sha256 of its URI, or the prompt, never the URI or arguments.
+RESOURCE_READ_FINISHED = "resource_read_finished"
+RESOURCE_READ_BLOCKED = "resource_read_blocked"
+PROMPT_GET_FINISHED = "prompt_get_finished"
+PROMPT_GET_BLOCKED = "prompt_get_blocked"
 AUDIT_SCHEMA_VERSION = 1
 
 OUTCOME_OK = "OK"
@@ -54,6 +62,9 @@ AUDIT_FIELDS = (
     "tool",
     "server_id",
     "upstream_tool",
+    "resource_source",
+    "uri_sha256",
+    "prompt",
     "subject",
     "role",
     "risk",
@@ -274,7 +285,17 @@ def read_audit_file(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, st
 
 
 _REQUIRED = ("v", "event", "tool_call_id", "correlation_id", "tool", "ts")
-_KINDS = frozenset({TOOL_CALL_STARTED, TOOL_CALL_FINISHED, TOOL_CALL_BLOCKED})
+_KINDS = frozenset(
+    {
+        TOOL_CALL_STARTED,
+        TOOL_CALL_FINISHED,
+        TOOL_CALL_BLOCKED,
+        RESOURCE_READ_FINISHED,
+        RESOURCE_READ_BLOCKED,
+        PROMPT_GET_FINISHED,
+        PROMPT_GET_BLOCKED,
+    }
+)
 
 
 def check_audit_record(record: Any) -> str | None:
@@ -298,6 +319,10 @@ def check_audit_record(record: Any) -> str | None:
 __all__ = [
     "AUDIT_FIELDS",
     "OUTCOME_OK",
+    "PROMPT_GET_BLOCKED",
+    "PROMPT_GET_FINISHED",
+    "RESOURCE_READ_BLOCKED",
+    "RESOURCE_READ_FINISHED",
     "TOOL_CALL_BLOCKED",
     "TOOL_CALL_FINISHED",
     "TOOL_CALL_STARTED",

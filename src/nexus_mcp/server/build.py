@@ -51,6 +51,7 @@ from nexus_mcp.policy.registry import (
     upstream_registry_dir,
 )
 from nexus_mcp.policy.repos import ReposConfig, load_repos_config
+from nexus_mcp.policy.resources import NOTES_SOURCE
 from nexus_mcp.policy.targets import ToolTargets, identify_folder
 from nexus_mcp.policy.upstreams import (
     UpstreamWrites,
@@ -319,6 +320,8 @@ def _build_server(
                 # repo toolset without repos:) are optional, not typos.
                 *native_registry_names(registry, settings.registry.server_id),
             ],
+            # The note resources and every configured upstream's; a typo is a warning.
+            known_resources=[NOTES_SOURCE, *(s.server_id for s in upstream_config.servers)],
         )
         write_tools = [name for name, c in contracts.items() if c.tool_class == "write"]
         runtime = Runtime(

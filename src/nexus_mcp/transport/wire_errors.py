@@ -12,7 +12,9 @@ message with a fixed text for that code (``FIXED_MESSAGES``) unless the message 
 the SDK's own constant texts, which carry no request content (``_CONSTANT_MESSAGES``),
 and drops ``data`` except the fields a client needs and the server chose (the
 ``supported`` versions of ``-32022``, the capabilities a ``-32021`` requires, the SDK's
-empty ``""``).
+empty ``""``). A refusal of a ``resources/read`` or ``prompts/get`` (code
+``REFUSAL_JSONRPC_CODE``) keeps its envelope, as a tool's refusal does: the message is
+kept when it is the envelope's JSON, with a known code, and the data is that envelope.
 
 There is no FastMCP or SDK hook that sees every error (the 2026-07-28 HTTP entry writes
 its own, the stdio reader and the session transport theirs), so the filter sits at the
@@ -31,6 +33,12 @@ from mcp.shared.message import SessionMessage
 from mcp_types import ErrorData, JSONRPCError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nexus_mcp.envelope import (
+    PROMPT_NOT_FOUND_MESSAGE,
+    REFUSAL_JSONRPC_CODE,
+    RESOURCE_NOT_FOUND_MESSAGE,
+)
+from nexus_mcp.errors import Code
 from nexus_mcp.observability.logs import get_logger
 
 log = get_logger(__name__)
@@ -60,6 +68,7 @@ FIXED_MESSAGES: dict[int, str] = {
     UNSUPPORTED_PROTOCOL_VERSION: "Unsupported protocol version",
     -32000: "Connection closed",
     -32001: "Request failed",
+    REFUSAL_JSONRPC_CODE: "Request refused",
     REQUEST_CANCELLED: "Request cancelled",
 }
 FALLBACK_MESSAGE = "Request failed"
@@ -81,6 +90,9 @@ _CONSTANT_MESSAGES = frozenset(
         "Session not found",
         "Session terminated before the request completed",
         "Too many open sessions",
+        # The envelope's answer to a hidden or missing resource or prompt (fixed texts).
+        RESOURCE_NOT_FOUND_MESSAGE,
+        PROMPT_NOT_FOUND_MESSAGE,
         "Unsupported Media Type: Content-Type must be application/json",
         "the protocol-version envelope value must be a string",
         "this connection serves the handshake protocol era; "
@@ -131,11 +143,28 @@ def _kept_data(code: int, data: Any) -> tuple[bool, Any]:
     return False, None
 
 
+def _refusal(error: dict[str, Any]) -> dict[str, Any] | None:
+    """A read's or get's refusal as the envelope built it (``envelope.to_request_error``):
+    its data is exactly ``{"error": text, "code": a stable code}`` and its message that
+    data's JSON. Anything else under its code is scrubbed as any error."""
+    data = error.get("data")
+    if not (isinstance(data, dict) and data.keys() == {"error", "code"}):
+        return None
+    text, code = data["error"], data["code"]
+    if not (isinstance(text, str) and isinstance(code, str) and code in Code.__members__):
+        return None
+    if error.get("message") != json.dumps(data, separators=(",", ":")):
+        return None
+    return {"code": REFUSAL_JSONRPC_CODE, "message": error["message"], "data": data}
+
+
 def scrub_error(error: dict[str, Any]) -> dict[str, Any]:
     """A JSON-RPC ``error`` object with the code kept and nothing of the request left."""
     code = error.get("code")
     if not isinstance(code, int) or isinstance(code, bool):
         return {"code": INTERNAL_ERROR, "message": FIXED_MESSAGES[INTERNAL_ERROR]}
+    if code == REFUSAL_JSONRPC_CODE and (refusal := _refusal(error)) is not None:
+        return refusal
     message = error.get("message")
     if not (isinstance(message, str) and _is_constant(message)):
         message = FIXED_MESSAGES.get(code, FALLBACK_MESSAGE)
