@@ -11,12 +11,19 @@ bearer tokens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from fastmcp import Client
 
+from nexus_mcp.cli import main as cli_main
+from nexus_mcp.server import NexusServer
+from nexus_mcp.settings import load_settings
+
+from .access_helpers import AUDIENCE, SECRET, TLS, serve_settings, token
 from .upstream_harness import Gateway, all_up_tools, make_gateway, stdio_upstream
 
 GRANTS: dict[str, Any] = {"resources": ["up"], "prompts": ["up_greet", "up_review"]}
@@ -73,3 +80,99 @@ async def test_a_quarantined_tool_is_told_as_a_tool_list_change_only(tmp_path: P
         await asyncio.sleep(QUIET_SECONDS)
         assert inbox.methods == [TOOLS]
         assert inbox.params == [None]
+
+
+# --- two principals on one server (HTTP, bearer tokens) ---------------------------------
+
+BOB_TOOLS = ["up_add", "up_mutate", "up_mutate_prompt"]  # never up_echo
+
+
+def http_gateway(tmp_path: Path) -> Gateway:
+    gw = make_gateway(
+        tmp_path / "gw",
+        [stdio_upstream()],
+        grant={"full": all_up_tools(), "coding": BOB_TOOLS},
+        grant_items={"full": GRANTS, "coding": {"prompts": ["up_review"]}},
+        extra={
+            "transport": "http",
+            "port": 0,
+            "auth": {"jwt_secret": SECRET, "audience": AUDIENCE},
+        },
+    )
+    assert gw.pin("up") == 0
+    return gw
+
+
+def caller(url: str, subject: str, role: str, inbox: Inbox) -> Client[Any]:
+    return Client(
+        url, auth=token(subject, role=role), mode="legacy", verify=TLS, message_handler=inbox
+    )
+
+
+@contextlib.asynccontextmanager
+async def served(gw: Gateway) -> AsyncIterator[tuple[NexusServer, str]]:
+    settings = load_settings(gw.config_file, {"workspace": gw.workspace, "data_dir": gw.data_dir})
+    async with serve_settings(settings, gw.audit, config_file=gw.config_file) as pair:
+        yield pair
+
+
+async def test_a_quarantine_and_its_re_pin_are_told_only_to_the_caller_who_sees_the_tool(
+    tmp_path: Path,
+) -> None:
+    gw = http_gateway(tmp_path)
+    alice_box, bob_box = Inbox(), Inbox()
+    async with served(gw) as (_server, url):
+        async with (
+            caller(url, "alice", "admin", alice_box) as alice,
+            caller(url, "bob", "editor", bob_box) as bob,
+        ):
+            assert "up_echo" in {t.name for t in await alice.list_tools()}
+            bob_tools = {t.name for t in await bob.list_tools()}
+            assert "up_echo" not in bob_tools and "up_add" in bob_tools
+            await alice.call_tool("up_mutate", {})
+            await alice_box.wait_for(TOOLS)
+            assert "up_echo" not in {t.name for t in await alice.list_tools()}
+            # The approver looks and pins echo again: it comes back, and alice is told.
+            assert gw.pin("up", "echo") == 0
+            await alice_box.wait_for(TOOLS, 2)
+            await asyncio.sleep(QUIET_SECONDS)
+            assert bob_box.methods == []
+            assert set(alice_box.methods) == {TOOLS}
+
+
+async def test_a_grant_change_is_told_to_its_subject_only(tmp_path: Path) -> None:
+    gw = http_gateway(tmp_path)
+    alice_box, bob_box = Inbox(), Inbox()
+    async with served(gw) as (server, url):
+        db = str(server.runtime.grants.path)
+        async with (
+            caller(url, "alice", "admin", alice_box) as alice,
+            caller(url, "bob", "editor", bob_box) as bob,
+        ):
+            await alice.list_tools()
+            assert "up_whoami" not in {t.name for t in await bob.list_tools()}
+            # Another process (the operator's CLI) writes the grants store.
+            await asyncio.to_thread(
+                cli_main,
+                ["profiles", "grant", "bob", "up_whoami", "--db", db, "--allow-unknown-tool"],
+            )
+            await bob_box.wait_for(TOOLS)
+            assert "up_whoami" in {t.name for t in await bob.list_tools()}
+            await asyncio.to_thread(
+                cli_main,
+                [
+                    "profiles",
+                    "grant",
+                    "bob",
+                    "--prompt",
+                    "up_greet",
+                    "--db",
+                    db,
+                    "--allow-unknown-tool",
+                ],
+            )
+            await bob_box.wait_for(PROMPTS)
+            assert "up_greet" in {p.name for p in await bob.list_prompts()}
+            await asyncio.sleep(QUIET_SECONDS)
+            assert alice_box.methods == []
+            assert bob_box.methods == [TOOLS, PROMPTS]

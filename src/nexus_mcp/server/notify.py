@@ -277,9 +277,12 @@ class ChangeNotifier:
         from another process): its revision is read every ``REVISION_POLL_SECONDS`` while
         a caller is connected, and a move is a grant change."""
         store = self.access.store
+        first = True
         while True:
-            await asyncio.sleep(REVISION_POLL_SECONDS)
-            if not self._sessions:
+            if not first:
+                await asyncio.sleep(REVISION_POLL_SECONDS)
+            first = False
+            if not self._sessions and self._revision is not None:
                 continue
             try:
                 revision = await asyncio.to_thread(store.revision, self.zone)
