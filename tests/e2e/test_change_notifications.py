@@ -20,7 +20,9 @@ from typing import Any
 from fastmcp import Client
 
 from nexus_mcp.cli import main as cli_main
+from nexus_mcp.policy.grants import grant_tool
 from nexus_mcp.server import NexusServer
+from nexus_mcp.server.runtime import grants_changed
 from nexus_mcp.settings import load_settings
 
 from .access_helpers import AUDIENCE, SECRET, TLS, serve_settings, token
@@ -176,3 +178,68 @@ async def test_a_grant_change_is_told_to_its_subject_only(tmp_path: Path) -> Non
             await asyncio.sleep(QUIET_SECONDS)
             assert alice_box.methods == []
             assert bob_box.methods == [TOOLS, PROMPTS]
+
+
+# --- bursts are coalesced; what did not change is not told -----------------------------
+
+
+async def test_a_burst_of_changes_is_one_notification(tmp_path: Path) -> None:
+    gw = gateway(tmp_path)
+    server = gw.build()
+    runtime = server.runtime
+    notifier = runtime.notifier
+    assert notifier is not None
+    inbox = Inbox()
+    async with Client(server.mcp, mode="legacy", message_handler=inbox) as client:
+        before = {t.name for t in await client.list_tools()}
+        # Twenty list_changed from the upstream at once (each mutate says it): echo is
+        # quarantined by the first; the caller is told once.
+        await asyncio.gather(*(client.call_tool("up_mutate", {}) for _ in range(20)))
+        await inbox.wait_for(TOOLS)
+        await asyncio.sleep(QUIET_SECONDS)  # the upstream's listings settle
+        # Ten grant changes through this server (as the console makes them), in a burst.
+        zone = runtime.settings.profiles.zone
+        rounds = notifier.rounds
+        for name in ("nexus_grep", "up_whoami", "up_count_writes"):
+            grant_tool(runtime.grants, "alice", name, zone)
+        for _ in range(10):
+            grants_changed(runtime, zone)
+        await asyncio.sleep(QUIET_SECONDS)
+        # One round for the burst (and at most one more: the embedded store's revision
+        # moved, which the notifier's own poll sees as well).
+        assert notifier.rounds - rounds <= 2
+        after = {t.name for t in await client.list_tools()}
+        assert "up_echo" in before and "up_echo" not in after
+        # The grants gave alice (admin: the full profile) nothing new: nothing is told.
+        assert inbox.methods == [TOOLS]
+
+
+async def test_a_changed_prompt_is_told_as_a_prompt_list_change(tmp_path: Path) -> None:
+    gw = gateway(tmp_path)
+    server = gw.build()
+    inbox = Inbox()
+    async with Client(server.mcp, mode="legacy", message_handler=inbox) as client:
+        assert "up_greet" in {p.name for p in await client.list_prompts()}
+        await client.call_tool("up_mutate_prompt", {})
+        await inbox.wait_for(PROMPTS)
+        assert "up_greet" not in {p.name for p in await client.list_prompts()}
+        await asyncio.sleep(QUIET_SECONDS)
+        assert inbox.methods == [PROMPTS]
+
+
+async def test_a_modern_era_client_is_not_tracked_and_told_nothing(tmp_path: Path) -> None:
+    """2026-07-28 has no lasting session: changes reach a client only through
+    ``subscriptions/listen``, which FastMCP 4.1.2 does not serve; the server says so."""
+    gw = gateway(tmp_path)
+    server = gw.build()
+    inbox = Inbox()
+    notifier = server.runtime.notifier
+    assert notifier is not None
+    async with Client(server.mcp, message_handler=inbox) as client:
+        await client.list_tools()
+        assert notifier.live() == 0
+        await client.call_tool("up_mutate", {})
+        await asyncio.sleep(QUIET_SECONDS)
+        assert inbox.methods == []
+    caps = server.mcp._mcp_server.get_capabilities(protocol_version="2026-07-28")
+    assert caps.tools is not None and not caps.tools.list_changed
