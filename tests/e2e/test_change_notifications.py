@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastmcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    EmptyResult,
+    SubscribeRequest,
+    SubscribeRequestParams,
+    UnsubscribeRequest,
+    UnsubscribeRequestParams,
+)
 
 from nexus_mcp.cli import main as cli_main
 from nexus_mcp.policy.grants import grant_tool
@@ -26,7 +36,7 @@ from nexus_mcp.server.runtime import grants_changed
 from nexus_mcp.settings import load_settings
 
 from .access_helpers import AUDIENCE, SECRET, TLS, serve_settings, token
-from .upstream_harness import Gateway, all_up_tools, make_gateway, stdio_upstream
+from .upstream_harness import UP_TOOLS, Gateway, all_up_tools, make_gateway, stdio_upstream
 
 GRANTS: dict[str, Any] = {"resources": ["up"], "prompts": ["up_greet", "up_review"]}
 QUIET_SECONDS = 1.0  # how long a caller owed nothing is watched (debounce is 0.15 s)
@@ -243,3 +253,78 @@ async def test_a_modern_era_client_is_not_tracked_and_told_nothing(tmp_path: Pat
         assert inbox.methods == []
     caps = server.mcp._mcp_server.get_capabilities(protocol_version="2026-07-28")
     assert caps.tools is not None and not caps.tools.list_changed
+
+
+# --- resource subscriptions, relayed per caller -----------------------------------------
+
+README = "upstream://up/test://static/readme"
+BLOB = "upstream://up/test://static/blob"
+UPDATED = "notifications/resources/updated"
+
+
+async def subscribe(client: Client[Any], uri: str, *, unsubscribe: bool = False) -> None:
+    """``resources/subscribe`` (or ``/unsubscribe``) as a handshake-era client sends it."""
+    if unsubscribe:
+        request: Any = UnsubscribeRequest(params=UnsubscribeRequestParams(uri=uri))
+    else:
+        request = SubscribeRequest(params=SubscribeRequestParams(uri=uri))
+    await client.session.send_request(request, EmptyResult)
+
+
+def subscribing_gateway(tmp_path: Path) -> Gateway:
+    """Alice (full) may read the upstream's resources; bob (coding) may not. The upstream
+    is ``shared``: one session for every caller, whose updates still reach only those who
+    subscribed."""
+    upstream = stdio_upstream(shared=True)
+    upstream["args"] = [*upstream["args"], "--subscribe"]
+    gw = make_gateway(
+        tmp_path / "gw",
+        [upstream],
+        registries={"up": {**UP_TOOLS, "touch": "read"}},
+        grant={"full": [*all_up_tools(), "up_touch"], "coding": [*BOB_TOOLS, "up_touch"]},
+        grant_items={"full": GRANTS},
+        extra={
+            "transport": "http",
+            "port": 0,
+            "auth": {"jwt_secret": SECRET, "audience": AUDIENCE},
+        },
+    )
+    assert gw.pin("up") == 0
+    return gw
+
+
+async def test_a_subscription_is_relayed_to_its_subscriber_only(tmp_path: Path) -> None:
+    gw = subscribing_gateway(tmp_path)
+    alice_box, bob_box = Inbox(), Inbox()
+    async with served(gw) as (_server, url):
+        async with (
+            caller(url, "alice", "admin", alice_box) as alice,
+            caller(url, "bob", "editor", bob_box) as bob,
+        ):
+            caps = alice.initialize_result.capabilities
+            assert caps.resources is not None and caps.resources.subscribe
+            await subscribe(alice, README)
+            # Bob may not read the upstream's resources: hidden answers as unknown.
+            with pytest.raises(MCPError) as hidden:
+                await subscribe(bob, README)
+            with pytest.raises(MCPError) as unknown:
+                await subscribe(alice, "upstream://up/test://static/nothing")
+            assert (hidden.value.error.code, hidden.value.error.message) == (
+                unknown.value.error.code,
+                unknown.value.error.message,
+            )
+            # The upstream's update of what alice subscribed to reaches alice, under the
+            # exposed URI; an update of what nobody subscribed to reaches no one.
+            await bob.call_tool("up_touch", {"uri": "test://static/readme"})
+            await bob.call_tool("up_touch", {"uri": "test://static/blob"})
+            await alice_box.wait_for(UPDATED)
+            assert alice_box.params[alice_box.methods.index(UPDATED)].uri == README
+            await subscribe(alice, unsubscribe=True, uri=README)
+            await bob.call_tool("up_touch", {"uri": "test://static/readme"})
+            await asyncio.sleep(QUIET_SECONDS)
+            assert alice_box.methods.count(UPDATED) == 1
+            assert bob_box.methods == []
+    blocked = gw.events("resource_subscribe_blocked")
+    assert {e["reason"] for e in blocked} == {"not_granted", "unknown_resource"}
+    assert all("readme" not in json.dumps(e) for e in blocked)
+    assert [e["subject"] for e in gw.events("resource_subscribed")] == ["alice"]

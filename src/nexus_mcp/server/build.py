@@ -62,6 +62,7 @@ from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.providers.recording import Recorder
 from nexus_mcp.providers.tool_index import ToolIndex
 from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+from nexus_mcp.providers.upstream.subscriptions import SubscriptionRelay
 from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
@@ -95,6 +96,7 @@ from nexus_mcp.server.startup import (
     sealing,
     warn_about_replicas,
 )
+from nexus_mcp.server.subscribe import add_subscription_handlers
 from nexus_mcp.settings import Settings, config_sections, trust_files
 from nexus_mcp.stores.backends import StateStores, open_state
 from nexus_mcp.stores.locations import (
@@ -430,6 +432,14 @@ def _build_server(
         upstreams.bind(book, runtime.access, runtime.targets)
         upstreams.on_published = runtime.notifier.changed
         mcp.add_provider(upstreams.provider)
+        # resources/subscribe of an upstream's resource, relayed per caller.
+        relay = SubscriptionRelay(
+            upstreams.servers,
+            may_read=lambda principal, source: (
+                source in runtime.access.visible_resource_sources(principal)
+            ),
+        )
+        add_subscription_handlers(mcp, relay, runtime.access, audit_log)
     add_health_routes(mcp, runtime, health_token)
     add_metrics_route(mcp, runtime)
     add_approval_routes(mcp, runtime)
