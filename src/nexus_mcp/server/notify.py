@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -146,7 +147,7 @@ class ChangeNotifier:
                 return
         if len(self._sessions) >= self.max_sessions:
             self._sessions.popitem(last=False)
-        ref = weakref.ref(connection, lambda _r, ident=ident: self._forget(ident, _r))
+        ref = weakref.ref(connection, functools.partial(self._forget, ident))
         self._sessions[ident] = _Session(
             ref, principal, key, self._fingerprints(principal, self._existing)
         )

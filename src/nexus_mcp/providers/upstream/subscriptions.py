@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -119,7 +120,7 @@ class SubscriptionRelay:
                     entry.session.subscribed -= 1
                 entry.session = session
                 session.subscribed += 1
-        ref = weakref.ref(connection, lambda _r, ident=ident: self._closed(ident))
+        ref = weakref.ref(connection, functools.partial(self._gone, ident))
         entry.subscribers[ident] = _Subscriber(ref, principal, uri)
         if ident not in self._by_connection:
             self._by_connection[ident] = set()
@@ -155,6 +156,9 @@ class SubscriptionRelay:
         if server is None or backend is None:
             return
         self._drop(id(connection), (server.server_id, server.session_key(principal), backend))
+
+    def _gone(self, ident: int, _ref: Any) -> None:
+        self._closed(ident)
 
     def _closed(self, ident: int) -> None:
         for target in list(self._by_connection.pop(ident, ())):
