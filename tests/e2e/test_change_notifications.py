@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any
 
 import pytest
 from fastmcp import Client
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     EmptyResult,
@@ -36,7 +39,16 @@ from nexus_mcp.server.runtime import grants_changed
 from nexus_mcp.settings import load_settings
 
 from .access_helpers import AUDIENCE, SECRET, TLS, serve_settings, token
-from .upstream_harness import UP_TOOLS, Gateway, all_up_tools, make_gateway, stdio_upstream
+from .servers import server_env
+from .upstream_harness import (
+    UP_TOOLS,
+    Gateway,
+    all_up_tools,
+    make_gateway,
+    poll,
+    read_record,
+    stdio_upstream,
+)
 
 GRANTS: dict[str, Any] = {"resources": ["up"], "prompts": ["up_greet", "up_review"]}
 QUIET_SECONDS = 1.0  # how long a caller owed nothing is watched (debounce is 0.15 s)
@@ -271,23 +283,22 @@ async def subscribe(client: Client[Any], uri: str, *, unsubscribe: bool = False)
     await client.session.send_request(request, EmptyResult)
 
 
-def subscribing_gateway(tmp_path: Path) -> Gateway:
-    """Alice (full) may read the upstream's resources; bob (coding) may not. The upstream
-    is ``shared``: one session for every caller, whose updates still reach only those who
-    subscribed."""
-    upstream = stdio_upstream(shared=True)
+def subscribing_gateway(
+    tmp_path: Path, *, http: bool = True, record: Path | None = None
+) -> Gateway:
+    """Alice (full) may read the upstream's resources; bob (coding) may not. Over HTTP the
+    upstream is ``shared``: one session for every caller, whose updates still reach only
+    those who subscribed."""
+    upstream = stdio_upstream(record=record, **({"shared": True} if http else {}))
     upstream["args"] = [*upstream["args"], "--subscribe"]
+    auth = {"jwt_secret": SECRET, "audience": AUDIENCE}
     gw = make_gateway(
         tmp_path / "gw",
         [upstream],
         registries={"up": {**UP_TOOLS, "touch": "read"}},
         grant={"full": [*all_up_tools(), "up_touch"], "coding": [*BOB_TOOLS, "up_touch"]},
         grant_items={"full": GRANTS},
-        extra={
-            "transport": "http",
-            "port": 0,
-            "auth": {"jwt_secret": SECRET, "audience": AUDIENCE},
-        },
+        extra={"transport": "http", "port": 0, "auth": auth} if http else None,
     )
     assert gw.pin("up") == 0
     return gw
@@ -328,3 +339,61 @@ async def test_a_subscription_is_relayed_to_its_subscriber_only(tmp_path: Path) 
     assert {e["reason"] for e in blocked} == {"not_granted", "unknown_resource"}
     assert all("readme" not in json.dumps(e) for e in blocked)
     assert [e["subject"] for e in gw.events("resource_subscribed")] == ["alice"]
+
+
+async def test_a_revoked_reader_is_relayed_nothing_and_a_closed_caller_unsubscribes(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "record.jsonl"
+    gw = subscribing_gateway(tmp_path, http=False, record=record)
+    server = gw.build()
+    runtime = server.runtime
+    zone = runtime.settings.profiles.zone
+    inbox = Inbox()
+    async with Client(server.mcp, mode="legacy", message_handler=inbox) as client:
+        await subscribe(client, README)
+        await subscribe(client, "upstream://up/test://items/7")  # through the template
+        await client.call_tool("up_touch", {"uri": "test://items/7"})
+        await inbox.wait_for(UPDATED)
+        assert inbox.params[inbox.methods.index(UPDATED)].uri == "upstream://up/test://items/7"
+        # The operator moves alice to a profile without the upstream's resources: what
+        # she subscribed to is hidden now, and its updates are relayed to no one.
+        runtime.grants.set_assignment("alice", "coding", zone)
+        grants_changed(runtime, zone)
+        await inbox.wait_for(RESOURCES)
+        await client.call_tool("up_touch", {"uri": "test://static/readme"})
+        await asyncio.sleep(QUIET_SECONDS)
+        assert inbox.methods.count(UPDATED) == 1
+        notifier = runtime.notifier
+        assert notifier is not None and notifier.live() == 1
+    # The caller is gone: the notifier forgot it, the upstream was unsubscribed.
+    assert notifier.live() == 0
+
+    def unsubscribed() -> bool:
+        return sum(r.get("method") == "resources/unsubscribe" for r in read_record(record)) == 2
+
+    await poll(unsubscribed)
+
+
+async def test_over_a_real_stdio_server_the_caller_is_told(tmp_path: Path) -> None:
+    gw = gateway(tmp_path)
+    inbox = Inbox()
+    command = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "nexus_mcp", "serve", "--transport", "stdio", "--config",
+              str(gw.config_file), "--workspace", str(gw.workspace), "--data-dir",
+              str(gw.data_dir)],
+        env=server_env(),
+    )  # fmt: skip
+    with (tmp_path / "stderr.log").open("w") as errlog:
+        async with stdio_client(command, errlog=errlog) as (read, write):
+            async with ClientSession(read, write, message_handler=inbox) as session:
+                init = await session.initialize()
+                assert init.capabilities.tools is not None
+                assert init.capabilities.tools.list_changed
+                assert "up_echo" in {t.name for t in (await session.list_tools()).tools}
+                await session.call_tool("up_mutate", {})
+                await inbox.wait_for(TOOLS)
+                assert "up_echo" not in {t.name for t in (await session.list_tools()).tools}
+                await asyncio.sleep(QUIET_SECONDS)
+                assert inbox.methods == [TOOLS]
