@@ -397,3 +397,33 @@ async def test_over_a_real_stdio_server_the_caller_is_told(tmp_path: Path) -> No
                 assert "up_echo" not in {t.name for t in (await session.list_tools()).tools}
                 await asyncio.sleep(QUIET_SECONDS)
                 assert inbox.methods == [TOOLS]
+
+
+async def test_the_registry_is_bounded_and_the_oldest_caller_is_forgotten(
+    tmp_path: Path,
+) -> None:
+    gw = make_gateway(tmp_path / "gw", [])
+    server = gw.build()
+    runtime = server.runtime
+    notifier = runtime.notifier
+    assert notifier is not None
+    notifier.max_sessions = 2
+    zone = runtime.settings.profiles.zone
+    boxes = [Inbox(), Inbox(), Inbox()]
+    async with contextlib.AsyncExitStack() as stack:
+        clients = []
+        for box in boxes:
+            client = Client(server.mcp, mode="legacy", message_handler=box)
+            clients.append(await stack.enter_async_context(client))
+            await client.list_tools()
+        assert notifier.live() == 2
+        # The operator moves alice (admin: the full profile) to minimal: fewer tools.
+        runtime.grants.set_assignment("alice", "minimal", zone)
+        grants_changed(runtime, zone)
+        await boxes[2].wait_for(TOOLS)
+        await boxes[1].wait_for(TOOLS)
+        await asyncio.sleep(QUIET_SECONDS)
+        assert boxes[0].methods == []  # forgotten: the oldest, at the bound
+        # A forgotten caller is tracked again on its next request.
+        await clients[0].list_tools()
+        assert notifier.live() == 2
