@@ -185,3 +185,27 @@ async def test_a_prompt_changed_at_run_time_disappears_at_once(tmp_path: Path) -
         with pytest.raises(MCPError):
             await client.get_prompt("up_greet", {"name": "a"})
     assert gw.events("upstream_item_changed")
+
+
+async def test_a_changed_then_reverted_prompt_stays_quarantined_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The evidence against an item's pin is kept in the data dir (embedded backend): a
+    restart, with the upstream showing the pinned definition again, does not bring the
+    prompt back; reviewing and re-pinning it does."""
+    gw, _record = gateway(tmp_path)
+    server = gw.build()
+    async with Client(server.mcp) as client:
+        await client.call_tool("up_mutate_prompt", {})
+        for _ in range(200):
+            if "up_greet" not in {p.name for p in await client.list_prompts()}:
+                break
+            await asyncio.sleep(0.05)
+    again = gw.build()  # new upstream processes: greet is as pinned again
+    async with Client(again.mcp) as client:
+        assert "up_review" in {p.name for p in await client.list_prompts()}
+        assert "up_greet" not in {p.name for p in await client.list_prompts()}
+    assert gw.pin_items(prompt="greet") == 0
+    pinned = gw.build()
+    async with Client(pinned.mcp) as client:
+        assert "up_greet" in {p.name for p in await client.list_prompts()}

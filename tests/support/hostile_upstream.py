@@ -35,6 +35,12 @@ Modes:
   200 000 characters; ``big_schema`` with 3000 properties; a new ``fresh`` tool as
   hostile as ``echo``; and ``megabyte``, a tool of a 1 MB description (skipped);
 - ``plain``: ``echo`` and ``add``, one page.
+- ``items``: ``plain``'s tools, and prompts and resources that break every rule beside good
+  ones (``greet``, ``t://good``, ``t://items/{id}``): bidi, newline and escape URIs, a URI
+  of 5000 characters, a prompt of 100 arguments or a duplicate argument, a key listed
+  twice, a description of 40 000 characters;
+- ``items-endless``: resources 500 a page with a new ``nextCursor`` forever;
+- ``items-cycle``: prompts whose cursors come back (``A`` -> ``B`` -> ``A``).
 """
 
 from __future__ import annotations
@@ -147,6 +153,45 @@ def page(mode: str, cursor: str | None) -> dict[str, Any]:
     return {"tools": [tool("echo", "Echo text back."), tool("add", "Add two integers.")]}
 
 
+def item_page(mode: str, method: str, cursor: str | None) -> dict[str, Any]:
+    """The ``items`` modes' prompts/list, resources/list, resources/templates/list."""
+    if mode == "items-endless" and method == "resources/list":
+        number = int(cursor[1:]) if cursor else 0
+        found = [{"uri": f"t://r{number}/{i}", "name": f"r{i}"} for i in range(500)]
+        return {"resources": found, "nextCursor": f"c{number + 1}"}
+    if mode == "items-cycle" and method == "prompts/list":
+        following = {None: "A", "A": "B", "B": "A"}[cursor]
+        label = cursor or "first"
+        return {"prompts": [{"name": f"{label}_{i}"} for i in range(10)], "nextCursor": following}
+    if method == "prompts/list":
+        return {
+            "prompts": [
+                {"name": "greet", "description": "Greet.", "arguments": [{"name": "who"}]},
+                {"name": "dup"},
+                {"name": "dup"},
+                {"name": "bad name\u202e"},
+                {"name": "many", "arguments": [{"name": f"a{i}"} for i in range(100)]},
+                {"name": "twice", "arguments": [{"name": "a"}, {"name": "a"}]},
+                {"name": "long", "description": "d" * 40_000},
+            ]
+        }
+    if method == "resources/list":
+        return {
+            "resources": [
+                {"uri": "t://good", "name": "good"},
+                {"uri": "t://a\u202eb", "name": "bidi"},
+                {"uri": "t://a\nb", "name": "newline"},
+                {"uri": "t://a\u001b[2Jb", "name": "escape"},
+                {"uri": "t://" + "a" * 5000, "name": "long"},
+                {"uri": "t://same", "name": "one"},
+                {"uri": "t://same", "name": "two"},
+            ]
+        }
+    if method == "resources/templates/list":
+        return {"resourceTemplates": [{"uriTemplate": "t://items/{id}", "name": "item"}]}
+    return {"prompts": [], "resources": [], "resourceTemplates": []}
+
+
 class Upstream:
     def __init__(self, mode: str, record: str | None) -> None:
         self.mode = mode
@@ -168,14 +213,20 @@ class Upstream:
         self.append({"kind": "rpc", "method": method, "cursor": cursor})
         result: dict[str, Any]
         if method == "initialize":
+            capabilities: dict[str, Any] = {"tools": {"listChanged": False}}
+            if self.mode.startswith("items"):
+                capabilities |= {"prompts": {}, "resources": {}}
             result = {
                 "protocolVersion": params.get("protocolVersion", "2025-06-18"),
-                "capabilities": {"tools": {"listChanged": False}},
+                "capabilities": capabilities,
                 "serverInfo": {"name": "hostile", "version": "1.0.0"},
             }
         elif method == "tools/list":
-            mode = "plain" if self.mode.startswith("redirect") else self.mode
+            plain = self.mode.startswith(("redirect", "items"))
+            mode = "plain" if plain else self.mode
             result = page(mode, cursor)
+        elif method in ("prompts/list", "resources/list", "resources/templates/list"):
+            result = item_page(self.mode, method, cursor)
         elif method == "tools/call":
             result = {"content": [{"type": "text", "text": "ok"}]}
         elif method == "ping":

@@ -378,6 +378,38 @@ def add_items(mcp: FastMCP[Any], variant: str | None) -> None:
         return {"ok": True}
 
 
+def add_subscriptions(mcp: FastMCP[Any]) -> None:
+    """``--subscribe``: the server announces ``resources.subscribe``, keeps who subscribed
+    to which URI (per session), and its ``touch`` tool tells them
+    ``notifications/resources/updated`` (issue 27's relay)."""
+    from mcp_types import EmptyResult, SubscribeRequestParams, UnsubscribeRequestParams
+
+    subscribed: dict[str, list[Any]] = {}
+
+    async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
+        subscribed.setdefault(str(params.uri), []).append(ctx.session._connection)
+        return EmptyResult()
+
+    async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
+        connections = subscribed.get(str(params.uri), [])
+        if ctx.session._connection in connections:
+            connections.remove(ctx.session._connection)
+        return EmptyResult()
+
+    server = mcp._mcp_server
+    server.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
+    server.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
+
+    @mcp.tool(annotations={"readOnlyHint": True})
+    async def touch(uri: str) -> dict[str, Any]:
+        """Tell every session subscribed to ``uri`` that it was updated."""
+        told = 0
+        for connection in subscribed.get(uri, []):
+            await connection.notify("notifications/resources/updated", {"uri": uri})
+            told += 1
+        return {"told": told}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio")
@@ -388,6 +420,7 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=0)
     parser.add_argument("--item-variant", default=None)
     parser.add_argument("--rename-echo", default=None, help="list echo under this name")
+    parser.add_argument("--subscribe", action="store_true", help="resources/subscribe, touch")
     parser.add_argument("--tls-cert", default=None, help="HTTPS: the server's certificate")
     parser.add_argument("--tls-key", default=None, help="HTTPS: its key")
     parser.add_argument("--tls-client-ca", default=None, help="HTTPS: require client certs")
@@ -400,7 +433,8 @@ def main() -> None:
         item_variant=args.item_variant,
         echo_name=args.rename_echo or "echo",
     )
-
+    if args.subscribe:
+        add_subscriptions(mcp)
     if args.transport == "stdio":
         mcp.run(transport="stdio", show_banner=False)
     elif args.tls_cert:

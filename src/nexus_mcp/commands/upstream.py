@@ -289,6 +289,7 @@ def _print_unusable(report: dict[str, Any]) -> int:
         reason, kept = report["cut"]
         lines.append(f"listing cut after {kept} definitions ({reason}): the rest is not exposed")
     lines.extend(report.get("pin_problems", ()))
+    lines.extend(report.get("item_problems", ()))
     if "kept" in report:
         lines.extend(report["kept"].problems())
     for line in lines:

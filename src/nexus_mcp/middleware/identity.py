@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from fastmcp.server.dependencies import get_access_token
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from nexus_mcp.calls import SubjectToken, bind_principal, bind_subject_token, current_call
 from nexus_mcp.identity.resolver import HTTP_TRANSPORTS, IdentityResolver, session_key
+from nexus_mcp.principal import Principal
+
+
+class SessionTracker(Protocol):
+    """Told of every request's connection and principal (``server/notify.py``: who is
+    connected, for the list-changed notifications)."""
+
+    async def track(self, ctx: Any, principal: Principal | None) -> None: ...
 
 
 class IdentityMiddleware(Middleware):
     """Resolves the principal on every request (never cached across requests)."""
 
-    def __init__(self, resolver: IdentityResolver, *, stateless_http: bool = False) -> None:
+    def __init__(
+        self,
+        resolver: IdentityResolver,
+        *,
+        stateless_http: bool = False,
+        tracker: SessionTracker | None = None,
+    ) -> None:
         self.resolver = resolver
         self.stateless_http = stateless_http
+        self.tracker = tracker
 
     async def on_request(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
@@ -50,6 +65,8 @@ class IdentityMiddleware(Middleware):
             if token is not None and principal is not None and token.token
             else None
         )
+        if self.tracker is not None:
+            await self.tracker.track(ctx, principal)
         with bind_principal(principal), bind_subject_token(subject):
             return await call_next(context)
 
@@ -64,4 +81,4 @@ def _safe_session_id(ctx: Any) -> str | None:
     return str(value) if value else None
 
 
-__all__ = ["IdentityMiddleware"]
+__all__ = ["IdentityMiddleware", "SessionTracker"]

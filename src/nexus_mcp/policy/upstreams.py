@@ -305,6 +305,10 @@ class UpstreamConfig(_Model):
 
     @model_validator(mode="after")
     def _transport_fields(self) -> UpstreamConfig:
+        if self.server_id.casefold() == "notes":
+            # The resource source of the notes (``policy/resources.py``): an upstream of
+            # that id could never be granted apart from them.
+            raise ValueError("server_id 'notes' is reserved for the note resources")
         if self.transport == "stdio":
             if not self.command:
                 raise ValueError("transport 'stdio' needs command")

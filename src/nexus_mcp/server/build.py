@@ -63,12 +63,14 @@ from nexus_mcp.providers.note_resources import register_note_resources
 from nexus_mcp.providers.recording import Recorder
 from nexus_mcp.providers.tool_index import ToolIndex
 from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+from nexus_mcp.providers.upstream.subscriptions import SubscriptionRelay
 from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
 from nexus_mcp.server.console import console_services
 from nexus_mcp.server.health import operator_token
+from nexus_mcp.server.notify import ChangeNotifier
 from nexus_mcp.server.replay import (
     load_replay_set,
     make_replayed_upstreams_known,
@@ -95,6 +97,7 @@ from nexus_mcp.server.startup import (
     sealing,
     warn_about_replicas,
 )
+from nexus_mcp.server.subscribe import add_subscription_handlers
 from nexus_mcp.settings import Settings, config_sections, trust_files
 from nexus_mcp.stores.backends import StateStores, open_state
 from nexus_mcp.stores.locations import (
@@ -371,6 +374,9 @@ def _build_server(
     # A grant change on any replica reaches this one's visible-tools cache at once (the
     # cache's revision refresh and TTL remain the backstop).
     state.watch_grants(lambda zone: grants_changed(runtime, zone))
+    runtime.notifier = ChangeNotifier(
+        runtime.access, zone=settings.profiles.zone, poll_revision=not state.shared
+    )
     bind_observability(runtime)
     late["access"] = runtime.access
     runtime.access.grant_profiles()
@@ -391,6 +397,7 @@ def _build_server(
     if front_door is not None and front_door.provider is not None:
         # The step-up answer (403 insufficient_scope) is made at the HTTP layer.
         bind_scope_check(mcp, runtime.scope_shortfall, metadata_url=front_door.metadata_url)
+    runtime.notifier.bind(mcp)
     index = ToolIndex(mcp)  # by-name lookup for tools/call, FastMCP's innermost transform
     mcp.add_transform(index)
     if replay is not None:
@@ -428,7 +435,16 @@ def _build_server(
             register_note_resources(mcp, vaults, max_bytes=settings.limits.max_read_bytes)
     if upstreams is not None:
         upstreams.bind(book, runtime.access, runtime.targets)
+        upstreams.on_published = runtime.notifier.changed
         mcp.add_provider(upstreams.provider)
+        # resources/subscribe of an upstream's resource, relayed per caller.
+        relay = SubscriptionRelay(
+            upstreams.servers,
+            may_read=lambda principal, source: (
+                source in runtime.access.visible_resource_sources(principal)
+            ),
+        )
+        add_subscription_handlers(mcp, relay, runtime.access, audit_log)
     add_health_routes(mcp, runtime, health_token)
     add_metrics_route(mcp, runtime)
     add_approval_routes(mcp, runtime)
@@ -465,7 +481,9 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
         audit=AuditMiddleware(
             trail, runtime.observability.telemetry if runtime.observability else None
         ),
-        identity=IdentityMiddleware(runtime.identity, stateless_http=settings.stateless_http),
+        identity=IdentityMiddleware(
+            runtime.identity, stateless_http=settings.stateless_http, tracker=runtime.notifier
+        ),
         namespace=ToolNamespaceMiddleware(
             runtime.access,
             warm_up=runtime.upstreams.provider if runtime.upstreams is not None else None,

@@ -46,6 +46,7 @@ from nexus_mcp.policy.write_policy import (
 from nexus_mcp.providers.recording import Recorder
 from nexus_mcp.providers.upstream.gateway import UpstreamGateway
 from nexus_mcp.repos.writes import RepoWrites
+from nexus_mcp.server.notify import ChangeNotifier
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.backends import StateStores
 from nexus_mcp.stores.idempotency import IdempotencyStore
@@ -92,6 +93,8 @@ class Runtime:
     repos_config: ReposConfig | None = None
     recorder: Recorder | None = None  # serve --record
     observability: Observability | None = None  # metrics and per-call telemetry
+    # Tells connected callers their visible lists changed (server/notify.py).
+    notifier: ChangeNotifier | None = None
     identity: IdentityResolver = field(init=False)  # one resolver for MCP and plain routes
     _registry_summary: dict[str, Any] | None = None
 
@@ -173,3 +176,5 @@ class NexusServer:
 def grants_changed(runtime: Runtime, zone: str) -> None:
     if zone in ("*", runtime.settings.profiles.zone):
         runtime.access.forget()
+        if runtime.notifier is not None:
+            runtime.notifier.changed()

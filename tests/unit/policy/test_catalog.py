@@ -160,3 +160,14 @@ def test_a_v2_file_that_a_v1_reader_sees_is_refused_whole(tmp_path: Path) -> Non
         jsonschema.validate(document, schema)
     (tmp_path / "up.lock.json").write_text(json.dumps(document))
     assert load_pins(tmp_path, "up").unusable is not None
+
+
+@pytest.mark.parametrize("server_id", ["notes", "Notes"])
+def test_an_upstream_may_not_take_the_notes_source_id(server_id: str) -> None:
+    from pydantic import ValidationError
+
+    from nexus_mcp.policy.upstreams import UpstreamConfig
+
+    with pytest.raises(ValidationError):
+        UpstreamConfig(server_id=server_id, transport="stdio", command="x")
+    assert UpstreamConfig(server_id="notes2", transport="stdio", command="x")

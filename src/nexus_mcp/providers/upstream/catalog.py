@@ -181,7 +181,14 @@ class UpstreamCatalog:
         self.resources: dict[str, UpstreamResource] = {}
         self.templates: dict[str, UpstreamTemplate] = {}
         self._local = MemorySeenDigests()
+        # Proofs against item pins kept across restarts (embedded backend: the server's
+        # ``persisted``, the same store as its tools' under ``<kind>:<key>`` names, which
+        # no tool name can be): read once, at the first listing.
+        self._kept: set[tuple[str, str, str]] | None = None
         self._reported: dict[tuple[Kind, str], str] = {}  # (kind, what) -> digest of it
+        # The last authoritative listing's skipped items and cut, per kind (``check``).
+        self.invalid: dict[Kind, list[dict[str, Any]]] = {kind: [] for kind in Kind}
+        self.cut: dict[Kind, str | None] = {kind: None for kind in Kind}
 
     # -- listing and deciding -----------------------------------------------------------
 
@@ -213,11 +220,13 @@ class UpstreamCatalog:
                 )
             except Exception:  # noqa: BLE001 - an upstream's failure, never its text
                 if authoritative:
+                    self.invalid[kind], self.cut[kind] = [], "list_failed"
                     self._report(kind, EVENT_ITEMS_UNLISTED, "failed", reason="list_failed")
                     self._decide(kind, {})
                 continue
             valid, invalid = await asyncio.to_thread(screen_items, kind, listing)
             if authoritative:
+                self.invalid[kind], self.cut[kind] = invalid, listing.cut
                 if listing.cut is not None:
                     self._report(
                         kind, EVENT_ITEMS_UNLISTED, listing.cut, reason=listing.cut, kept=len(valid)
@@ -238,8 +247,9 @@ class UpstreamCatalog:
                 self._decide(kind, known)
 
     async def _observe(self, kind: Kind, valid: Mapping[str, tuple[dict[str, Any], str]]) -> None:
-        """Add what this session showed to the evidence (local, and shared when the
-        backend shares it)."""
+        """Add what this session showed to the evidence (local, kept across restarts on
+        the embedded backend, and shared when the backend shares it)."""
+        await self._load_kept()
         seen = {}
         for key, (_definition, digest) in valid.items():
             tag = self.pin_tag(kind, key)
@@ -248,11 +258,48 @@ class UpstreamCatalog:
         if not seen:
             return
         self._local.observe(self.server_id, seen)
+        await self._keep(seen)
         if self.server.shares_evidence:
             with contextlib.suppress(Exception):  # a read of it at use decides, fail closed
                 found = await asyncio.to_thread(self.server.evidence.observe, self.server_id, seen)
                 for name, digests in found.items():
                     self._local.merge(self.server_id, name, digests, pinned=seen[name][1])
+
+    async def _load_kept(self) -> None:
+        if self._kept is not None:
+            return
+        self._kept = set()
+        persisted = getattr(self.server, "persisted", None)
+        if persisted is None:
+            return
+        try:
+            proofs = await asyncio.to_thread(persisted.load, self.server_id)
+        except Exception:  # noqa: BLE001 - the tools' own load said so; memory only
+            return
+        prefixes = tuple(f"{kind.value}:" for kind in Kind)
+        for name, tag, digest in proofs:
+            if name.startswith(prefixes):
+                self._local.add(self.server_id, name, digest, pinned=tag)
+                self._kept.add((name, tag, digest))
+
+    async def _keep(self, seen: Mapping[str, tuple[str, str]]) -> None:
+        """Persist what proves a change (a digest other than the pin's) and is not kept."""
+        persisted = getattr(self.server, "persisted", None)
+        if persisted is None or self._kept is None:
+            return
+        new = frozenset(
+            (name, tag, digest)
+            for name, (digest, tag) in seen.items()
+            if digest != tag.split(".", 1)[0] and (name, tag, digest) not in self._kept
+        )
+        if not new:
+            return
+        try:
+            await asyncio.to_thread(persisted.record, self.server_id, new)
+        except Exception:  # noqa: BLE001 - kept in memory: quarantined here all the same
+            log.warning("upstream_quarantine_unpersisted", server_id=self.server_id)
+            return
+        self._kept |= new
 
     def redecide(self) -> None:
         """The lock file changed: decide every kind again on what was last listed."""

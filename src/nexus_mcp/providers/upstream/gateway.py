@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,6 +78,8 @@ class UpstreamGateway:
     _catalog_names: frozenset[str] = frozenset()  # every native tool name, mounted or not
     _listed: dict[str, set[str]] = field(default_factory=dict)
     recorder: Recorder | None = None  # serve --record: the tools as they are published
+    # Told after every publish: what callers may see may have changed (server/notify.py).
+    on_published: Callable[[], None] | None = None
 
     @classmethod
     def plan(
@@ -237,6 +239,8 @@ class UpstreamGateway:
                 )
         self._listed[server.server_id] = set(visible)
         self._refresh_access()
+        if self.on_published is not None:
+            self.on_published()
 
     def _refresh_access(self) -> None:
         access = self._access

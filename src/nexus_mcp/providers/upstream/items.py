@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -40,6 +41,11 @@ from nexus_mcp.policy.pins import PinState
 from nexus_mcp.providers.upstream.sessions import UpstreamFailure
 
 SHA256_META = "nexus/sha256"
+# A media type as RFC 6838 names them (parameters allowed, printable ASCII, bounded): an
+# upstream's other text in ``mimeType`` is dropped, never passed on to the caller.
+_MIME_RE = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}(;[ -~]{0,128})?$"
+)
 MAX_CONTENTS = 1000  # content items of one read or one prompt's messages
 
 
@@ -115,7 +121,7 @@ class UpstreamResource(Resource):
             name=str(d.get("name") or view.key),
             title=d.get("title"),
             description=d.get("description"),
-            mime_type=d.get("mimeType") or "text/plain",
+            mime_type=media_type(d.get("mimeType")) or "text/plain",
             task_config=_FORBIDDEN,
         )
         resource._host, resource._view = host, view
@@ -140,7 +146,7 @@ class UpstreamTemplate(ResourceTemplate):
             name=str(d.get("name") or view.key),
             title=d.get("title"),
             description=d.get("description"),
-            mime_type=d.get("mimeType") or "text/plain",
+            mime_type=media_type(d.get("mimeType")) or "text/plain",
             parameters={},
             task_config=_FORBIDDEN,
         )
@@ -154,6 +160,11 @@ class UpstreamTemplate(ResourceTemplate):
         # matched the exposed template, never a re-expansion of the parameters.
         backend = backend_uri(self._host.server_id, str(uri)) or ""
         return UpstreamResource.for_view(self._host, self._view, uri=str(uri), backend=backend)
+
+
+def media_type(value: Any) -> str | None:
+    """``value`` when it is a media type (``_MIME_RE``), else None."""
+    return value if isinstance(value, str) and _MIME_RE.fullmatch(value) else None
 
 
 def to_resource_result(raw: Any, max_bytes: int) -> ResourceResult:
@@ -176,7 +187,7 @@ def to_resource_result(raw: Any, max_bytes: int) -> ResourceResult:
             total += len(data)
             if total > max_bytes:
                 raise DocSizeExceededError(limit_name=MAX_READ_LIMIT_NAME, limit_bytes=max_bytes)
-            mime = item.mime_type if isinstance(item.mime_type, str) else None
+            mime = media_type(item.mime_type)
             contents.append(
                 ResourceContent(content=body, mime_type=mime, meta={SHA256_META: sha256_hex(data)})
             )

@@ -207,6 +207,18 @@ def server_report(server: UpstreamServer, registry_dir: Path) -> dict[str, Any]:
         "pin_problems": server.pins.problems(),
         "pins_unusable": server.pins.unusable is not None,
         "items": item_report(server),
+        "item_problems": [
+            *(
+                f"{kind.value} listing cut ({server.catalog.cut[kind]}): the rest is not exposed"
+                for kind in Kind
+                if server.catalog.cut[kind] is not None
+            ),
+            *(
+                f"{kind.value} #{i['position']} skipped ({i['reason']}), sha256 {i['sha256']}"
+                for kind in Kind
+                for i in server.catalog.invalid[kind]
+            ),
+        ],
     }
 
 

@@ -148,6 +148,8 @@ class UpstreamServer(PinnedTools, CallerCredentials, Forwarding):
         self.mode = mode
         self.audit = audit
         self.on_change = on_change
+        # A subscribed resource's update on one session (``subscriptions.py``).
+        self.on_resource_updated: Callable[[UpstreamServer, SessionKey, str], None] | None = None
         self.max_result_bytes = max_result_bytes
         self._client_factory = client_factory or build_client
         self.pins: PinFile = load_pins(registry_dir, config.server_id)
@@ -353,7 +355,9 @@ class UpstreamServer(PinnedTools, CallerCredentials, Forwarding):
         principals = [s for k, s in self._sessions.items() if k != GATEWAY_SESSION]
         if len(principals) < self.config.max_sessions:
             return
-        idle = sorted((s for s in principals if s.busy == 0), key=lambda s: s.last_used)
+        idle = sorted(
+            (s for s in principals if s.busy == 0 and not s.subscribed), key=lambda s: s.last_used
+        )
         if not idle:
             raise UpstreamFailure("unavailable", "session_cap")
         victim = idle[0]
@@ -372,7 +376,7 @@ class UpstreamServer(PinnedTools, CallerCredentials, Forwarding):
             await asyncio.sleep(interval)
             now = time.monotonic()
             for key, session in list(self._sessions.items()):
-                if key == GATEWAY_SESSION or session.busy:
+                if key == GATEWAY_SESSION or session.busy or session.subscribed:
                     continue
                 if not session.alive or now - session.last_used > idle_after:
                     await self._drop(session)
@@ -427,6 +431,10 @@ class UpstreamServer(PinnedTools, CallerCredentials, Forwarding):
             self.on_change(self)
 
     # -- tool definitions -------------------------------------------------------------
+
+    def resource_updated(self, key: SessionKey, uri: str) -> None:
+        if self.on_resource_updated is not None:
+            self.on_resource_updated(self, key, uri)
 
     def schedule_refresh(self, key: SessionKey) -> None:
         """``notifications/tools/list_changed`` from one session: list again on it.

@@ -58,6 +58,8 @@ class SessionHost(Protocol):
 
     def schedule_refresh(self, key: SessionKey) -> None: ...
 
+    def resource_updated(self, key: SessionKey, uri: str) -> None: ...
+
     async def relay_sampling(self, key: SessionKey, params: Any) -> Any: ...
 
     async def relay_elicitation(self, key: SessionKey, params: Any) -> Any: ...
@@ -98,8 +100,11 @@ class UpstreamFailure(Exception):
 
 
 class _ListChanged(MessageHandler):
-    def __init__(self, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self, on_change: Callable[[], None], on_updated: Callable[[str], None] | None = None
+    ) -> None:
         self._on_change = on_change
+        self._on_updated = on_updated
 
     async def on_tool_list_changed(self, message: Any) -> None:
         self._on_change()
@@ -110,6 +115,12 @@ class _ListChanged(MessageHandler):
 
     async def on_resource_list_changed(self, message: Any) -> None:
         self._on_change()
+
+    # A resource this session subscribed to changed (relayed to its subscribers only).
+    async def on_resource_updated(self, message: Any) -> None:
+        uri = getattr(getattr(message, "params", None), "uri", None)
+        if self._on_updated is not None and uri is not None:
+            self._on_updated(str(uri))
 
 
 @dataclass
@@ -135,6 +146,8 @@ class UpstreamSession:
     # upstream's sampling, elicitation or roots request is relayed to the latest (only
     # where the configuration allows it).
     callers: list[Any] = field(default_factory=list)
+    # Resources callers subscribed to on this session: it is not reaped while any are.
+    subscribed: int = 0
 
     @property
     def alive(self) -> bool:
@@ -322,7 +335,9 @@ def build_client(
     caller whose call is in flight on this very session (``_caller_for``).
     """
     config = server.config
-    handler = _ListChanged(lambda: server.schedule_refresh(key))
+    handler = _ListChanged(
+        lambda: server.schedule_refresh(key), lambda uri: server.resource_updated(key, uri)
+    )
     transport: BoundedStdioTransport | StreamableHttpTransport
     if config.transport == "stdio":
         env = dict(config.env)
