@@ -78,11 +78,20 @@ async def test_the_reference_test_server_behind_the_gateway(tmp_path: Path) -> N
         bad = await client.call_tool_mcp("everything_get-sum", {"a": "2", "b": 3})
         assert wire(bad)["isError"] is True
 
-        # A long operation (it sends progress when the caller asks, in steps) completes.
+        # A long operation sends progress when the caller asks, in steps: each step
+        # reaches the caller through the gateway (issue 27), and the call completes.
+        steps: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            steps.append((progress, total, message))
+
         slow = await client.call_tool_mcp(
-            "everything_trigger-long-running-operation", {"duration": 0.3, "steps": 3}
+            "everything_trigger-long-running-operation",
+            {"duration": 0.75, "steps": 3},
+            progress_handler=on_progress,
         )
-        assert text(slow) == "Long running operation completed. Duration: 0.3 seconds, Steps: 3."
+        assert text(slow) == "Long running operation completed. Duration: 0.75 seconds, Steps: 3."
+        assert steps == [(1.0, 3.0, None), (2.0, 3.0, None), (3.0, 3.0, None)]
 
         hidden = await client.call_tool_mcp("everything_get-tiny-image", {})
         assert wire(hidden)["content"][0]["text"] == "Unknown tool: 'everything_get-tiny-image'"

@@ -480,3 +480,37 @@ async def test_new_callers_over_http_share_one_listing_of_a_huge_upstream(tmp_pa
     listed = [r for r in read_record(record) if r["method"] == "tools/list"]
     assert len(listed) - len(pinned) == 1
     assert slowest < 3.0, slowest
+
+
+async def test_progress_reaches_each_principal_only_on_a_shared_session(tmp_path: Path) -> None:
+    """Issue 27: two principals' calls in flight on one shared upstream session, both over
+    HTTP both ways, each asking for progress (under the same token value: each client
+    numbers its own requests): each gets its own call's progress only."""
+    record = tmp_path / "record.jsonl"
+    with http_upstream_process(record) as (url, _proc):
+        gw = make_gateway(
+            tmp_path / "gw", [http_upstream("up", url, shared=True)], grant={"full": all_up_tools()}
+        )
+        assert gw.pin("up") == 0
+        got: dict[str, list[tuple[float, float | None]]] = {"alice": [], "bob": []}
+
+        async def call(session: ClientSession, subject: str, steps: int) -> Any:
+            async def on_progress(progress: float, total: float | None, _message: Any) -> None:
+                got[subject].append((progress, total))
+
+            return await session.call_tool(
+                "up_progress",
+                {"steps": steps, "delay": 0.15},
+                progress_callback=on_progress,
+            )
+
+        with nexus_http(gw) as base:
+            async with caller(base, "alice") as alice, caller(base, "bob") as bob:
+                results = await asyncio.gather(call(alice, "alice", 4), call(bob, "bob", 6))
+    assert not any(r.is_error for r in results)
+    assert got["alice"] == [(float(n), 4.0) for n in range(1, 5)]
+    assert got["bob"] == [(float(n), 6.0) for n in range(1, 7)]
+    calls = [e for e in read_record(record) if e["method"] == "tools/call"]
+    assert len({e["headers"].get("mcp-session-id") for e in calls}) == 1
+    tokens = [(e["meta"] or {}).get("progressToken") for e in calls]
+    assert len(set(tokens)) == 2, tokens

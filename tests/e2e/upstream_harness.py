@@ -74,6 +74,8 @@ UP_TOOLS: dict[str, str] = {
     "ask_sampling": "read",
     "ask_roots": "read",
     "ask_elicit": "read",
+    "progress": "read",
+    "log_error": "read",
     "write_note": "write",
     "remember": "write",
 }

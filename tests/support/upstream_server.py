@@ -254,7 +254,69 @@ def build(
         return {"action": answer.action, "content": answer.content}
 
     add_items(mcp, item_variant)
+    add_notifications(mcp)
     return mcp
+
+
+PROGRESS_PATTERNS = ("up", "backwards", "flood", "foreign", "late")
+
+
+def add_notifications(mcp: FastMCP[Any]) -> None:
+    """Progress and log notifications (issue 27), sent raw so a hostile upstream's can be:
+    ``progress`` reports on the call's own token (``pattern``: ``up`` 1..steps, each
+    ``delay`` apart; ``backwards`` 2, 1, 2, 3; ``flood`` steps at once; ``foreign`` on
+    tokens it was never given, then one on its own; ``late`` once the call has answered);
+    ``log_error`` logs ``text`` at error level."""
+
+    @mcp.tool(annotations={"readOnlyHint": True})
+    async def progress(
+        ctx: Context, steps: int = 3, pattern: str = "up", message: str = "", delay: float = 0.0
+    ) -> dict[str, Any]:
+        """Report progress on this call."""
+        meta = ctx.request_context.meta if ctx.request_context is not None else None
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        session = ctx.session
+
+        async def send(value: float, on: Any = token, total: float | None = steps) -> None:
+            await session.send_progress_notification(
+                on, value, total, message or None, related_request_id=ctx.request_id
+            )
+
+        if token is None:
+            return {"token": None}
+        if pattern == "up":
+            for step in range(1, steps + 1):
+                await send(step)
+                await asyncio.sleep(delay)
+        elif pattern == "backwards":
+            for value in (2, 1, 2, 3):
+                await send(value)
+                await asyncio.sleep(delay)
+        elif pattern == "flood":
+            for step in range(1, steps + 1):
+                await send(step)
+        elif pattern == "foreign":
+            others = [token + 1000, token - 1, "x"] if isinstance(token, int) else [f"{token}x", 1]
+            for other in others:
+                await send(1, on=other)
+            await asyncio.sleep(delay)
+            await send(1)
+        elif pattern == "late":
+
+            async def after() -> None:
+                await asyncio.sleep(delay)
+                for step in range(1, steps + 1):
+                    await send(step)
+
+            asyncio.get_running_loop().create_task(after())
+        return {"token": token}
+
+    @mcp.tool(annotations={"readOnlyHint": True})
+    async def log_error(ctx: Context, text: str) -> dict[str, Any]:
+        """Log ``text`` at error level (and debug, warning) to the client."""
+        await ctx.error(text, logger_name="upstream.test")
+        await ctx.log(text, level="emergency")
+        return {"ok": True}
 
 
 GREET_DESCRIPTION = "Greet someone by name."

@@ -240,11 +240,18 @@ class Reconnect(_Model):
 
 class Forwarding(_Model):
     """Upstream-to-client requests nexus may relay; all off (an upstream's sampling
-    request is a prompt-injection channel into the caller's model)."""
+    request is a prompt-injection channel into the caller's model). Progress is the
+    exception: numbers only, to the caller that asked for it."""
 
     sampling: StrictBool = False
     elicitation: StrictBool = False
     roots: StrictBool = False
+    progress: Literal["off", "numbers", "messages"] = Field(
+        default="numbers",
+        description="an upstream's progress on a call, relayed to the caller that asked for "
+        "it: numbers (progress and total), messages (and the upstream's message, escaped "
+        "and cut short), or off",
+    )
 
 
 class IdentityMeta(_Model):

@@ -10,6 +10,9 @@ own requests back to that caller (``server.py``'s other half).
 - The upstream's own requests (sampling, elicitation, roots) are relayed only when the
   configuration forwards them, and only to the caller whose call is in flight on that
   very session (``relay.py``).
+- Its progress on a call reaches that call's caller only, when the caller asked for it,
+  under the caller's own token (the upstream gets a token of the gateway's), increasing,
+  rate-limited, never after the call finished (``progress.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pydantic import SecretStr
 from nexus_mcp.calls import CallState
 from nexus_mcp.policy.upstreams import UpstreamConfig
 from nexus_mcp.principal import Principal
+from nexus_mcp.providers.upstream.progress import ProgressRelay, ignore_progress, progress_relay
 from nexus_mcp.providers.upstream.relay import (
     Caller,
     caller_context,
@@ -96,17 +100,26 @@ class Forwarding:
         key = self.session_key(principal)
         meta = self.identity_meta(principal)
         credential = await self.caller_credential(key, principal)  # never the caller's own
-        for attempt in range(1, attempts + 1):
-            try:
-                return await self._call_once(key, upstream_name, arguments, meta, credential)
-            except UpstreamFailure as failure:
-                last_try = attempt == attempts or time.monotonic() >= deadline
-                if not failure.transport or last_try:
-                    raise
-                delay = retry.backoff_seconds * (2 ** (attempt - 1))
-                delay = min(delay, max(0.0, deadline - time.monotonic()))
-                await asyncio.sleep(random.uniform(0, delay))
-        raise UpstreamFailure("unavailable", "retries_exhausted")  # pragma: no cover
+        caller = caller_context()
+        # One relay across retries: a retry's progress must still increase for the caller.
+        progress = progress_relay(caller, self.server_id, self.config.forward.progress)
+        try:
+            for attempt in range(1, attempts + 1):
+                try:
+                    return await self._call_once(
+                        key, upstream_name, arguments, meta, credential, caller, progress
+                    )
+                except UpstreamFailure as failure:
+                    last_try = attempt == attempts or time.monotonic() >= deadline
+                    if not failure.transport or last_try:
+                        raise
+                    delay = retry.backoff_seconds * (2 ** (attempt - 1))
+                    delay = min(delay, max(0.0, deadline - time.monotonic()))
+                    await asyncio.sleep(random.uniform(0, delay))
+            raise UpstreamFailure("unavailable", "retries_exhausted")  # pragma: no cover
+        finally:
+            if progress is not None:
+                progress.close()  # the call has finished: nothing more reaches the caller
 
     async def _call_once(
         self,
@@ -115,15 +128,23 @@ class Forwarding:
         arguments: dict[str, Any],
         meta: dict[str, Any] | None,
         credential: SecretStr | None = None,
+        caller: Caller | None = None,
+        progress: ProgressRelay | None = None,
     ) -> Any:
         session = await self._session_for(key, credential)
         session.busy += 1
-        caller = caller_context() if self._relays else None
+        if not self._relays:
+            caller = None
         if caller is not None:
             session.callers.append(caller)
         try:
             async with asyncio.timeout(self.config.timeouts.call_seconds):
-                return await session.client.call_tool_mcp(upstream_name, arguments, meta=meta)
+                return await session.client.call_tool_mcp(
+                    upstream_name,
+                    arguments,
+                    meta=meta,
+                    progress_handler=progress if progress is not None else ignore_progress,
+                )
         except TimeoutError:
             raise UpstreamFailure("timeout", "call_timeout") from None
         except asyncio.CancelledError:

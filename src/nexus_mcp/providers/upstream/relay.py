@@ -45,6 +45,9 @@ class Caller:
 
     session: Any
     request_id: Any
+    # The caller's own ``_meta.progressToken``, if it asked for progress (``progress.py``):
+    # used only towards the caller, never sent upstream.
+    progress_token: str | int | None = None
 
 
 def caller_context() -> Caller | None:
@@ -53,9 +56,19 @@ def caller_context() -> Caller | None:
 
     try:
         ctx = get_context()
-        return Caller(ctx.session, ctx.request_id)
+        return Caller(ctx.session, ctx.request_id, _progress_token(ctx))
     except Exception:  # noqa: BLE001 - no request, or no session: nothing to relay to
         return None
+
+
+def _progress_token(ctx: Any) -> str | int | None:
+    request = ctx.request_context
+    meta = getattr(request, "meta", None) if request is not None else None
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    # A string or an integer, as the spec says (bool is an int to Python: not a token).
+    if isinstance(token, bool) or not isinstance(token, str | int):
+        return None
+    return token
 
 
 def caller_on(session: UpstreamSession | None, kind: str, server_id: str) -> Caller:

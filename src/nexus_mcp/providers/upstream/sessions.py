@@ -30,6 +30,7 @@ from nexus_mcp.errors import UpstreamError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.sandbox import SandboxLaunch
 from nexus_mcp.policy.upstreams import ResolvedSecrets, UpstreamConfig
+from nexus_mcp.providers.upstream.progress import ignore_progress, upstream_log
 from nexus_mcp.providers.upstream.stdio import BoundedStdioTransport
 
 log = get_logger(__name__)
@@ -409,6 +410,10 @@ def build_client(
         transport,
         name=f"nexus-mcp/{config.server_id}",
         message_handler=handler,
+        # Its log messages: the gateway's log at debug, escaped and cut; its progress:
+        # only through a call's own relay (``progress.py``).
+        log_handler=upstream_log(config.server_id),
+        progress_handler=ignore_progress,
         **relays,
         mode="legacy",  # the handshake era: one session that lasts, as reuse needs
         init_timeout=config.timeouts.connect_seconds,
