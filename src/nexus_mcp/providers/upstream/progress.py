@@ -44,13 +44,25 @@ import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.definition_diff import safe_line
 
-if TYPE_CHECKING:  # relay.py imports sessions.py, which imports this module
-    from nexus_mcp.providers.upstream.relay import Caller
+
+class Caller(Protocol):
+    """What a relay needs of ``relay.Caller`` (not imported: relay.py imports sessions.py,
+    which imports this module): the caller's session, its token and its request."""
+
+    @property
+    def session(self) -> Any: ...
+
+    @property
+    def progress_token(self) -> str | int | None: ...
+
+    @property
+    def request_id(self) -> Any: ...
+
 
 log = get_logger(__name__)
 
