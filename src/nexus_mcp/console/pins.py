@@ -235,7 +235,7 @@ def server_model(report: Mapping[str, Any]) -> dict[str, Any]:
         "changes": len(changes),
         "all_digest": selection_digest(changes),
         "pinnable": ready and bool(changes),
-        "items": [
+        "catalog_items": [
             item_model(item, ready=ready, position=position)
             for position, item in enumerate(report.get("items", ()))
         ],
