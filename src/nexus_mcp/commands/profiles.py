@@ -34,17 +34,21 @@ from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError, NexusError, NotFoundError
 from nexus_mcp.identity.access import PROFILE_SUBJECT_PREFIX, profile_subject
 from nexus_mcp.policy.classification import DEV_MODE
-from nexus_mcp.policy.grant_admin import UNKNOWN_PROFILE, assign, revoke_direct, revoke_profile
+from nexus_mcp.policy.grant_admin import (
+    UNKNOWN_PROFILE,
+    ItemKind,
+    assign,
+    grant_item,
+    item_object,
+    known_item,
+    revoke_direct,
+    revoke_item,
+    revoke_profile,
+)
 from nexus_mcp.policy.grants import (
     DIRECT_RELATION,
     PROFILE_RELATION,
-    grant_prompt,
-    grant_resource,
     grant_tool,
-    revoke_prompt,
-    revoke_resource,
-    to_prompt_object,
-    to_resource_object,
     to_tool_name,
     to_tool_object,
 )
@@ -250,18 +254,23 @@ def grant_subject(args: argparse.Namespace) -> int:
 
 
 def _grant_resource_or_prompt(args: argparse.Namespace, config: ToolProfileConfig) -> int:
-    """``grant --resource SOURCE`` or ``grant --prompt NAME``, checked as a tool grant is."""
-    prompt = args.prompt is not None
-    name = args.prompt if prompt else args.resource
+    """``grant --resource SOURCE`` or ``grant --prompt NAME``, checked as a tool grant is
+    (``grant_admin``: the console's Access page grants them on the same code)."""
+    kind: ItemKind = "prompt" if args.prompt is not None else "resource"
+    name = args.prompt if kind == "prompt" else args.resource
     try:
-        # A name that cannot be a source or prompt is INVALID_INPUT first.
-        to_prompt_object(name) if prompt else to_resource_object(name)
+        item_object(kind, name)  # a name that cannot be a source or prompt: INVALID_INPUT
         if not args.allow_unknown_tool:
             upstreams = configured_upstreams(args.settings, _config_path(args))
-            if prompt and not _known_prompt(config, upstreams, name):
-                raise NotFoundError(UNKNOWN_PROMPT_MESSAGE, kind="prompt")
-            if not prompt and not _known_source(config, upstreams, name):
-                raise NotFoundError(UNKNOWN_SOURCE_MESSAGE, kind="resource")
+            if not known_item(
+                config,
+                kind,
+                name,
+                upstream_ids=[u.server_id for u in upstreams],
+                prompt_prefixes=[u.name_prefix for u in upstreams],
+            ):
+                message = UNKNOWN_PROMPT_MESSAGE if kind == "prompt" else UNKNOWN_SOURCE_MESSAGE
+                raise NotFoundError(message, kind=kind)
     except NexusError as exc:
         return _refuse(f"{exc.message} ({exc.code})")
     except ConfigError as exc:
@@ -269,29 +278,11 @@ def _grant_resource_or_prompt(args: argparse.Namespace, config: ToolProfileConfi
         return EXIT_CONFIG
 
     def act(config: ToolProfileConfig, store: TupleStore) -> str:
-        if prompt:
-            revision = grant_prompt(store, args.subject, name, args.zone)
-            return f"granted prompt '{name}' directly (revision {revision})"
-        revision = grant_resource(store, args.subject, name, args.zone)
-        return f"granted resource source '{name}' directly (revision {revision})"
+        revision = grant_item(store, args.subject, kind, name, args.zone)
+        what = "prompt" if kind == "prompt" else "resource source"
+        return f"granted {what} '{name}' directly (revision {revision})"
 
     return _with_store(args, act)
-
-
-def _known_source(
-    config: ToolProfileConfig, upstreams: tuple[UpstreamConfig, ...], source: str
-) -> bool:
-    named = {s for profile in config.profiles.values() for s in profile.resources}
-    return (
-        source == NOTES_SOURCE or source in named or any(u.server_id == source for u in upstreams)
-    )
-
-
-def _known_prompt(
-    config: ToolProfileConfig, upstreams: tuple[UpstreamConfig, ...], prompt: str
-) -> bool:
-    named = {p for profile in config.profiles.values() for p in profile.prompts}
-    return prompt in named or any(prompt.startswith(u.name_prefix) for u in upstreams)
 
 
 def revoke_subject(args: argparse.Namespace) -> int:
@@ -313,14 +304,12 @@ def revoke_subject(args: argparse.Namespace) -> int:
 def _revoke_resource_or_prompt(
     args: argparse.Namespace, config: ToolProfileConfig, store: TupleStore
 ) -> str:
-    prompt = args.prompt is not None
-    name = args.prompt if prompt else args.resource
-    revoke = revoke_prompt if prompt else revoke_resource
-    revision = revoke(store, args.subject, name, args.zone)
-    what = "prompt" if prompt else "resource source"
-    message = f"revoked direct grant of {what} '{name}' (revision {revision})"
-    obj = to_prompt_object(name) if prompt else to_resource_object(name)
-    if store.check(args.subject, PROFILE_RELATION, obj, args.zone):
+    kind: ItemKind = "prompt" if args.prompt is not None else "resource"
+    name = args.prompt if kind == "prompt" else args.resource
+    revoked = revoke_item(store, args.subject, kind, name, args.zone)
+    what = "prompt" if kind == "prompt" else "resource source"
+    message = f"revoked direct grant of {what} '{name}' (revision {revoked.revision})"
+    if revoked.still_from_profile:
         message += f"; the {what} stays visible through the subject's profile"
     return message
 

@@ -3,11 +3,15 @@
 The same operations on the same store as ``nexus-mcp profiles assign|revoke``
 (``policy/grant_admin.py``): assigning makes a profile the subject's own, revoking removes
 the profile's grants and the assignment (the subject falls back to its principal's or its
-role's profile) or one direct grant. Only console admins change grants; each change is
-audited as ``grant_changed`` and, inside the server, reaches its visible-tools cache at
-once, so the agent's next ``tools/list`` follows (other replicas hear of it through the
-shared backend, as for the CLI). Subjects that look like credentials are shown hashed, as
-in the audit log, and the list's forms name them by that form, never the raw value.
+role's profile) or one direct grant. A resource source (``notes``, an upstream's id) or a
+prompt is granted or revoked directly as ``nexus-mcp profiles grant|revoke --resource`` or
+``--prompt`` does (``grant_admin.item_object``, ``known_item``, ``grant_item``,
+``revoke_item``). Only console admins change grants; each change is audited as
+``grant_changed`` and, inside the server, reaches its visible-tools, resources and prompts
+caches at once, so the agent's next ``tools/list``, ``resources/list`` and
+``prompts/list`` follow (other replicas hear of it through the shared backend, as for the
+CLI). Subjects that look like credentials are shown hashed, as in the audit log, and the
+list's forms name them by that form, never the raw value.
 """
 
 from __future__ import annotations
@@ -24,14 +28,25 @@ from nexus_mcp.console.security import ConsoleUser
 from nexus_mcp.errors import NexusError
 from nexus_mcp.identity.access import PROFILE_SUBJECT_PREFIX
 from nexus_mcp.policy.grant_admin import (
+    ITEM_KINDS,
     MAX_SUBJECT_CHARS,
+    ItemKind,
     assign,
+    grant_item,
+    item_object,
+    known_item,
     known_profile,
     revoke_direct,
+    revoke_item,
     revoke_profile,
     valid_subject,
 )
-from nexus_mcp.policy.grants import GrantSource, list_tool_grants
+from nexus_mcp.policy.grants import (
+    DIRECT_RELATION,
+    PROFILE_RELATION,
+    GrantSource,
+    list_tool_grants,
+)
 from nexus_mcp.policy.profiles import (
     PROFILE_NAME_RE,
     TOOL_NAME_RE,
@@ -39,7 +54,7 @@ from nexus_mcp.policy.profiles import (
     default_profiles_path,
     load_profiles,
 )
-from nexus_mcp.policy.tuples import TupleStore
+from nexus_mcp.policy.tuples import PROMPTS_PREFIX, RESOURCES_PREFIX, TupleStore
 from nexus_mcp.principal import to_log_subject
 
 MAX_SUBJECTS = 500
@@ -50,6 +65,11 @@ BAD_SUBJECT = (
     "(a token's 'sub' claim)"
 )
 UNKNOWN_SUBJECT = "no such subject with grants"
+UNKNOWN_ITEM = {
+    "resource": "no profile names this resource source and no configured upstream has this id",
+    "prompt": "no profile names this prompt and it has no configured upstream's name prefix",
+}
+_PREFIXES: dict[ItemKind, str] = {"resource": RESOURCES_PREFIX, "prompt": PROMPTS_PREFIX}
 
 
 @dataclass(frozen=True)
@@ -58,6 +78,8 @@ class SubjectRow:
     assignment: str | None
     profile_tools: int
     direct: tuple[str, ...]
+    # Resource sources and prompts: (kind, name, its sources: "profile", "direct").
+    items: tuple[tuple[ItemKind, str, tuple[str, ...]], ...] = ()
 
 
 def routes(console: Console) -> list[Route]:
@@ -81,9 +103,31 @@ def routes(console: Console) -> list[Route]:
                     assignment=store.get_assignment(subject, zone),
                     profile_tools=sum(GrantSource.PROFILE in g.sources for g in grants),
                     direct=tuple(g.tool for g in grants if GrantSource.DIRECT in g.sources),
+                    items=item_grants(subject),
                 )
             )
         return rows, len(names) > MAX_SUBJECTS
+
+    def item_grants(subject: str) -> tuple[tuple[ItemKind, str, tuple[str, ...]], ...]:
+        """The subject's resource sources and prompts, each with where it comes from."""
+        rows = []
+        for kind in ITEM_KINDS:
+            prefix = _PREFIXES[kind]
+            sources: dict[str, list[str]] = {}
+            for relation, source in (
+                (PROFILE_RELATION, GrantSource.PROFILE),
+                (DIRECT_RELATION, GrantSource.DIRECT),
+            ):
+                for obj in store.list_objects(subject, relation, zone, prefix):
+                    sources.setdefault(obj.removeprefix(prefix), []).append(source.value)
+            rows += [(kind, name, tuple(sources[name])) for name in sorted(sources)]
+        return tuple(rows)
+
+    def upstreams() -> tuple[list[str], list[str]]:
+        """The configured upstreams' ids (resource sources) and name prefixes (prompts)."""
+        pins = services.pins
+        servers = pins.context.config.servers if pins is not None else ()
+        return [u.server_id for u in servers], [u.name_prefix for u in servers]
 
     def by_shown(shown: str) -> str | None:
         """The stored subject a list form names (by its shown form)."""
@@ -154,6 +198,57 @@ def routes(console: Console) -> list[Route]:
         done = "revoked_still" if revoked.still_from_profile else "revoked"
         return RedirectResponse(f"{PREFIX}/access?done={done}", status_code=303)
 
+    async def grant_item_route(request: Request) -> Response:
+        posted = await console.posted(request, "grant")
+        if isinstance(posted, Response):
+            return posted
+        user, form = posted
+        subject = (form.get("subject") or "").strip()
+        kind, name = form.get("kind", ""), form.get("name", "")
+        if not valid_subject(subject):
+            return console.refuse(request, user, 400, BAD_SUBJECT, code="subject")
+        if kind not in ITEM_KINDS:
+            return console.refuse(request, user, 400, "not a kind of grant", code="kind")
+        which: ItemKind = "prompt" if kind == "prompt" else "resource"
+        config = await asyncio.to_thread(profiles)
+        ids, prefixes = upstreams()
+        try:
+            item_object(which, name)  # INVALID_INPUT: naming the field, never the value
+        except NexusError as exc:
+            return console.refuse(
+                request, user, 400, f"{exc.message} ({exc.code})", code=str(exc.code).lower()
+            )
+        if not known_item(config, which, name, upstream_ids=ids, prompt_prefixes=prefixes):
+            return console.refuse(
+                request, user, 404, f"{UNKNOWN_ITEM[which]} (NOT_FOUND)", code="not_found"
+            )
+        revision = await asyncio.to_thread(grant_item, store, subject, which, name, zone)
+        changed(user, f"grant_{which}", subject, revision, item=(which, name))
+        return RedirectResponse(f"{PREFIX}/access?done=granted", status_code=303)
+
+    async def revoke_item_route(request: Request) -> Response:
+        posted = await console.posted(request, "grant")
+        if isinstance(posted, Response):
+            return posted
+        user, form = posted
+        subject = await asyncio.to_thread(by_shown, form.get("subject") or "")
+        if subject is None:
+            return console.refuse(request, user, 404, UNKNOWN_SUBJECT, code="unknown_subject")
+        kind, name = form.get("kind", ""), form.get("name", "")
+        if kind not in ITEM_KINDS:
+            return console.refuse(request, user, 400, "not a kind of grant", code="kind")
+        which: ItemKind = "prompt" if kind == "prompt" else "resource"
+        try:
+            item_object(which, name)
+        except NexusError as exc:
+            return console.refuse(
+                request, user, 400, f"{exc.message} ({exc.code})", code=str(exc.code).lower()
+            )
+        revoked = await asyncio.to_thread(revoke_item, store, subject, which, name, zone)
+        changed(user, f"revoke_{which}", subject, revoked.revision, item=(which, name))
+        done = "revoked_item_still" if revoked.still_from_profile else "revoked"
+        return RedirectResponse(f"{PREFIX}/access?done={done}", status_code=303)
+
     def changed(
         user: ConsoleUser,
         action: str,
@@ -162,6 +257,7 @@ def routes(console: Console) -> list[Route]:
         *,
         profile: str | None = None,
         tool_name: str | None = None,
+        item: tuple[ItemKind, str] | None = None,
     ) -> None:
         facts: dict[str, object] = {
             "action": action,
@@ -173,6 +269,8 @@ def routes(console: Console) -> list[Route]:
             facts["profile"] = profile
         if tool_name is not None:
             facts["tool_name"] = tool_name
+        if item is not None:  # checked by ``item_object`` before anything was written
+            facts[f"{item[0]}_name"] = item[1]
         console.audit(GRANT_CHANGED, user, tool="console", outcome="OK", facts=facts)
         if services.on_grants_changed is not None:
             services.on_grants_changed(zone)
@@ -181,6 +279,8 @@ def routes(console: Console) -> list[Route]:
         Route(f"{PREFIX}/access", page, methods=["GET"]),
         Route(f"{PREFIX}/access/assign", assign_route, methods=["POST"]),
         Route(f"{PREFIX}/access/revoke", revoke_route, methods=["POST"]),
+        Route(f"{PREFIX}/access/grant-item", grant_item_route, methods=["POST"]),
+        Route(f"{PREFIX}/access/revoke-item", revoke_item_route, methods=["POST"]),
     ]
 
 
@@ -188,6 +288,10 @@ _DONE = {
     "assigned": "Profile assigned. The subject's next tools/list shows its tools.",
     "revoked": "Revoked. The subject's next tools/list no longer shows what it granted.",
     "revoked_still": "Direct grant revoked; the tool stays visible through the subject's profile.",
+    "granted": (
+        "Granted. The subject's next resources/list or prompts/list shows what it granted."
+    ),
+    "revoked_item_still": ("Direct grant revoked; it stays visible through the subject's profile."),
 }
 
 __all__ = ["GRANT_CHANGED", "routes"]

@@ -16,6 +16,7 @@ autoescape; they never reach a script, and attributes only as autoescaped values
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +27,14 @@ from starlette.routing import Route
 
 from nexus_mcp.console.pages import PREFIX, Console
 from nexus_mcp.console.security import ConsoleUser
-from nexus_mcp.policy.definition_diff import INDENT, SHOWN_FIELDS, field_lines
+from nexus_mcp.policy.catalog import FIELDS, SINGULAR, Kind, key_ok
+from nexus_mcp.policy.definition_diff import (
+    INDENT,
+    MAX_LINE_CHARS,
+    SHOWN_FIELDS,
+    escape,
+    field_lines,
+)
 from nexus_mcp.policy.pins import PinState
 from nexus_mcp.providers.upstream.pins_view import PinsView, RepinOutcome
 from nexus_mcp.providers.upstream.review import (
@@ -38,12 +46,17 @@ from nexus_mcp.providers.upstream.review import (
 )
 
 UPSTREAM_REPINNED = "upstream_repinned"
+UPSTREAM_ITEM_REPINNED = "upstream_item_repinned"
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _TOOL = re.compile(r"[A-Za-z0-9_.\-/]{1,128}")
 _REASONS = {
     "tool_definition_changed": "its definition differs from its pin",
     "tool_unpinned": "it has no pin (prod exposes pinned tools only)",
     "pin_entry_invalid": "its entry in the lock file cannot be used",
+    "upstream_item_changed": "its definition differs from its pin",
+    "upstream_item_unpinned": "it has no pin (prod exposes pinned items only)",
+    "allowlist": "not in the upstream's allowlist",
+    "name_rule": "its name cannot be exposed",
 }
 _REFUSED = {
     "unreachable": (502, "the upstream could not be reached: nothing was pinned"),
@@ -54,6 +67,7 @@ _REFUSED = {
     "unlisted": (409, "the upstream does not list that tool (any more): nothing was pinned"),
     "evidence": (503, "the quarantine evidence could not be cleared: nothing was pinned"),
     "configuration": (409, "this upstream's configuration cannot be used here"),
+    "write": (503, "the lock file could not be written: nothing was pinned"),
 }
 
 
@@ -88,6 +102,18 @@ def routes(console: Console) -> list[Route]:
         if view is None or server_id not in view.server_ids:
             return console.refuse(request, user, 404, "no such upstream", code="unknown_upstream")
         scope, tool, shown = form.get("scope"), form.get("tool") or None, form.get("sha256", "")
+        if scope == "item":
+            kind, key = form.get("kind", ""), form.get("key", "")
+            if (
+                kind not in {k.value for k in Kind}
+                or not key_ok(Kind(kind), key)
+                or not _DIGEST.fullmatch(shown)
+            ):
+                return console.refuse(
+                    request, user, 400, "malformed re-pin form", code="repin_form"
+                )
+            item_outcome = await view.repin_item(server_id, Kind(kind), key, shown)
+            return _answer(console, request, user, view, server_id, item_outcome)
         if (
             scope not in ("tool", "all")
             or (scope == "tool") != (tool is not None)
@@ -139,6 +165,23 @@ def _answer(
             pinned=None,
             moved=True,
         )
+    for kind, digests in outcome.items.items():
+        for key, digest in digests.items():
+            # The item's key is the upstream's text: the audit keeps its digest.
+            console.audit(
+                UPSTREAM_ITEM_REPINNED,
+                user,
+                tool="console",
+                server_id=server_id,
+                pinned_sha256=digest,
+                outcome="OK",
+                facts={
+                    "kind": kind.value,
+                    "item_sha256": hashlib.sha256(key.encode("utf-8")).hexdigest(),
+                    "host": view.host,
+                },
+            )
+    count = len(outcome.pinned) + sum(len(d) for d in outcome.items.values())
     for tool, digest in outcome.pinned.items():
         console.audit(
             UPSTREAM_REPINNED,
@@ -149,9 +192,7 @@ def _answer(
             outcome="OK",
             facts={"definitions_kept": outcome.kept, "host": view.host},
         )
-    return RedirectResponse(
-        f"{PREFIX}/pins?pinned={len(outcome.pinned)}#server-{server_id}", status_code=303
-    )
+    return RedirectResponse(f"{PREFIX}/pins?pinned={count}#server-{server_id}", status_code=303)
 
 
 def server_model(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -194,7 +235,40 @@ def server_model(report: Mapping[str, Any]) -> dict[str, Any]:
         "changes": len(changes),
         "all_digest": selection_digest(changes),
         "pinnable": ready and bool(changes),
+        "catalog_items": [
+            item_model(item, ready=ready, position=position)
+            for position, item in enumerate(report.get("items", ()))
+        ],
     }
+
+
+def item_model(item: Mapping[str, Any], *, ready: bool, position: int) -> dict[str, Any]:
+    """What the template shows of one prompt, resource template or resource
+    (``review.item_report``): all of it the upstream's text, escaped and bounded."""
+    kind: Kind = item["kind"]
+    changed = item["pin"] != PinState.PINNED or item["broken"]
+    return {
+        "position": position,
+        "kind": kind.value,
+        "kind_label": SINGULAR[kind],
+        # The form's value (autoescaped; ``key_ok`` rules out controls and whitespace);
+        # what a person reads is ``shown``, escaped and cut.
+        "key": item["key"],
+        "shown": _cut(escape(item["key"])),
+        "exposed": _cut(escape(item["exposed"])),
+        "verdict": verdict({**item, "seen": None}),
+        "status": item["status"],
+        "reason": _REASONS.get(item.get("reason") or "", item.get("reason") or ""),
+        "pinned": item["pinned"],
+        "sha256": item["sha256"],
+        "fields": [(f, _text(item["definition"].get(f))) for f in FIELDS[kind]],
+        "changed": changed,
+        "can_pin": ready and changed and item["allowed"],
+    }
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + "..."
 
 
 def tool_model(tool: Mapping[str, Any], kept: Any, *, pinnable: bool) -> dict[str, Any]:
@@ -265,4 +339,4 @@ def _diff(lines: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["UPSTREAM_REPINNED", "routes", "server_model"]
+__all__ = ["UPSTREAM_ITEM_REPINNED", "UPSTREAM_REPINNED", "item_model", "routes", "server_model"]

@@ -11,17 +11,25 @@ lengths, and refusals name the rule, never the value given.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from collections.abc import Iterable
+from typing import Literal, NamedTuple
 
 from nexus_mcp.errors import InvalidInputError, NotFoundError
 from nexus_mcp.policy.grants import (
     PROFILE_RELATION,
     assign_profile,
+    grant_prompt,
+    grant_resource,
     revoke_profile_grants,
+    revoke_prompt,
+    revoke_resource,
     revoke_tool,
+    to_prompt_object,
+    to_resource_object,
     to_tool_object,
 )
 from nexus_mcp.policy.profiles import PROFILE_NAME_RE, ToolProfileConfig
+from nexus_mcp.policy.resources import NOTES_SOURCE
 from nexus_mcp.policy.tuples import TupleStore
 
 UNKNOWN_PROFILE = "unknown profile; see 'nexus-mcp profiles list'"
@@ -69,6 +77,53 @@ def revoke_direct(store: TupleStore, subject: str, tool: str, zone: str) -> Dire
     )
 
 
+# A direct grant of something other than a tool: a resource source or an exposed prompt.
+ItemKind = Literal["resource", "prompt"]
+ITEM_KINDS: tuple[ItemKind, ...] = ("resource", "prompt")
+
+
+def item_object(kind: ItemKind, name: str) -> str:
+    """The ReBAC object of a resource source or prompt; ``INVALID_INPUT`` (naming the
+    field, never the value) for a name that cannot be one."""
+    return to_prompt_object(name) if kind == "prompt" else to_resource_object(name)
+
+
+def known_item(
+    config: ToolProfileConfig,
+    kind: ItemKind,
+    name: str,
+    *,
+    upstream_ids: Iterable[str] = (),
+    prompt_prefixes: Iterable[str] = (),
+) -> bool:
+    """Whether a profile names it, or it is a source or prompt of what is configured: the
+    note resources (``notes``), an upstream's id (its resources), an upstream's name
+    prefix (its prompts)."""
+    if kind == "prompt":
+        named = {p for profile in config.profiles.values() for p in profile.prompts}
+        return name in named or any(name.startswith(prefix) for prefix in prompt_prefixes)
+    named = {s for profile in config.profiles.values() for s in profile.resources}
+    return name == NOTES_SOURCE or name in named or name in set(upstream_ids)
+
+
+def grant_item(store: TupleStore, subject: str, kind: ItemKind, name: str, zone: str) -> int:
+    """Grant one resource source or prompt directly; the new revision."""
+    grant = grant_prompt if kind == "prompt" else grant_resource
+    return grant(store, subject, name, zone)
+
+
+def revoke_item(
+    store: TupleStore, subject: str, kind: ItemKind, name: str, zone: str
+) -> DirectRevoked:
+    """Remove one direct grant of a resource source or prompt, and say whether the
+    subject's profile still grants it."""
+    revoke = revoke_prompt if kind == "prompt" else revoke_resource
+    revision = revoke(store, subject, name, zone)
+    return DirectRevoked(
+        revision, store.check(subject, PROFILE_RELATION, item_object(kind, name), zone)
+    )
+
+
 def require_subject(subject: str) -> str:
     if not valid_subject(subject):
         raise InvalidInputError(field="subject")
@@ -76,14 +131,20 @@ def require_subject(subject: str) -> str:
 
 
 __all__ = [
+    "ITEM_KINDS",
     "MAX_PROFILE_CHARS",
     "MAX_SUBJECT_CHARS",
     "UNKNOWN_PROFILE",
     "DirectRevoked",
+    "ItemKind",
     "assign",
+    "grant_item",
+    "item_object",
+    "known_item",
     "known_profile",
     "require_subject",
     "revoke_direct",
+    "revoke_item",
     "revoke_profile",
     "valid_subject",
 ]

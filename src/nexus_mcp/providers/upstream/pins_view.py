@@ -23,13 +23,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from nexus_mcp.errors import ConfigError, UnavailableError
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.policy.catalog import Kind
 from nexus_mcp.policy.pins import PinnedDefinitions
 from nexus_mcp.policy.sandbox import isolation
 from nexus_mcp.policy.upstreams import UpstreamConfig
 from nexus_mcp.providers.upstream.review import (
     ReviewContext,
     inspect,
+    items_to_pin,
     keep_definitions,
+    pin_items,
     pin_reviewed,
     selection_digest,
     server_report,
@@ -56,6 +59,8 @@ class RepinOutcome:
     pinned: Mapping[str, str] = field(default_factory=dict)
     why: str | None = None
     kept: bool = True
+    # The items pinned (a prompt, resource template or resource: kind -> key -> digest).
+    items: Mapping[Kind, Mapping[str, str]] = field(default_factory=dict)
 
 
 class PinsView:
@@ -130,6 +135,36 @@ class PinsView:
             await live.refresh_pins()
         return RepinOutcome("pinned", report, pinned=changes, kept=kept)
 
+    async def repin_item(self, server_id: str, kind: Kind, key: str, shown: str) -> RepinOutcome:
+        """Pin one prompt, resource template or resource (``upstream pin --prompt`` or
+        ``--resource``, through ``review.pin_items`` as the CLI does), only if the upstream
+        still shows the definition reviewed (``shown``: its digest)."""
+        async with self._writing:
+            report = await self.review(server_id)
+            if report["state"] != "ready":
+                return RepinOutcome("refused", report, why="unreachable")
+            if report["pins_unusable"]:
+                return RepinOutcome("refused", report, why="pins_unusable")
+            listed = next(
+                (i for i in report.get("items", ()) if i["kind"] == kind and i["key"] == key),
+                None,
+            )
+            if listed is None or not listed["allowed"]:
+                return RepinOutcome("refused", report, why="unlisted")
+            if listed["sha256"] != shown:
+                return RepinOutcome("moved", report)
+            changes = items_to_pin(report, {kind: {key}})
+            if not changes:
+                return RepinOutcome("nothing", report)
+            try:
+                await asyncio.to_thread(pin_items, self.context, server_id, changes)
+            except (ConfigError, OSError):
+                return RepinOutcome("refused", report, why="write")
+        live = self.live.get(server_id)
+        if live is not None and live.bound_here():
+            await live.refresh_pins()
+        return RepinOutcome("pinned", report, items=changes)
+
     def _keep(self, server_id: str, report: Mapping[str, Any]) -> bool:
         try:
             keep_definitions(self.context, server_id, report["tools"], report["kept"])
@@ -157,6 +192,7 @@ def unreachable(
         "cut": None,
         "pin_problems": [],
         "pins_unusable": False,
+        "items": [],
     }
 
 

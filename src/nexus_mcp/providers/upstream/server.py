@@ -71,6 +71,7 @@ from nexus_mcp.policy.pins import (
     PinFile,
     load_pins,
     lock_path,
+    renewed_items,
     renewed_pins,
 )
 from nexus_mcp.policy.quarantine import (
@@ -571,9 +572,11 @@ class UpstreamServer(PinnedTools, CallerCredentials, Forwarding):
         if not self._reload_pins():
             return
         gateway = self._sessions.get(GATEWAY_SESSION)
-        if renewed_pins(before, self.pins) and gateway is not None and gateway.alive:
-            # Re-pinned: decide on what the upstream shows now (the definitions the
-            # operator reviewed), not on the last listing, which may predate a revert.
+        renewed = renewed_pins(before, self.pins) or renewed_items(before, self.pins)
+        if renewed and gateway is not None and gateway.alive:
+            # Re-pinned (a tool, or a prompt, resource template or resource): decide on
+            # what the upstream shows now (the definitions the operator reviewed), not on
+            # the last listing, which may predate the change or a revert.
             with contextlib.suppress(Exception):
                 await self._list_on(gateway, authoritative=True)
                 return
