@@ -209,3 +209,27 @@ async def test_a_changed_then_reverted_prompt_stays_quarantined_across_a_restart
     pinned = gw.build()
     async with Client(pinned.mcp) as client:
         assert "up_greet" in {p.name for p in await client.list_prompts()}
+
+
+async def test_a_template_is_no_way_around_a_quarantined_resource(tmp_path: Path) -> None:
+    """A static resource its upstream's own template also matches stays hidden when it is
+    quarantined, and a template read never carries a query the template does not declare
+    (both answer exactly like an unknown resource)."""
+    gw, record = gateway(tmp_path)
+    config = yaml.safe_load(gw.config_file.read_text())
+    config["upstreams"][0]["args"] += ["--item-variant", "evil"]
+    gw.config_file.write_text(yaml.safe_dump(config))
+    server = gw.build()
+    async with Client(server.mcp) as client:
+        uris = {str(r.uri) for r in await client.list_resources()}
+        assert "upstream://up/test://items/secret" not in uris
+        assert (await client.read_resource("upstream://up/test://items/5"))[0].text == "item 5"
+        with pytest.raises(MCPError) as via_template:
+            await client.read_resource("upstream://up/test://items/secret")
+        with pytest.raises(MCPError) as with_query:
+            await client.read_resource("upstream://up/test://items/5?admin=true")
+        with pytest.raises(MCPError) as unknown:
+            await client.read_resource("upstream://up/test://nothing/here")
+    assert str(via_template.value) == str(unknown.value) == str(with_query.value)
+    sent = [json.dumps(r) for r in read_record(record) if r.get("method") == "resources/read"]
+    assert not any("secret" in line or "admin" in line for line in sent)

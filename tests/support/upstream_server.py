@@ -388,6 +388,14 @@ def add_items(mcp: FastMCP[Any], variant: str | None) -> None:
     def huge_resource() -> str:
         return "z" * (2 * 1024 * 1024)
 
+    # A static resource its own template also matches: quarantined, the template must not
+    # be a way around its pin (``--item-variant`` changes its description).
+    secret_description = "An item of its own." + (f" ({variant})" if variant else "")
+
+    @mcp.resource("test://items/secret", name="secret", description=secret_description)
+    def secret_item() -> str:
+        return "SECRET-ITEM-TEXT"
+
     @mcp.resource("test://items/{item_id}", name="item", description="One item by id.")
     def item(item_id: str) -> str:
         return f"item {item_id}"

@@ -34,9 +34,12 @@ No FastMCP here: callers pass the MCP wire form (camelCase keys).
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
+
+from pydantic import AnyUrl
 
 from nexus_mcp.policy.hashing import sha256_hex, to_canonical_json
 from nexus_mcp.policy.profiles import TOOL_NAME_RE
@@ -46,6 +49,9 @@ MAX_URI_CHARS = 2048
 MAX_TEXT_CHARS = 32 * 1024  # a description, a title, a name
 MAX_ITEM_BYTES = 256 * 1024  # one canonical definition
 MAX_PROMPT_ARGUMENTS = 64
+MAX_TEMPLATE_VARIABLES = 8
+_VARIABLE_RE = re.compile(r"\{[+#./;?&]?[A-Za-z0-9_.]{1,64}\*?(?:,[A-Za-z0-9_.]{1,64}\*?)*\}")
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 # A URI or template: a scheme, then anything but whitespace and control characters
 # (the C0 and C1 sets, DEL, and the bidi and zero-width format characters).
 _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s\x00-\x1f\x7f-\x9f]*$")
@@ -104,7 +110,42 @@ def key_ok(kind: Kind, key: Any) -> bool:
         len(key) <= MAX_URI_CHARS
         and _URI_RE.fullmatch(key) is not None
         and _FORMAT_CHARS.search(key) is None
+        # No invisible or unpaired character a model would read and a person would not
+        # see (soft hyphen, tag characters, Arabic letter mark, surrogates, ...).
+        and not any(unicodedata.category(c) in _HIDDEN_CATEGORIES for c in key)
     )
+
+
+def template_problem(template: str) -> str | None:
+    """Why a resource template cannot be exposed. Its variables are matched by regular
+    expressions (``{v}`` as ``[^/]+``, ``{v*}`` as ``.+``), so two variables in one path
+    segment (``{a}{b}``, ``{a}-{b}``), more than one ``*`` or many variables make a read
+    of a crafted URI take polynomial-to-exponential time, the gateway's event loop with
+    it: at most one variable per segment, one ``*``, ``MAX_TEMPLATE_VARIABLES`` in all
+    (query expressions ``{?q}`` and ``{&q}`` aside)."""
+    variables = _VARIABLE_RE.findall(template)
+    if len(variables) > MAX_TEMPLATE_VARIABLES or template.count("{") != len(variables):
+        return "template_variables"
+    path = [v for v in variables if v[1] not in "?&"]
+    if sum(v.endswith("*}") for v in path) > 1:
+        return "template_variables"  # two ``.+``: quadratic and worse
+    for segment in _VARIABLE_RE.sub(lambda m: m.group(0).replace("/", ""), template).split("/"):
+        # At most one variable between two slashes: two ``[^/]+`` in one segment
+        # (``{a}-{b}``) make a failed match try every split of it.
+        if sum(1 for v in _VARIABLE_RE.findall(segment) if v[1] not in "?&") > 1:
+            return "template_variables"
+    return None
+
+
+def uri_stays(uri: str) -> bool:
+    """A resource is exposed (and read) under a URI that the URI library keeps as it is:
+    one it would rewrite (``x:a/../../y`` becomes ``y``, ``x:é`` is percent-encoded)
+    would be listed as another URI than the one that reads it."""
+    exposed = exposed_uri("server", uri)
+    try:
+        return str(AnyUrl(exposed)) == exposed
+    except ValueError:
+        return False
 
 
 def item_problem(
@@ -127,6 +168,10 @@ def item_problem(
         return "annotations_type"
     if kind is Kind.PROMPT and _arguments_problem(item.get("arguments")):
         return "arguments"
+    if kind is Kind.RESOURCE_TEMPLATE and template_problem(str(key)):
+        return "template_variables"
+    if kind is Kind.RESOURCE and not uri_stays(str(key)):
+        return "key_rule"
     if len(canonical) > MAX_ITEM_BYTES:
         return "definition_size"
     return None

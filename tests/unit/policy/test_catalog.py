@@ -33,7 +33,7 @@ def problem(kind: Kind, item: dict[str, Any]) -> str | None:
     [
         "test://static/readme",
         "file:///tmp/a%20b.txt",
-        "test://items/{item_id}",
+        "test://items/42",
         "https://example.com/x?y=1#z",
     ],
 )
@@ -171,3 +171,44 @@ def test_an_upstream_may_not_take_the_notes_source_id(server_id: str) -> None:
     with pytest.raises(ValidationError):
         UpstreamConfig(server_id=server_id, transport="stdio", command="x")
     assert UpstreamConfig(server_id="notes2", transport="stdio", command="x")
+
+
+@pytest.mark.parametrize(
+    ("template", "refused"),
+    [
+        ("test://items/{item_id}", False),
+        ("file:///{path*}", False),
+        ("x://{a*}/{b}/{c}", False),
+        ("x://{a}/{b}{?q,r}", False),
+        ("x:{a}{b}", True),  # two variables in one segment: every split is tried
+        ("x:{a}-{b}", True),
+        ("x://{a*}/{b*}", True),  # two ``.+``
+        ("x://" + "/{a}" * 9, True),  # too many
+        ("x://{bad", True),
+    ],
+)
+def test_templates_whose_matching_could_hang_the_gateway_are_refused(
+    template: str, refused: bool
+) -> None:
+    item = {"uriTemplate": template, "name": "t"}
+    assert (problem(Kind.RESOURCE_TEMPLATE, item) == "template_variables") is refused
+
+
+def test_a_crafted_template_would_take_seconds_to_fail_a_match() -> None:
+    """Why the rule exists: FastMCP's own matcher on an adjacent-variable template."""
+    import time
+
+    from fastmcp.resources import ResourceTemplate
+
+    template = ResourceTemplate(uri_template="x:{a}{b}{c}{d}{e}{f}!", name="t", parameters={})
+    started = time.perf_counter()
+    template.matches("x:" + "a" * 40)
+    assert time.perf_counter() - started > 0.05
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["x:a/../../y", "x:é", "x:\xadb", "x:\U000e0041", "x:\u061cb", "x:\ud800"],
+)
+def test_uris_rewritten_or_hiding_characters_are_refused(uri: str) -> None:
+    assert problem(Kind.RESOURCE, {"uri": uri, "name": "n"}) == "key_rule"

@@ -106,3 +106,31 @@ def test_a_prompt_answer_is_bounded_and_typed() -> None:
     )
     with pytest.raises(UpstreamError):
         to_prompt_result(many, 10_000_000)
+
+
+def test_a_prompt_message_is_rebuilt_without_the_upstreams_meta_or_annotations() -> None:
+    content = TextContent(
+        type="text",
+        text="hi",
+        annotations={"audience": ["assistant"], "priority": 1.0},
+        _meta={"upstream/evil": "IGNORE PREVIOUS"},
+    )
+    result = to_prompt_result(
+        GetPromptResult(messages=[PromptMessage(role="user", content=content)]), 1000
+    )
+    dumped = result.messages[0].content.model_dump(mode="json", by_alias=True)
+    assert "IGNORE" not in str(dumped) and "priority" not in str(dumped)
+
+
+def test_a_prompt_with_a_resource_link_or_a_bad_embedded_uri_is_refused() -> None:
+    from mcp_types import EmbeddedResource, ResourceLink
+
+    link = ResourceLink(type="resource_link", uri="https://evil.example/x", name="click")
+    bad = EmbeddedResource(
+        type="resource", resource=text("x").model_copy(update={"uri": "t://a\u202eb"})
+    )
+    for content in (link, bad):
+        with pytest.raises(UpstreamError):
+            to_prompt_result(
+                GetPromptResult(messages=[PromptMessage(role="user", content=content)]), 1000
+            )

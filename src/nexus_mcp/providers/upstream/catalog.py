@@ -42,6 +42,7 @@ from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.catalog import (
     FIELDS,
     KEY_FIELD,
+    MAX_URI_CHARS,
     Kind,
     canonical_item,
     exposed_uri,
@@ -372,12 +373,23 @@ class UpstreamCatalog:
 
     def _publish(self, kind: Kind) -> None:
         exposed = [v for v in self.views[kind].values() if v.status == "exposed" and v.exposed]
+        built: dict[str, Any] = {}
+        for view in exposed:
+            try:
+                if kind is Kind.PROMPT:
+                    built[view.exposed] = UpstreamPrompt.for_view(self, view)  # type: ignore[index]
+                elif kind is Kind.RESOURCE:
+                    built[view.exposed] = UpstreamResource.for_view(self, view)  # type: ignore[index]
+                else:
+                    built[view.exposed] = UpstreamTemplate.for_view(self, view)  # type: ignore[index]
+            except Exception:  # noqa: BLE001 - one the library refuses is not exposed
+                log.warning("upstream_item_unbuildable", server_id=self.server_id, kind=kind.value)
         if kind is Kind.PROMPT:
-            self.prompts = {v.exposed: UpstreamPrompt.for_view(self, v) for v in exposed}  # type: ignore[misc]
+            self.prompts = built
         elif kind is Kind.RESOURCE:
-            self.resources = {v.exposed: UpstreamResource.for_view(self, v) for v in exposed}  # type: ignore[misc]
+            self.resources = built
         else:
-            self.templates = {v.exposed: UpstreamTemplate.for_view(self, v) for v in exposed}  # type: ignore[misc]
+            self.templates = built
         self.server.on_change(self.server)
 
     def _report(self, kind: Kind, event: str, what: str, **fields: Any) -> None:
@@ -399,6 +411,21 @@ class UpstreamCatalog:
 
     def visible_resources(self) -> dict[str, UpstreamResource]:
         return {} if self._down() else self.resources
+
+    def template_may_read(self, backend: str, template: str) -> bool:
+        """Whether a read through a template may reach ``backend`` (the upstream's URI):
+        never a URI that names one of its resources which is not exposed (quarantined,
+        unpinned, not allowed: the template must not be a way around its pin), and never
+        a query or fragment the template does not declare (it would travel upstream
+        unchecked)."""
+        static = self.views[Kind.RESOURCE].get(backend)
+        if static is not None and static.status != "exposed":
+            return False
+        if ("?" in backend or "#" in backend) and not any(
+            marker in template for marker in ("{?", "{&", "{#")
+        ):
+            return False
+        return len(backend) <= MAX_URI_CHARS
 
     def visible_templates(self) -> dict[str, UpstreamTemplate]:
         return {} if self._down() else self.templates
@@ -489,8 +516,17 @@ class UpstreamCatalog:
 
     async def read_resource(self, view: ItemView, backend: str) -> ResourceResult:
         await self._still_exposed(view)
+        if view.kind is Kind.RESOURCE_TEMPLATE and not self.template_may_read(backend, view.key):
+            raise UpstreamFailure("unavailable", "item_quarantined").to_error()
         raw = await self._forward(lambda client, meta: client.read_resource_mcp(backend, meta=meta))
-        return to_resource_result(raw, self.server.max_result_bytes)
+        result = to_resource_result(raw, self.server.max_result_bytes)
+        self._still_current(view)  # quarantined while the read was in flight: refused
+        return result
+
+    def _still_current(self, view: ItemView) -> None:
+        current = self.views[view.kind].get(view.key)
+        if current is None or current.status != "exposed" or current.digest != view.digest:
+            raise UpstreamFailure("unavailable", "item_quarantined").to_error()
 
     async def render_prompt(self, view: ItemView, arguments: dict[str, Any]) -> PromptResult:
         await self._still_exposed(view)
@@ -500,7 +536,9 @@ class UpstreamCatalog:
         raw = await self._forward(
             lambda client, meta: client.get_prompt_mcp(view.key, sent, meta=meta)
         )
-        return to_prompt_result(raw, self.server.max_result_bytes)
+        result = to_prompt_result(raw, self.server.max_result_bytes)
+        self._still_current(view)
+        return result
 
 
 __all__ = ["UpstreamCatalog", "announced", "fetch_items", "screen_items"]

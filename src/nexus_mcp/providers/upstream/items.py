@@ -25,6 +25,7 @@ from fastmcp.resources import Resource, ResourceTemplate
 from fastmcp.resources.base import ResourceContent, ResourceResult
 from fastmcp.utilities.tasks import TaskConfig
 from mcp_types import (
+    AudioContent,
     BlobResourceContents,
     EmbeddedResource,
     ImageContent,
@@ -34,7 +35,7 @@ from mcp_types import (
 from pydantic import AnyUrl
 
 from nexus_mcp.errors import DocSizeExceededError
-from nexus_mcp.policy.catalog import Kind, backend_uri
+from nexus_mcp.policy.catalog import Kind, backend_uri, key_ok
 from nexus_mcp.policy.documents import MAX_READ_LIMIT_NAME
 from nexus_mcp.policy.hashing import sha256_hex, to_canonical_json
 from nexus_mcp.policy.pins import PinState
@@ -199,29 +200,57 @@ def to_resource_result(raw: Any, max_bytes: int) -> ResourceResult:
 
 
 def to_prompt_result(raw: Any, max_bytes: int) -> PromptResult:
-    """The upstream's GetPromptResult, checked for shape and size (never echoed)."""
+    """The upstream's GetPromptResult, checked for shape and size (never echoed), each
+    message rebuilt from the fields MCP defines for its kind: the upstream's ``_meta`` and
+    ``annotations`` (text a model may read, that no pin covered) are not passed on, and a
+    ``resource_link`` (a URI and a description of the upstream's choosing) refuses it."""
     try:
         messages = list(raw.messages or [])
         if len(messages) > MAX_CONTENTS:
             raise ValueError("messages")
-        kept: list[Message] = []
-        for message in messages:
-            if message.role not in ("user", "assistant"):
-                raise ValueError("role")
-            content = message.content
-            if not isinstance(content, TextContent | ImageContent | EmbeddedResource) and getattr(
-                content, "type", None
-            ) not in ("audio", "resource_link"):
-                raise TypeError("content kind")
-            kept.append(Message(content=content, role=message.role))
-        dumped = [m.content.model_dump(mode="json", by_alias=True) for m in messages]
-        size = len(to_canonical_json([dumped, raw.description]))
+        kept = [Message(content=_content(m.content), role=_role(m.role)) for m in messages]
+        dumped = [m.content.model_dump(mode="json", by_alias=True) for m in kept]
         description = raw.description if isinstance(raw.description, str) else None
-    except (ValueError, TypeError, AttributeError):
+        size = len(to_canonical_json([dumped, description]))
+    except (ValueError, TypeError, AttributeError, binascii.Error):
         raise UpstreamFailure("error", "bad_result").to_error() from None
     if size > max_bytes:
         raise DocSizeExceededError(limit_name=MAX_READ_LIMIT_NAME, limit_bytes=max_bytes)
     return PromptResult(messages=kept, description=description)
+
+
+def _role(role: Any) -> Any:
+    if role not in ("user", "assistant"):
+        raise ValueError("role")
+    return role
+
+
+def _content(content: Any) -> Any:
+    kind = getattr(content, "type", None)
+    if kind == "text" and isinstance(content.text, str):
+        return TextContent(type="text", text=content.text)
+    if kind in ("image", "audio"):
+        mime = media_type(content.mime_type)
+        base64.b64decode(content.data, validate=True)
+        if mime is None:
+            raise ValueError("mime")
+        cls = ImageContent if kind == "image" else AudioContent
+        return cls(type=kind, data=content.data, mime_type=mime)
+    if kind == "resource":
+        inner = content.resource
+        uri = str(inner.uri)
+        if not key_ok(Kind.RESOURCE, uri):
+            raise ValueError("uri")
+        mime = media_type(inner.mime_type)
+        if isinstance(inner, TextResourceContents):
+            body: Any = TextResourceContents(uri=uri, text=inner.text, mime_type=mime)
+        elif isinstance(inner, BlobResourceContents):
+            base64.b64decode(inner.blob, validate=True)
+            body = BlobResourceContents(uri=uri, blob=inner.blob, mime_type=mime)
+        else:
+            raise TypeError("resource")
+        return EmbeddedResource(type="resource", resource=body)
+    raise TypeError("content kind")
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool
 from fastmcp.utilities.versions import VersionSpec
 
+from nexus_mcp.policy.catalog import MAX_URI_CHARS, backend_uri
 from nexus_mcp.providers.upstream.catalog import UpstreamCatalog
 from nexus_mcp.providers.upstream.server import UpstreamServer
 
@@ -126,6 +127,26 @@ class UpstreamProvider(Provider):
             found = catalog.visible_resources().get(uri)
             if found is not None:
                 return found
+        return None
+
+    async def _get_resource_template(
+        self, uri: str, version: VersionSpec | None = None
+    ) -> ResourceTemplate | None:
+        """The template that reads ``uri``: only one of the upstream the URI names (its
+        prefix), only within ``MAX_URI_CHARS`` (a template's regular expression never
+        sees a crafted megabyte), and never for a URI the upstream's catalog keeps from
+        its templates (``template_may_read``): hidden exactly like a missing one."""
+        for catalog in await self._catalogs():
+            backend = backend_uri(catalog.server_id, uri)
+            if backend is None:
+                continue
+            if len(backend) > MAX_URI_CHARS:
+                return None
+            for template in catalog.visible_templates().values():
+                if template.matches(uri) is not None:
+                    key = template._view.key
+                    return template if catalog.template_may_read(backend, key) else None
+            return None
         return None
 
     async def _list_resource_templates(self) -> list[ResourceTemplate]:
