@@ -236,9 +236,12 @@ class GrantedTools:
         return self._granted_in(principal, self.prompt_cache)
 
     def _granted_in(self, principal: Principal, cache: VisibleToolsCache) -> frozenset[str]:
+        """The profile's and the direct grants in ``cache`` (tools, resource sources or
+        prompts), before any other rule."""
         try:
             name = self.select(principal)
         except Exception:
+            # Reading the assignment failed: count it (the cache counts its own failures).
             with self._lock:
                 self._errors += 1
             raise
@@ -251,18 +254,9 @@ class GrantedTools:
 
     def _granted(self, principal: Principal) -> frozenset[str]:
         """What the profile, grants and read-only flag give, before any scope is asked."""
-        try:
-            name = self.select(principal)
-        except Exception:
-            # Reading the assignment failed: count it (the cache counts its own failures).
-            with self._lock:
-                self._errors += 1
-            raise
-        if name is None:
-            return frozenset()
-        granted = self.cache.get(profile_subject(name), self.zone) | self.cache.get(
-            principal.subject, self.zone
-        )
+        granted = self._granted_in(principal, self.cache)
+        if not granted:
+            return granted
         if self._available is not None:
             granted &= self._available
         return granted - self.write_tools if principal.read_only else granted
