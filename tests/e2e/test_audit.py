@@ -214,7 +214,16 @@ async def test_reads_and_writes_leave_a_file_that_verifies_with_each_read_in_one
     ]
     capsys.readouterr()
     assert main(["audit", "verify", "--file", str(path)]) == 0
-    assert capsys.readouterr().out.strip() == "13 events, 0 problems"
+    assert capsys.readouterr().out.splitlines() == [
+        "13 events, 0 problems",
+        "chain intact: 13 records in 1 segments",
+    ]
+    # The server's log is hash-chained: one edited byte is caught at its line.
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[4] = lines[4].replace(b'"nexus_read_file"', b'"nexus_read_filE"', 1)
+    path.write_bytes(b"".join(lines))
+    assert main(["audit", "verify", "--file", str(path)]) == 1
+    assert "audit.jsonl:5: record does not match its hash" in capsys.readouterr().out
     assert main(["audit", "tail", "--file", str(path), "-n", "2"]) == 0
     assert "nexus_list_files" in capsys.readouterr().out
 
