@@ -118,6 +118,8 @@ class ChainedJsonlWriter:
         # the size (or the inode, by rotating), and the state is read again from the files.
         self._known: tuple[int, int, str] | None = None
         self._segments: list[dict[str, Any]] = []
+        self._heads_size = 0
+        self._inode = 0
 
     def write(self, records: list[Mapping[str, Any]]) -> None:
         with self._lock:
@@ -135,12 +137,13 @@ class ChainedJsonlWriter:
             os.close(self._fd)  # another process rotated (or someone moved) the file
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             info = os.fstat(self._fd)
-        size = info.st_size
+        size, self._inode = info.st_size, info.st_ino
         known = self._known
         if known is not None and known[0] == info.st_ino and known[1] == size:
             prev, prefix = known[2], b""
         else:
             self._load_segments()
+            self._heads_size = os.fstat(self._hfd).st_size if self._hfd is not None else 0
             prev, mid_line = _last_chained(self._fd, size)
             if prev == GENESIS and size == 0 and self._segments:
                 prev = str(self._segments[-1].get("last_sha256", GENESIS))
@@ -163,7 +166,7 @@ class ChainedJsonlWriter:
             os.fsync(self._fd)
         size += len(data)
         self._store_heads(prev, size)
-        self._known = (os.fstat(self._fd).st_ino, size, prev)
+        self._known = (self._inode, size, prev)
 
     def _load_segments(self) -> None:
         assert self._hfd is not None
@@ -186,6 +189,7 @@ class ChainedJsonlWriter:
         self._segments.append({"file": target.name, "last_sha256": last})
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        self._inode = os.fstat(self._fd).st_ino
 
     def _store_heads(self, last: str, size: int) -> None:
         heads = {
@@ -195,8 +199,13 @@ class ChainedJsonlWriter:
         }
         data = compact_json(heads)
         assert self._hfd is not None
-        os.ftruncate(self._hfd, 0)
+        # The object only grows (hashes have one length, sizes and segments grow), so it
+        # is rewritten in place; padding (JSON whitespace) covers a shorter one, and the
+        # file is cut only then, which skips a metadata update on every record.
+        if len(data) < self._heads_size:
+            data += b" " * (self._heads_size - len(data))
         os.pwrite(self._hfd, data, 0)
+        self._heads_size = len(data)
         if self._fsync:
             os.fsync(self._hfd)
 
