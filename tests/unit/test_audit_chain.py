@@ -251,3 +251,26 @@ def test_records_written_before_the_chain_are_counted_not_checked(
     write_log(path, 2)
     code, out = verify(capsys, path)
     assert code == 0 and "2 records in 1 segments (1 written before the chain" in out
+
+
+@pytest.mark.parametrize("name", ["../escape", "/etc/passwd", "audit.jsonl.x", "other.jsonl.1", 7])
+def test_a_heads_file_naming_a_foreign_segment_is_damaged(
+    log: Path, capsys: pytest.CaptureFixture[str], name: object
+) -> None:
+    heads = json.loads(heads_path(log).read_bytes())
+    heads["segments"] = [{"file": name, "last_sha256": GENESIS}]
+    heads_path(log).write_text(json.dumps(heads))
+    code, out = verify(capsys, log)
+    assert code == 1 and "heads file is damaged" in out
+
+
+def test_a_deleted_live_log_is_recreated_and_caught(
+    log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sink = JsonlAuditSink(log)
+    sink.emit(event(7))
+    log.unlink()
+    sink.emit(event(8))  # never raises: a new file starts
+    sink.close()
+    code, out = verify(capsys, log)
+    assert code == 1 and "audit.jsonl:1: chain broken" in out

@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ GENESIS = "0" * 64
 HEADS_SUFFIX = ".heads"
 HEADS_VERSION = 1
 _TAIL_CHUNK = 65536
+_SEGMENT = re.compile(r"\.[1-9][0-9]{0,8}")  # after the log's name: ".1", ".2", ...
 
 
 def heads_path(log: Path) -> Path:
@@ -120,6 +122,7 @@ class ChainedJsonlWriter:
         self._segments: list[dict[str, Any]] = []
         self._heads_size = 0
         self._inode = 0
+        self._stored_head = GENESIS
 
     def write(self, records: list[Mapping[str, Any]]) -> None:
         with self._lock:
@@ -133,7 +136,11 @@ class ChainedJsonlWriter:
 
     def _write_locked(self, records: list[Mapping[str, Any]]) -> None:
         info = os.fstat(self._fd)
-        if info.st_nlink == 0 or os.stat(self.path).st_ino != info.st_ino:
+        try:
+            moved = os.stat(self.path).st_ino != info.st_ino
+        except FileNotFoundError:
+            moved = True  # deleted: a new file starts, and verify finds its chain broken
+        if moved:
             os.close(self._fd)  # another process rotated (or someone moved) the file
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             info = os.fstat(self._fd)
@@ -145,8 +152,8 @@ class ChainedJsonlWriter:
             self._load_segments()
             self._heads_size = os.fstat(self._hfd).st_size if self._hfd is not None else 0
             prev, mid_line = _last_chained(self._fd, size)
-            if prev == GENESIS and size == 0 and self._segments:
-                prev = str(self._segments[-1].get("last_sha256", GENESIS))
+            if size == 0:  # a new segment, or the file was deleted: chain to the stored head
+                prev = self._stored_head
             # A torn last line (a crash mid-write) stays on a line of its own.
             prefix = b"\n" if mid_line else b""
         lines = [prefix]
@@ -175,8 +182,12 @@ class ChainedJsonlWriter:
             heads = json.loads(raw) if raw else {}
             segments = heads.get("segments", []) if isinstance(heads, dict) else []
             self._segments = [s for s in segments if isinstance(s, dict)]
+            live = heads.get("live") if isinstance(heads, dict) else None
+            head = live.get("last_sha256") if isinstance(live, dict) else None
+            self._stored_head = head if isinstance(head, str) else GENESIS
         except ValueError:
             self._segments = []  # a damaged heads file: verify reports it; keep writing
+            self._stored_head = GENESIS
 
     def _rotate(self) -> None:
         last = _last_chained(self._fd, os.fstat(self._fd).st_size)[0]
@@ -257,7 +268,12 @@ def verify_chain(log: Path) -> ChainReport:
         heads = read_heads(hpath)
     except (ValueError, OSError):
         return report(0, hpath.name, 0, "the heads file is damaged")
-    segments = [] if heads is None else [s for s in heads["segments"] if isinstance(s, dict)]
+    segments = [] if heads is None else heads["segments"]
+    names = [s.get("file") if isinstance(s, dict) else None for s in segments]
+    if not all(isinstance(n, str) and _SEGMENT.fullmatch(n, len(log.name)) for n in names):
+        return report(0, hpath.name, 0, "the heads file is damaged")
+    if any(not n.startswith(log.name) for n in names):  # type: ignore[union-attr]
+        return report(0, hpath.name, 0, "the heads file is damaged")
     files = [(log.with_name(str(s.get("file"))), s.get("last_sha256")) for s in segments]
     live = heads.get("live") if heads is not None else None
     files.append((log, live.get("last_sha256") if isinstance(live, dict) else None))
