@@ -6,7 +6,7 @@ Both sides write the same realistic ``tool_call_finished`` record to a real file
 temporary folder, alternating round by round so drift hits both:
 
 - baseline: the unchained sink as it was (one ``O_APPEND`` ``write`` of the compact line);
-- nexus-mcp: ``JsonlAuditSink`` (flock on the heads file, canonical-JSON SHA-256 with the
+- nexus-mcp: ``JsonlAuditSink`` (flock on the heads file, SHA-256 of the line with the
   previous hash, the line, the stored head), per ``emit`` and per ``emit_many`` pair (a
   read-class call's two records), and ``audit verify``'s chain check per record.
 """

@@ -15,7 +15,7 @@ import pytest
 
 from nexus_mcp.cli import main
 from nexus_mcp.observability.audit import AuditEvent, JsonlAuditSink, check_audit_record
-from nexus_mcp.observability.audit_chain import GENESIS, chain_record, heads_path
+from nexus_mcp.observability.audit_chain import GENESIS, chain_line, heads_path
 
 CANARY = "CANARY-SECRET-TEXT"
 
@@ -102,16 +102,16 @@ def test_a_forged_line_with_its_own_hash_recomputed_is_caught(
     log: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = lines_of(log)
-    forged, _ = chain_record(event(99).to_record(), GENESIS)  # a valid hash, a wrong prev
-    lines.insert(4, json.dumps(forged).encode() + b"\n")
+    forged, _ = chain_line(event(99).to_record(), GENESIS)  # a valid hash, a wrong prev
+    lines.insert(4, forged)
     log.write_bytes(b"".join(lines))
     code, out = verify(capsys, log)
     assert code == 1 and "audit.jsonl:5: chain broken" in out
     # Chained to the right prev, the record after it is what breaks.
     lines = lines_of(log)
     prev = json.loads(lines[3])["sha256"]
-    forged, _ = chain_record(event(99).to_record(), prev)
-    lines[4] = json.dumps(forged).encode() + b"\n"
+    forged, _ = chain_line(event(99).to_record(), prev)
+    lines[4] = forged
     log.write_bytes(b"".join(lines))
     code, out = verify(capsys, log)
     assert code == 1 and "audit.jsonl:6: chain broken" in out

@@ -1,9 +1,10 @@
 """The tamper-evident audit file: a hash chain over its records, with stored heads.
 
 Every record the file sink writes carries ``prev_sha256`` (the ``sha256`` of the record
-before it, or :data:`GENESIS` for the first) and ``sha256``: the SHA-256 of the record's
-canonical JSON (``policy/hashing.py``) without its own ``sha256`` field. Editing, removing,
-reordering or inserting a line breaks the chain at that line.
+before it, or :data:`GENESIS` for the first) and, last, ``sha256``: the SHA-256 of the
+line's own bytes up to that field (closed with ``}``). Hashing the bytes on disk, not a
+canonical re-encoding, catches any changed byte and costs one encoding per record, not
+two. Editing, removing, reordering or inserting a line breaks the chain at that line.
 
 Beside the log ``audit.jsonl`` lies ``audit.jsonl.heads``: a small JSON object naming the
 rotated segments in order (``audit.jsonl.1``, ``.2``, ...) with each one's last hash, and
@@ -29,12 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from nexus_mcp.json_text import compact_json
-from nexus_mcp.policy.hashing import sha256_hex, to_canonical_json
+from nexus_mcp.policy.hashing import sha256_hex
 
 GENESIS = "0" * 64
 HEADS_SUFFIX = ".heads"
 HEADS_VERSION = 1
 _TAIL_CHUNK = 65536
+_SUFFIX_HEAD = b',"sha256":"'
+_SUFFIX_LEN = len(_SUFFIX_HEAD) + 64 + 2
 _SEGMENT = re.compile(r"\.[1-9][0-9]{0,8}")  # after the log's name: ".1", ".2", ...
 
 
@@ -42,26 +45,30 @@ def heads_path(log: Path) -> Path:
     return log.with_name(log.name + HEADS_SUFFIX)
 
 
-def record_sha256(record: Mapping[str, Any]) -> str:
-    """The hash of a record: its canonical JSON without its own ``sha256`` field."""
-    body = {key: value for key, value in record.items() if key != "sha256"}
-    return sha256_hex(to_canonical_json(body))
+def line_sha256(text: bytes) -> str | None:
+    """The hash a chained line claims, when it is the hash of the line's own bytes.
+
+    ``None`` when the line does not end in its ``sha256`` field or the bytes before it
+    (closed with ``}``) do not hash to it: one changed byte anywhere is caught.
+    """
+    suffix = text[-_SUFFIX_LEN:]
+    if len(text) <= _SUFFIX_LEN or not (suffix.startswith(_SUFFIX_HEAD) and suffix.endswith(b'"}')):
+        return None
+    claimed = suffix[len(_SUFFIX_HEAD) : -2].decode("ascii", "replace")
+    return claimed if sha256_hex(text[:-_SUFFIX_LEN] + b"}") == claimed else None
 
 
-def chain_record(record: Mapping[str, Any], prev: str) -> tuple[dict[str, Any], str]:
-    """The record as written (with ``prev_sha256`` and ``sha256``) and its hash."""
-    chained = dict(record)
-    chained.pop("sha256", None)
+def chain_line(record: Mapping[str, Any], prev: str) -> tuple[bytes, str]:
+    """The line written for a record (with ``prev_sha256``, then ``sha256``) and its hash.
+
+    The hash is over the exact bytes of the line without its ``sha256`` field, so verify
+    hashes what is on disk and nothing is serialised twice.
+    """
+    chained = {k: v for k, v in record.items() if k not in ("sha256", "prev_sha256")}
     chained["prev_sha256"] = prev
-    try:
-        digest = sha256_hex(to_canonical_json(chained))
-    except (TypeError, ValueError):
-        # What canonical JSON cannot write (NaN, an object written as its str) is hashed
-        # as the line will read back, which is what verify hashes.
-        chained = json.loads(compact_json(chained))
-        digest = sha256_hex(to_canonical_json(chained))
-    chained["sha256"] = digest
-    return chained, digest
+    body = compact_json(chained)
+    digest = sha256_hex(body)
+    return body[:-1] + _SUFFIX_HEAD + digest.encode("ascii") + b'"}\n', digest
 
 
 def _last_chained(fd: int, size: int) -> tuple[str, bool]:
@@ -158,8 +165,8 @@ class ChainedJsonlWriter:
             prefix = b"\n" if mid_line else b""
         lines = [prefix]
         for record in records:
-            chained, prev = chain_record(record, prev)
-            lines.append(compact_json(chained) + b"\n")
+            line, prev = chain_line(record, prev)
+            lines.append(line)
         data = b"".join(lines)
         if self._max_bytes is not None and size > 0 and size + len(data) > self._max_bytes:
             self._rotate()
@@ -299,7 +306,7 @@ def verify_chain(log: Path) -> ChainReport:
             if digest is None and prev is None and "prev_sha256" not in record:
                 unchained += 1  # written before the chain existed
                 continue
-            if not isinstance(digest, str) or record_sha256(record) != digest:
+            if not isinstance(digest, str) or line_sha256(text) != digest:
                 return report(index, path.name, number, "record does not match its hash (edited)")
             expected = prev if prev is not None else GENESIS
             if record.get("prev_sha256") != expected:
@@ -325,9 +332,9 @@ __all__ = [
     "ChainProblem",
     "ChainReport",
     "ChainedJsonlWriter",
-    "chain_record",
+    "chain_line",
     "heads_path",
+    "line_sha256",
     "read_heads",
-    "record_sha256",
     "verify_chain",
 ]
