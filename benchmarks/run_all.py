@@ -33,6 +33,7 @@ SCRIPTS = [
     "bench_upstream.py",
     "bench_repo.py",
     "bench_replicas.py",
+    "bench_audit_chain.py",
 ]
 
 

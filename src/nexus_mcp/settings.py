@@ -285,6 +285,8 @@ class Settings(BaseSettings):
     workspace: Path | None = None
     data_dir: Path = Field(default_factory=default_data_dir)
     audit_file: Path | None = None
+    # Rotate the audit file into numbered segments past this size; the hash chain runs on.
+    audit_max_bytes: int | None = Field(default=None, ge=65536)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # auto: text lines when stderr is a terminal, JSON lines otherwise (observability/logs.py).
     log_format: Literal["auto", "text", "json"] = "auto"
@@ -602,6 +604,12 @@ SERVE_OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "audit_file",
         "JSONL audit file (default <data-dir>/audit.jsonl)",
         {"type": Path},
+    ),
+    (
+        "--audit-max-bytes",
+        "audit_max_bytes",
+        "rotate the audit file past this size (at least 65536; default: never)",
+        {"type": int},
     ),
     (
         "--log-level",

@@ -214,7 +214,16 @@ async def test_reads_and_writes_leave_a_file_that_verifies_with_each_read_in_one
     ]
     capsys.readouterr()
     assert main(["audit", "verify", "--file", str(path)]) == 0
-    assert capsys.readouterr().out.strip() == "13 events, 0 problems"
+    assert capsys.readouterr().out.splitlines() == [
+        "13 events, 0 problems",
+        "chain intact: 13 records in 1 segments",
+    ]
+    # The server's log is hash-chained: one edited byte is caught at its line.
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[4] = lines[4].replace(b'"nexus_read_file"', b'"nexus_read_filE"', 1)
+    path.write_bytes(b"".join(lines))
+    assert main(["audit", "verify", "--file", str(path)]) == 1
+    assert "audit.jsonl:5: record does not match its hash" in capsys.readouterr().out
     assert main(["audit", "tail", "--file", str(path), "-n", "2"]) == 0
     assert "nexus_list_files" in capsys.readouterr().out
 
@@ -294,3 +303,23 @@ async def test_over_stdio_each_read_is_on_record_before_its_result_arrives(
                     tool_call_id = result.meta[META_TOOL_EFFECT]["tool_call_id"]
                     seen.append(of_call(data / "audit.jsonl", tool_call_id))
     assert seen == [[TOOL_CALL_STARTED, TOOL_CALL_FINISHED]] * 10
+
+
+async def test_a_server_rotating_its_audit_file_leaves_one_verifiable_chain(
+    build: ServerBuilder, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = build(audit_max_bytes=65536)
+    path = audit_path(server)
+    async with Client(server.mcp) as client:
+        for n in range(70):
+            await client.call_tool_mcp("nexus_read_file", {"path": "todo.txt" if n % 2 else "x"})
+    segments = sorted(path.parent.glob("audit.jsonl.[0-9]*"))
+    assert segments, "70 calls pass 64 KiB: the file rotated"
+    assert all(p.stat().st_size <= 65536 for p in segments)
+    capsys.readouterr()
+    assert main(["audit", "verify", "--data-dir", str(tmp_path / "data")]) == 0
+    out = capsys.readouterr().out
+    assert f"chain intact: 140 records in {len(segments) + 1} segments" in out
+    segments[0].unlink()
+    assert main(["audit", "verify", "--data-dir", str(tmp_path / "data")]) == 1
+    assert "audit.jsonl.1: segment is missing" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from typing import Any
 
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.audit import read_audit_file
+from nexus_mcp.observability.audit_chain import verify_chain
 from nexus_mcp.stores.locations import AUDIT_FILE_SETTING, DATA_DIR_SETTING, load_state_settings
 
 TAIL_COLUMNS = ("ts", "event", "tool", "subject", "outcome", "duration_ms", "correlation_id")
@@ -47,8 +48,15 @@ def add_parser(subparsers: Any) -> None:
     _add_location_flags(tail)
     tail.add_argument("-n", "--lines", type=int, default=20, help="how many events (default 20)")
     tail.set_defaults(func=run_tail)
-    verify = sub.add_parser("verify", help="check that every line is a well-formed event")
+    verify = sub.add_parser(
+        "verify",
+        help="check that every line is a well-formed event and the hash chain is intact",
+    )
     _add_location_flags(verify)
+    verify.add_argument(
+        "files", nargs="*", type=Path, metavar="FILE",
+        help="audit logs to verify (each with its rotated segments and heads file)",
+    )  # fmt: skip
     verify.set_defaults(func=run_verify)
 
 
@@ -88,22 +96,43 @@ def run_tail(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    """Each log: every line well-formed, then the chain; exit 1 at any problem."""
     try:
-        path = _audit_file(args)
-        if not _exists(path):
-            sys.stderr.write(f"no audit file at {path}\n")
-            return 1
-        total, problems = 0, 0
-        for number, _, problem in _records(path):
-            total += 1
-            if problem is not None:
-                problems += 1
-                sys.stdout.write(f"line {number}: {problem}\n")
+        paths = list(args.files) or [_audit_file(args)]
+        failed = False
+        for path in paths:
+            failed = _verify_one(path, len(paths) > 1) or failed
     except ConfigError as exc:
         sys.stderr.write(f"nexus-mcp: {exc}\n")
         return EXIT_CONFIG
-    sys.stdout.write(f"{total} events, {problems} problems\n")
-    return 1 if problems else 0
+    return 1 if failed else 0
+
+
+def _verify_one(path: Path, named: bool) -> bool:
+    """Report one log; True when it has a problem. Lines are named, never their content."""
+    if not _exists(path):
+        sys.stderr.write(f"no audit file at {path}\n")
+        return True
+    prefix = f"{path}: " if named else ""
+    total, problems = 0, 0
+    for number, _, problem in _records(path):
+        total += 1
+        if problem is not None:
+            problems += 1
+            sys.stdout.write(f"{prefix}line {number}: {problem}\n")
+    try:
+        chain = verify_chain(path)
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    sys.stdout.write(f"{prefix}{total} events, {problems} problems\n")
+    if chain.problem is not None:
+        sys.stdout.write(f"{prefix}chain broken at {chain.problem}\n")
+        return True
+    legacy = f" ({chain.unchained} written before the chain, unchecked)" if chain.unchained else ""
+    sys.stdout.write(
+        f"{prefix}chain intact: {chain.records} records in {chain.segments} segments{legacy}\n"
+    )
+    return problems > 0
 
 
 def _exists(path: Path) -> bool:

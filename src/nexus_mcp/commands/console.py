@@ -106,7 +106,7 @@ def standalone_app(settings: Settings, config: str | None) -> tuple[Any, Any]:
     sections = config_sections(Path(config)) if config else {}
     approval_settings = load_approval_settings(os.environ, sections)
     state = open_state(settings, os.environ)
-    audit = AuditLog([JsonlAuditSink(settings.audit_path)])
+    audit = AuditLog([JsonlAuditSink(settings.audit_path, max_bytes=settings.audit_max_bytes)])
     services = ConsoleServices(
         pins=_pins(settings, Path(config) if config else None),
         settings=settings,

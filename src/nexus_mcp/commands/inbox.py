@@ -198,7 +198,7 @@ def run_decide(args: argparse.Namespace) -> int:
 
 
 def _audit(settings: Settings, request: ApprovalRequest, approver: str) -> None:
-    sink = JsonlAuditSink(settings.audit_path)
+    sink = JsonlAuditSink(settings.audit_path, max_bytes=settings.audit_max_bytes)
     try:
         sink.emit(
             AuditEvent(

@@ -12,7 +12,6 @@ and an in-memory sink that tests use as their double (structlog.testing-style).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nexus_mcp.json_text import compact_json
+from nexus_mcp.observability.audit_chain import ChainedJsonlWriter
 
 TOOL_CALL_STARTED = "tool_call_started"
 TOOL_CALL_FINISHED = "tool_call_finished"
@@ -212,41 +212,28 @@ def encode_record(record: Mapping[str, Any]) -> bytes:
 class JsonlAuditSink:
     """Appends one JSON object per line; events are written out before ``emit`` returns.
 
-    The file is opened ``O_APPEND`` and unbuffered: every ``emit`` (and every
-    ``emit_many``, whose lines go together) is one ``write`` of whole lines, placed at the
-    end by the OS, so they are in the kernel (flushed) when the call returns, lines are
-    never interleaved mid-line and earlier lines are never rewritten. ``fsync=True`` also
-    forces them to disk.
+    Each line carries the hash chain (``prev_sha256``, ``sha256``) and the head of the
+    file is stored beside it (``audit_chain.py``), so ``nexus-mcp audit verify`` finds an
+    edited, removed, reordered or inserted line. The file is opened ``O_APPEND`` and
+    unbuffered: every ``emit`` (and every ``emit_many``, whose lines go together) is one
+    ``write`` of whole lines under an exclusive lock shared by every process writing the
+    file, so lines are never interleaved, earlier lines are never rewritten and the chain
+    stays one sequence. ``fsync=True`` also forces them to disk. ``max_bytes`` rotates the
+    file into numbered segments (``audit.jsonl.1``, ...) that keep the chain.
     """
 
-    def __init__(self, path: Path, *, fsync: bool = False) -> None:
+    def __init__(self, path: Path, *, fsync: bool = False, max_bytes: int | None = None) -> None:
         self.path = path
-        self._fsync = fsync
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        self._lock = threading.Lock()
+        self._writer = ChainedJsonlWriter(path, fsync=fsync, max_bytes=max_bytes)
 
     def emit(self, event: AuditEvent) -> None:
-        self._write(encode_record(event.record))
+        self._writer.write([event.record])
 
     def emit_many(self, events: Sequence[AuditEvent]) -> None:
-        self._write(b"".join([encode_record(event.record) for event in events]))
-
-    def _write(self, lines: bytes) -> None:
-        with self._lock:
-            if self._fd is None:
-                raise ValueError("the audit file is closed")
-            view = memoryview(lines)
-            while view:
-                view = view[os.write(self._fd, view) :]
-            if self._fsync:
-                os.fsync(self._fd)
+        self._writer.write([event.record for event in events])
 
     def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        self._writer.close()
 
 
 class AuditLog:
@@ -313,7 +300,18 @@ def check_audit_record(record: Any) -> str | None:
         datetime.fromisoformat(str(record["ts"]))
     except ValueError:
         return "timestamp is not ISO 8601"
+    for key in _CHAIN_FIELDS:  # written by the file sink (audit_chain.py), else absent
+        if key in record and not _is_sha256(record[key]):
+            return f"field '{key}' is not a sha256"
     return None
+
+
+_CHAIN_FIELDS = ("prev_sha256", "sha256")
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
 
 
 __all__ = [

@@ -290,7 +290,11 @@ def _build_server(
     observability = build_server_observability(settings, environ)
     health_token = operator_token(settings, environ)
     prepare_state(settings)  # one line naming the setting, not a store's traceback
-    sinks = list(audit_sinks) if audit_sinks is not None else [JsonlAuditSink(settings.audit_path)]
+    sinks = (
+        list(audit_sinks)
+        if audit_sinks is not None
+        else [JsonlAuditSink(settings.audit_path, max_bytes=settings.audit_max_bytes)]
+    )
     audit_log = AuditLog(sinks)
     state = measure_state(open_state(settings, environ), observability)
     try:
