@@ -90,7 +90,7 @@ def refused_start(gw: Gateway) -> str:
         ("x", "SEARCH_CON", "search_content"),  # an explicit prefix, another case
         ("read", None, "read_repo_file"),
         ("merge", None, "merge_guarded"),
-        ("notes", "get_", "get_note_outline"),  # the notes toolset, mounted
+        ("notebook", "get_", "get_note_outline"),  # the notes toolset, mounted
         ("disco", "NEXUS_DISCOVERY_", "nexus_discovery_list_servers"),
         ("bare", "", "apply_patch"),  # no prefix at all: every native name
     ],
