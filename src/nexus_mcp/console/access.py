@@ -207,17 +207,11 @@ def routes(console: Console) -> list[Route]:
         kind, name = form.get("kind", ""), form.get("name", "")
         if not valid_subject(subject):
             return console.refuse(request, user, 400, BAD_SUBJECT, code="subject")
-        if kind not in ITEM_KINDS:
-            return console.refuse(request, user, 400, "not a kind of grant", code="kind")
-        which: ItemKind = "prompt" if kind == "prompt" else "resource"
+        which = item_kind(request, user, kind, name)
+        if isinstance(which, Response):
+            return which
         config = await asyncio.to_thread(profiles)
         ids, prefixes = upstreams()
-        try:
-            item_object(which, name)  # INVALID_INPUT: naming the field, never the value
-        except NexusError as exc:
-            return console.refuse(
-                request, user, 400, f"{exc.message} ({exc.code})", code=str(exc.code).lower()
-            )
         if not known_item(config, which, name, upstream_ids=ids, prompt_prefixes=prefixes):
             return console.refuse(
                 request, user, 404, f"{UNKNOWN_ITEM[which]} (NOT_FOUND)", code="not_found"
@@ -235,6 +229,17 @@ def routes(console: Console) -> list[Route]:
         if subject is None:
             return console.refuse(request, user, 404, UNKNOWN_SUBJECT, code="unknown_subject")
         kind, name = form.get("kind", ""), form.get("name", "")
+        which = item_kind(request, user, kind, name)
+        if isinstance(which, Response):
+            return which
+        revoked = await asyncio.to_thread(revoke_item, store, subject, which, name, zone)
+        changed(user, f"revoke_{which}", subject, revoked.revision, item=(which, name))
+        done = "revoked_item_still" if revoked.still_from_profile else "revoked"
+        return RedirectResponse(f"{PREFIX}/access?done={done}", status_code=303)
+
+    def item_kind(request: Request, user: ConsoleUser, kind: str, name: str) -> ItemKind | Response:
+        """The kind of a posted item grant, once its form holds a kind and a well-formed
+        name (``INVALID_INPUT`` names the field, never the value); else the refusal."""
         if kind not in ITEM_KINDS:
             return console.refuse(request, user, 400, "not a kind of grant", code="kind")
         which: ItemKind = "prompt" if kind == "prompt" else "resource"
@@ -244,10 +249,7 @@ def routes(console: Console) -> list[Route]:
             return console.refuse(
                 request, user, 400, f"{exc.message} ({exc.code})", code=str(exc.code).lower()
             )
-        revoked = await asyncio.to_thread(revoke_item, store, subject, which, name, zone)
-        changed(user, f"revoke_{which}", subject, revoked.revision, item=(which, name))
-        done = "revoked_item_still" if revoked.still_from_profile else "revoked"
-        return RedirectResponse(f"{PREFIX}/access?done={done}", status_code=303)
+        return which
 
     def changed(
         user: ConsoleUser,
