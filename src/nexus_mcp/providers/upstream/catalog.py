@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +60,7 @@ from nexus_mcp.providers.upstream.items import (
     to_prompt_result,
     to_resource_result,
 )
-from nexus_mcp.providers.upstream.sessions import UpstreamFailure, is_transport_failure
+from nexus_mcp.providers.upstream.sessions import UpstreamFailure
 
 if TYPE_CHECKING:
     from nexus_mcp.providers.upstream.sessions import UpstreamSession
@@ -478,41 +477,22 @@ class UpstreamCatalog:
             raise UpstreamFailure("unavailable", "item_quarantined").to_error()
 
     async def _forward(self, call: Any) -> Any:
+        """``call(client, meta)`` on the caller's own session, as a tools/call goes
+        (``forwarding.py``), its failure as the error envelope."""
         server = self.server
         principal = current_principal()
-        if principal is None:
-            raise UpstreamFailure("unavailable", "no_principal").to_error()
-        if server.state == "degraded" and (
-            server._reconnect is not None and not server._reconnect.done()
-        ):
-            raise UpstreamFailure("unavailable", "upstream_down").to_error()
-        key = server.session_key(principal)
-        meta = server.identity_meta(principal)
         try:
+            if principal is None:
+                raise UpstreamFailure("unavailable", "no_principal")
+            server.refuse_while_down()
+            key = server.session_key(principal)
+            meta = server.identity_meta(principal)
             # The caller's own credential where the upstream takes one (never the
             # caller's token itself: ``credentials.py``), and the session it fits.
             credential = await server.caller_credential(key, principal)
-            session = await server._session_for(key, credential)
+            return await server.on_session(key, credential, lambda client: call(client, meta))
         except UpstreamFailure as failure:
             raise failure.to_error() from None
-        session.busy += 1
-        try:
-            async with asyncio.timeout(server.config.timeouts.call_seconds):
-                return await call(session.client, meta)
-        except TimeoutError:
-            raise UpstreamFailure("timeout", "call_timeout").to_error() from None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - classified, never echoed
-            if not session.alive or is_transport_failure(exc):
-                await server._drop(session)
-                server._connection_failed(key)
-                raise UpstreamFailure("unavailable", "transport_failure").to_error() from None
-            raise UpstreamFailure("error", "jsonrpc_error").to_error() from None
-        finally:
-            session.busy -= 1
-            session.last_used = time.monotonic()
-            server.release(session)  # a session whose credential was renewed closes now
 
     async def read_resource(self, view: ItemView, backend: str) -> ResourceResult:
         await self._still_exposed(view)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
@@ -89,11 +90,7 @@ class Forwarding:
         transport failures, bounded in count and total time."""
         principal = state.principal
         assert principal is not None
-        if self.state == "degraded" and (
-            self._reconnect is not None and not self._reconnect.done()
-        ):
-            # Known down and waiting to reconnect: refuse at once, block nobody.
-            raise UpstreamFailure("unavailable", "upstream_down")
+        self.refuse_while_down()
         retry = self.config.retry
         attempts = retry.attempts if retryable else 1
         deadline = time.monotonic() + retry.max_total_seconds
@@ -121,6 +118,13 @@ class Forwarding:
             if progress is not None:
                 progress.close()  # the call has finished: nothing more reaches the caller
 
+    def refuse_while_down(self) -> None:
+        """Known down and waiting to reconnect: refuse at once, block nobody."""
+        if self.state == "degraded" and (
+            self._reconnect is not None and not self._reconnect.done()
+        ):
+            raise UpstreamFailure("unavailable", "upstream_down")
+
     async def _call_once(
         self,
         key: SessionKey,
@@ -131,20 +135,36 @@ class Forwarding:
         caller: Caller | None = None,
         progress: ProgressRelay | None = None,
     ) -> Any:
+        return await self.on_session(
+            key,
+            credential,
+            lambda client: client.call_tool_mcp(
+                upstream_name,
+                arguments,
+                meta=meta,
+                progress_handler=progress if progress is not None else ignore_progress,
+            ),
+            caller=caller if self._relays else None,
+        )
+
+    async def on_session(
+        self,
+        key: SessionKey,
+        credential: SecretStr | None,
+        send: Callable[[Any], Awaitable[Any]],
+        *,
+        caller: Caller | None = None,
+    ) -> Any:
+        """One request on the caller's session (a tools/call, and ``catalog.py``'s reads
+        and gets): within the call timeout, its failure classified and never echoed, the
+        session released afterwards (closed now if its credential was renewed)."""
         session = await self._session_for(key, credential)
         session.busy += 1
-        if not self._relays:
-            caller = None
         if caller is not None:
             session.callers.append(caller)
         try:
             async with asyncio.timeout(self.config.timeouts.call_seconds):
-                return await session.client.call_tool_mcp(
-                    upstream_name,
-                    arguments,
-                    meta=meta,
-                    progress_handler=progress if progress is not None else ignore_progress,
-                )
+                return await send(session.client)
         except TimeoutError:
             raise UpstreamFailure("timeout", "call_timeout") from None
         except asyncio.CancelledError:
