@@ -157,8 +157,13 @@ class InspectorTarget:
 
     @classmethod
     def stdio(cls, command: Sequence[str], env: Mapping[str, str]) -> InspectorTarget:
-        pairs = [part for key, value in env.items() for part in ("-e", f"{key}={value}")]
-        return cls(leading=tuple(pairs), trailing=("--", *command))
+        return cls(leading=inspector_env_args(env), trailing=("--", *command))
+
+
+def inspector_env_args(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``-e KEY=VALUE`` for each entry the Inspector CLI accepts: it refuses the whole
+    command on an empty value (``MAKEFLAGS=`` under make), so those are left out."""
+    return tuple(part for key, value in env.items() if value for part in ("-e", f"{key}={value}"))
 
 
 def inspector_command(

@@ -11,8 +11,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .node_clients import CLIENT_TIMEOUT_S, CLIENTS_DIR, NodeClients, client_env
-from .servers import serve_command, server_env
+from .node_clients import (
+    CLIENT_TIMEOUT_S,
+    CLIENTS_DIR,
+    NodeClients,
+    client_env,
+    inspector_env_args,
+)
+from .servers import SRC, serve_command, server_env
 from .upstream_harness import Gateway, all_up_tools, make_gateway, stdio_upstream
 
 README = "# Upstream readme\n\nResources through the gateway.\n"
@@ -95,8 +101,8 @@ def test_the_inspector_cli_lists_and_reads_through_the_chain(
     node_clients: NodeClients, tmp_path: Path
 ) -> None:
     gw = pinned_gateway(tmp_path)
-    env = server_env()
-    pairs = [part for key, value in env.items() for part in ("-e", f"{key}={value}")]
+    # Only what the server needs (the upstream gets its own clean environment).
+    pairs = inspector_env_args({"PYTHONPATH": str(SRC)})
 
     def inspector(*method: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
