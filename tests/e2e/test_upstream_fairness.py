@@ -10,6 +10,7 @@ is read back from its own record, so the tests count work done rather than time 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -65,25 +66,46 @@ def quarantined(server: NexusServer) -> set[str]:
 
 
 class LoopLag:
-    """The event loop's worst delay: a ticker that asks to wake every 10 ms."""
+    """How long the event loop went without a turn: a ticker that asks to wake every 10 ms.
+
+    ``worst_cpu`` is the most CPU the loop's thread spent between two ticks (work on the
+    loop: parsing, hashing, logging); ``worst`` is the wall-clock delay, which a loaded
+    machine stretches (CI, two cores shared with the test upstreams, saw 1.5 s where the
+    same test alone sees 0.1 s). The CPU figure is the one the gateway answers for.
+
+    While it runs, what the test process built before (the objects of every earlier test
+    in a full run) is frozen out of the garbage collector: a server process does not carry
+    a test session's heap, and a full collection over it is not the gateway's work."""
 
     def __init__(self) -> None:
         self.worst = 0.0
+        self.worst_cpu = 0.0
         self._task: asyncio.Task[None] | None = None
 
     async def _tick(self) -> None:
         while True:
-            before = time.perf_counter()
+            before, cpu_before = time.perf_counter(), time.thread_time()
             await asyncio.sleep(0.01)
             self.worst = max(self.worst, time.perf_counter() - before - 0.01)
+            self.worst_cpu = max(self.worst_cpu, time.thread_time() - cpu_before)
+
+    def check(self) -> None:
+        assert self.worst_cpu < 0.5, self
+        assert self.worst < 5.0, self  # not stalled outright, however loaded the machine
+
+    def __repr__(self) -> str:
+        return f"LoopLag(worst_cpu={self.worst_cpu:.3f}s, worst={self.worst:.3f}s)"
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[LoopLag]:
+        gc.collect()
+        gc.freeze()
         self._task = asyncio.ensure_future(self._tick())
         try:
             yield self
         finally:
             self._task.cancel()
+            gc.unfreeze()
 
 
 # -- item 9: one upstream's huge listing never stalls the others ------------------------
@@ -117,7 +139,7 @@ async def test_new_sessions_share_one_verified_listing_and_the_loop_stays_free(
     # One tools/list for the gateway's session; the four principals' sessions were
     # verified by it (single flight, shared while fresh), not by one fetch each.
     assert len(listings(record)) - pinned_listings == 1
-    assert lag.worst < 1.0, lag.worst
+    lag.check()
     assert slowest < 2.0, slowest
 
 
@@ -276,4 +298,4 @@ async def test_rechecks_of_a_huge_listing_keep_the_loop_responsive(tmp_path: Pat
         start = len(listings(record))
         async with LoopLag().running() as lag:
             await poll(lambda: len(listings(record)) - start >= 3, seconds=60)
-    assert lag.worst < 1.0, lag.worst
+    lag.check()
