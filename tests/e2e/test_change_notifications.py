@@ -249,9 +249,12 @@ async def test_a_changed_prompt_is_told_as_a_prompt_list_change(tmp_path: Path) 
         assert inbox.methods == [PROMPTS]
 
 
-async def test_a_modern_era_client_is_not_tracked_and_told_nothing(tmp_path: Path) -> None:
-    """2026-07-28 has no lasting session: changes reach a client only through
-    ``subscriptions/listen``, which FastMCP 4.1.2 does not serve; the server says so."""
+async def test_a_modern_era_client_is_not_tracked_and_told_nothing_unless_it_listens(
+    tmp_path: Path,
+) -> None:
+    """2026-07-28 has no lasting session: its requests are not tracked, and changes reach
+    such a client only through a ``subscriptions/listen`` stream (``test_listen.py``),
+    which the server announces."""
     gw = gateway(tmp_path)
     server = gw.build()
     inbox = Inbox()
@@ -264,7 +267,7 @@ async def test_a_modern_era_client_is_not_tracked_and_told_nothing(tmp_path: Pat
         await asyncio.sleep(QUIET_SECONDS)
         assert inbox.methods == []
     caps = server.mcp._mcp_server.get_capabilities(protocol_version="2026-07-28")
-    assert caps.tools is not None and not caps.tools.list_changed
+    assert caps.tools is not None and caps.tools.list_changed
 
 
 # --- resource subscriptions, relayed per caller -----------------------------------------

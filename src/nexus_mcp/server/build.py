@@ -70,6 +70,7 @@ from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
 from nexus_mcp.server.console import console_services
 from nexus_mcp.server.health import operator_token
+from nexus_mcp.server.listen import add_listen_handler
 from nexus_mcp.server.notify import ChangeNotifier
 from nexus_mcp.server.replay import (
     load_replay_set,
@@ -97,7 +98,7 @@ from nexus_mcp.server.startup import (
     sealing,
     warn_about_replicas,
 )
-from nexus_mcp.server.subscribe import add_subscription_handlers
+from nexus_mcp.server.subscribe import Subscriptions, add_subscription_handlers
 from nexus_mcp.settings import Settings, config_sections, trust_files
 from nexus_mcp.stores.backends import StateStores, open_state
 from nexus_mcp.stores.locations import (
@@ -437,6 +438,7 @@ def _build_server(
             # The notes as resources, read through the notes rules (providers/note_resources.py);
             # the canister hands over parsed notes, not files, so it serves none.
             register_note_resources(mcp, vaults, max_bytes=settings.limits.max_read_bytes)
+    subscriptions: Subscriptions | None = None
     if upstreams is not None:
         upstreams.bind(book, runtime.access, runtime.targets)
         upstreams.on_published = runtime.notifier.changed
@@ -448,7 +450,9 @@ def _build_server(
                 source in runtime.access.visible_resource_sources(principal)
             ),
         )
-        add_subscription_handlers(mcp, relay, runtime.access, audit_log)
+        subscriptions = add_subscription_handlers(mcp, relay, runtime.access, audit_log)
+    # The 2026-07-28 era's change notifications and resource updates: per-caller streams.
+    add_listen_handler(mcp, runtime.notifier, subscriptions, audit_log)
     add_health_routes(mcp, runtime, health_token)
     add_metrics_route(mcp, runtime)
     add_approval_routes(mcp, runtime)

@@ -18,8 +18,8 @@ own and all at once: ``notifications/tools/list_changed``, ``.../prompts/...``,
 nothing; the time of a send never depends on another caller's grants.
 
 The 2026-07-28 era has no lasting session: change notifications reach such a client only
-through ``subscriptions/listen``, which FastMCP 4.1.2 does not serve (its capabilities
-then say ``listChanged: false``), so its connections are not tracked.
+through a ``subscriptions/listen`` stream (``server/listen.py``), which registers itself
+here for its principal as a connection does; its requests are not tracked.
 """
 
 from __future__ import annotations
@@ -128,8 +128,13 @@ class ChangeNotifier:
         if principal is None:
             return
         connection = connection_of(ctx)
-        if connection is None:
-            return
+        if connection is not None:
+            await self.register(connection, principal)
+
+    async def register(self, connection: Any, principal: Principal) -> None:
+        """Watch ``connection`` for ``principal``: a handshake-era connection, or a
+        2026-07-28 ``subscriptions/listen`` stream (``server/listen.py``). It needs
+        ``notify(method, params)``, an ``exit_stack`` closed with it, and a weak reference."""
         ident = id(connection)
         entry = self._sessions.get(ident)
         key = _visibility_key(principal)

@@ -11,7 +11,8 @@ A subscription is taken only for a resource the caller may read: its source gran
 upstream; anything else (hidden, unknown, a native resource) answers exactly as an
 unknown resource does on ``resources/read``. Every refusal, and every subscription, is
 audited by source and URI digest, never the URI. The 2026-07-28 era cannot dispatch the
-method at all (``subscriptions/listen`` carries subscriptions there; not served).
+method at all: there a ``subscriptions/listen`` stream's ``resourceSubscriptions`` are
+taken through the same ``Subscriptions.take`` (``server/listen.py``).
 """
 
 from __future__ import annotations
@@ -50,19 +51,25 @@ class _Request:
         self.request_context = ctx
 
 
-def add_subscription_handlers(
-    mcp: Any, relay: SubscriptionRelay, access: GrantedTools, audit: AuditLog
-) -> None:
-    def audited(principal: Principal | None, uri: str, event: str, **fields: Any) -> None:
+class Subscriptions:
+    """Takes and drops a caller's resource subscriptions: the checks, the relay, the audit
+    (one path for ``resources/subscribe`` and a ``subscriptions/listen`` stream's
+    ``resourceSubscriptions``)."""
+
+    def __init__(self, relay: SubscriptionRelay, access: GrantedTools, audit: AuditLog) -> None:
+        self.relay = relay
+        self.access = access
+        self.audit = audit
+
+    def _audited(self, principal: Principal | None, uri: str, event: str, **fields: Any) -> None:
         call_id = new_id()
-        source = resource_source(uri)
-        audit.emit(
+        self.audit.emit(
             AuditEvent(
                 event=event,
                 tool_call_id=call_id,
                 correlation_id=call_id,
                 tool=SUBSCRIBE,
-                resource_source=source,
+                resource_source=resource_source(uri),
                 uri_sha256=uri_sha256(uri),
                 subject=principal.log_subject if principal is not None else None,
                 role=principal.effective_role if principal is not None else None,
@@ -70,55 +77,73 @@ def add_subscription_handlers(
             )
         )
 
-    def refused(principal: Principal | None, uri: str, reason: str, outcome: str) -> None:
-        audited(principal, uri, RESOURCE_SUBSCRIBE_BLOCKED, outcome=outcome, reason=reason)
+    def _refused(self, principal: Principal | None, uri: str, reason: str, outcome: str) -> None:
+        self._audited(principal, uri, RESOURCE_SUBSCRIBE_BLOCKED, outcome=outcome, reason=reason)
 
-    async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
-        uri = str(params.uri)
-        principal = current_principal()
-        connection = connection_of(_Request(ctx))
+    async def take(self, principal: Principal | None, connection: Any, uri: str) -> None:
+        """Subscribe ``connection`` to ``uri`` for ``principal``, or raise the MCP error a
+        ``resources/subscribe`` answers with (hidden is answered as unknown)."""
         source = resource_source(uri)
         if principal is None or connection is None:
-            refused(
-                principal, uri, "no_session" if principal else "no_principal", "UNKNOWN_RESOURCE"
-            )
+            reason = "no_session" if principal else "no_principal"
+            self._refused(principal, uri, reason, "UNKNOWN_RESOURCE")
             raise not_found_error(prompt=False)
         try:
-            granted = source is not None and source in access.visible_resource_sources(principal)
+            granted = source is not None and source in self.access.visible_resource_sources(
+                principal
+            )
         except NexusError as error:
-            refused(principal, uri, "grants_unavailable", str(error.code))
+            self._refused(principal, uri, "grants_unavailable", str(error.code))
             raise to_request_error(error) from None
         except Exception:  # noqa: BLE001 - fail closed, as the namespace
             granted = False
         if not granted:
-            refused(
-                principal, uri, "not_granted" if source else "unknown_resource", "UNKNOWN_RESOURCE"
-            )
+            reason = "not_granted" if source else "unknown_resource"
+            self._refused(principal, uri, reason, "UNKNOWN_RESOURCE")
             raise not_found_error(prompt=False)
         try:
-            await relay.subscribe(connection, principal, uri)
+            await self.relay.subscribe(connection, principal, uri)
         except NotExposed:
-            refused(principal, uri, "unknown_resource", "UNKNOWN_RESOURCE")
+            self._refused(principal, uri, "unknown_resource", "UNKNOWN_RESOURCE")
             raise not_found_error(prompt=False) from None
         except NotSupported:
-            refused(principal, uri, "not_supported", "NOT_SUPPORTED")
+            self._refused(principal, uri, "not_supported", "NOT_SUPPORTED")
             raise MCPError(code=METHOD_NOT_FOUND, message=NOT_SUPPORTED_MESSAGE) from None
         except NexusError as error:
-            refused(principal, uri, "upstream", str(error.code))
+            self._refused(principal, uri, "upstream", str(error.code))
             raise to_request_error(error) from None
-        audited(principal, uri, RESOURCE_SUBSCRIBED, outcome="OK")
+        self._audited(principal, uri, RESOURCE_SUBSCRIBED, outcome="OK")
+
+    async def drop(self, principal: Principal | None, connection: Any, uri: str) -> None:
+        if principal is not None and connection is not None:
+            await self.relay.unsubscribe(connection, principal, uri)
+
+
+def add_subscription_handlers(
+    mcp: Any, relay: SubscriptionRelay, access: GrantedTools, audit: AuditLog
+) -> Subscriptions:
+    """Serve ``resources/subscribe`` and ``/unsubscribe``; the ``Subscriptions`` they use."""
+    subscriptions = Subscriptions(relay, access, audit)
+
+    async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
+        connection = connection_of(_Request(ctx))
+        await subscriptions.take(current_principal(), connection, str(params.uri))
         return EmptyResult()
 
     async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
-        principal = current_principal()
         connection = connection_of(_Request(ctx))
-        if principal is not None and connection is not None:
-            await relay.unsubscribe(connection, principal, str(params.uri))
+        await subscriptions.drop(current_principal(), connection, str(params.uri))
         return EmptyResult()  # the same answer whatever was (or was not) subscribed
 
     server = mcp._mcp_server
     server.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
     server.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
+    return subscriptions
 
 
-__all__ = ["RESOURCE_SUBSCRIBED", "RESOURCE_SUBSCRIBE_BLOCKED", "add_subscription_handlers"]
+__all__ = [
+    "RESOURCE_SUBSCRIBED",
+    "RESOURCE_SUBSCRIBE_BLOCKED",
+    "Subscriptions",
+    "add_subscription_handlers",
+]
