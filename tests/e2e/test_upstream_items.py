@@ -94,6 +94,26 @@ async def test_pinned_items_are_served_under_their_exposed_names(tmp_path: Path)
     assert gets and all("sneaky" not in json.dumps(r) for r in gets)
 
 
+async def test_a_missing_required_prompt_argument_is_invalid_input_not_sent(
+    tmp_path: Path,
+) -> None:
+    gw, record = gateway(tmp_path)
+    server = gw.build()
+    async with Client(server.mcp) as client:
+        for arguments in ({}, None, {"nome": "Ada"}):
+            with pytest.raises(MCPError) as refused:
+                await client.get_prompt_mcp("up_greet", arguments)
+            error = refused.value.error
+            assert error.code == -32050
+            assert json.loads(error.message) == {
+                "error": "missing argument 'name'",
+                "code": "INVALID_INPUT",
+            }
+            assert "nome" not in error.message
+    # Nothing went upstream for them.
+    assert not [r for r in read_record(record) if r.get("method") == "prompts/get"]
+
+
 async def test_an_oversized_read_or_prompt_is_refused_not_cut(tmp_path: Path) -> None:
     gw, _record = gateway(tmp_path, extra={"limits": {"max_read_bytes": 1024 * 1024}})
     server = gw.build()

@@ -36,7 +36,7 @@ from fastmcp.prompts import PromptResult
 from fastmcp.resources.base import ResourceResult
 
 from nexus_mcp.calls import current_principal
-from nexus_mcp.errors import UnavailableError
+from nexus_mcp.errors import PROBLEM_MISSING, InvalidInputError, UnavailableError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.catalog import (
     FIELDS,
@@ -510,7 +510,15 @@ class UpstreamCatalog:
 
     async def render_prompt(self, view: ItemView, arguments: dict[str, Any]) -> PromptResult:
         await self._still_exposed(view)
-        declared = {a.get("name") for a in view.definition.get("arguments") or []}
+        declared_args = [a for a in view.definition.get("arguments") or [] if isinstance(a, dict)]
+        declared = {a.get("name") for a in declared_args}
+        for argument in declared_args:
+            # A required argument the caller left out is the caller's mistake, told before
+            # anything goes upstream (named only as the pinned definition declares it).
+            name = argument.get("name")
+            required = argument.get("required") is True and isinstance(name, str)
+            if required and name not in arguments:
+                raise InvalidInputError(field=name, problem=PROBLEM_MISSING)
         # Only the arguments the pinned definition declares travel upstream, as strings.
         sent = {k: str(v) for k, v in arguments.items() if k in declared}
         raw = await self._forward(
