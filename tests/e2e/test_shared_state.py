@@ -26,7 +26,7 @@ from nexus_mcp.policy.grants import PROFILE_RELATION
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.grants import RelationTuple
-from nexus_mcp.stores.postgres import PostgresPool, migrate
+from nexus_mcp.stores.postgres import PostgresPool, migrate, migrations
 from nexus_mcp.transport.serve import http_options
 
 from .conftest import snapshot, wire
@@ -76,7 +76,7 @@ async def call(server: NexusServer, tool: str, args: dict[str, Any]) -> dict[str
 def migrated(postgres_url: str) -> str:
     pool = PostgresPool(postgres_url, pool_size=2)
     try:
-        assert migrate(pool) == [1]
+        assert migrate(pool) == list(range(1, len(migrations()) + 1))
     finally:
         pool.close()
     return postgres_url

@@ -274,3 +274,49 @@ def test_a_deleted_live_log_is_recreated_and_caught(
     sink.close()
     code, out = verify(capsys, log)
     assert code == 1 and "audit.jsonl:1: chain broken" in out
+
+
+def test_events_beyond_calls_verify_and_a_malformed_kind_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console, the inbox, pins, subscriptions and listen streams audit kinds of their
+    own: a real log mixes them with calls, and verify takes them; a kind that is not a
+    plain name is a problem at its line."""
+    path = tmp_path / "audit.jsonl"
+    sink = JsonlAuditSink(path)
+    for kind in ("approval_decided", "resource_subscribed", "listen_opened", "tool_quarantined"):
+        sink.emit(AuditEvent(event=kind, tool_call_id="i", correlation_id="i", tool="(x)"))
+    sink.emit(event(1))
+    sink.emit(AuditEvent(event="Bad Kind!", tool_call_id="i", correlation_id="i", tool="(x)"))
+    sink.close()
+    code, out = verify(capsys, path)
+    assert code == 1
+    assert out.splitlines()[0] == "line 6: not an event name"
+    assert "6 events, 1 problems" in out
+
+
+def test_an_anchor_store_that_is_down_never_holds_up_the_log_and_is_retried(
+    tmp_path: Path,
+) -> None:
+    from nexus_mcp.observability.audit_anchor import HeadAnchor
+
+    anchored: list[str] = []
+    down = True
+
+    def store(head: str) -> None:
+        if down:
+            raise ConnectionError("the database is down")
+        anchored.append(head)
+
+    path = tmp_path / "audit.jsonl"
+    sink = JsonlAuditSink(path)
+    anchor = HeadAnchor(store, interval=3600)  # flushed by hand below
+    sink.anchor_with(anchor)
+    sink.emit(event(1))
+    assert not anchor.flush()  # down: nothing anchored, the record is written anyway
+    assert anchor.failures == 1 and len(lines_of(path)) == 1
+    down = False
+    sink.emit(event(2))
+    sink.close()  # the last head is anchored at close
+    last = json.loads(lines_of(path)[-1])["sha256"]
+    assert anchored == [last]

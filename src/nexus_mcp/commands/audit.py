@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nexus_mcp.errors import ConfigError
+from nexus_mcp.errors import ConfigError, NexusError
 from nexus_mcp.observability.audit import read_audit_file
 from nexus_mcp.observability.audit_chain import verify_chain
 from nexus_mcp.stores.locations import AUDIT_FILE_SETTING, DATA_DIR_SETTING, load_state_settings
+
+if TYPE_CHECKING:
+    from nexus_mcp.settings import Settings
 
 TAIL_COLUMNS = ("ts", "event", "tool", "subject", "outcome", "duration_ms", "correlation_id")
 EXIT_CONFIG = 2
@@ -53,6 +57,16 @@ def add_parser(subparsers: Any) -> None:
         help="check that every line is a well-formed event and the hash chain is intact",
     )
     _add_location_flags(verify)
+    verify.add_argument(
+        "--config", type=Path, default=None,
+        help="the server's configuration [NEXUS_MCP_CONFIG]: with state.backend shared, each "
+        "log's head anchored in PostgreSQL must be a record of its chain",
+    )  # fmt: skip
+    verify.add_argument(
+        "--replica", default=None,
+        help="the replica whose anchored heads to check (default: state.instance_id, "
+        "else this host's name)",
+    )  # fmt: skip
     verify.add_argument(
         "files", nargs="*", type=Path, metavar="FILE",
         help="audit logs to verify (each with its rotated segments and heads file)",
@@ -96,19 +110,61 @@ def run_tail(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    """Each log: every line well-formed, then the chain; exit 1 at any problem."""
+    """Each log: every line well-formed, then the chain (and its anchored head, on the
+    shared backend); exit 1 at any problem."""
     try:
+        settings = _shared_settings(args)
+        if settings is not None and args.file is None and not args.files:
+            args.file = settings.audit_path
         paths = list(args.files) or [_audit_file(args)]
+        anchors = _anchored_heads(args, settings, [p.name for p in paths])
         failed = False
         for path in paths:
-            failed = _verify_one(path, len(paths) > 1) or failed
+            failed = _verify_one(path, len(paths) > 1, anchors) or failed
     except ConfigError as exc:
         sys.stderr.write(f"nexus-mcp: {exc}\n")
+        return EXIT_CONFIG
+    except NexusError as exc:  # the shared store did not answer
+        sys.stderr.write(f"nexus-mcp: {exc.message} ({exc.code})\n")
         return EXIT_CONFIG
     return 1 if failed else 0
 
 
-def _verify_one(path: Path, named: bool) -> bool:
+def _shared_settings(args: argparse.Namespace) -> Settings | None:
+    """The server's settings when a configuration is given and its state backend is
+    shared (heads anchored in PostgreSQL to compare with); else None."""
+    config = args.config or (
+        Path(os.environ["NEXUS_MCP_CONFIG"]) if os.environ.get("NEXUS_MCP_CONFIG") else None
+    )
+    if config is None:
+        return None
+    from nexus_mcp.settings import load_settings
+
+    settings = load_settings(config, {"data_dir": args.data_dir}, flags={"data_dir": "--data-dir"})
+    return settings if settings.state.backend == "shared" else None
+
+
+def _anchored_heads(
+    args: argparse.Namespace, settings: Settings | None, names: list[str]
+) -> dict[str, str | None] | None:
+    """The head anchored for each log name under the replica, read once; None without a
+    shared backend."""
+    if settings is None:
+        return None
+    from nexus_mcp.stores.backends import audit_replica, open_postgres
+    from nexus_mcp.stores.postgres_audit import PostgresAuditHeads
+
+    replica = args.replica or audit_replica(settings)
+    pool = open_postgres(settings, os.environ)
+    try:
+        heads = PostgresAuditHeads(pool, settings.state.key_prefix)
+        found = {name: heads.head(replica, name) for name in dict.fromkeys(names)}
+    finally:
+        pool.close()
+    return {name: head[0] if head is not None else None for name, head in found.items()}
+
+
+def _verify_one(path: Path, named: bool, anchors: dict[str, str | None] | None = None) -> bool:
     """Report one log; True when it has a problem. Lines are named, never their content."""
     if not _exists(path):
         sys.stderr.write(f"no audit file at {path}\n")
@@ -120,8 +176,9 @@ def _verify_one(path: Path, named: bool) -> bool:
         if problem is not None:
             problems += 1
             sys.stdout.write(f"{prefix}line {number}: {problem}\n")
+    anchored = anchors.get(path.name) if anchors is not None else None
     try:
-        chain = verify_chain(path)
+        chain = verify_chain(path, anchored)
     except OSError as exc:
         raise _unreadable(path, exc) from None
     sys.stdout.write(f"{prefix}{total} events, {problems} problems\n")
@@ -132,6 +189,10 @@ def _verify_one(path: Path, named: bool) -> bool:
     sys.stdout.write(
         f"{prefix}chain intact: {chain.records} records in {chain.segments} segments{legacy}\n"
     )
+    if chain.anchored:
+        sys.stdout.write(f"{prefix}anchored head found in the chain\n")
+    elif anchors is not None:
+        sys.stdout.write(f"{prefix}no head anchored for this log yet\n")
     return problems > 0
 
 

@@ -99,14 +99,17 @@ def standalone_app(settings: Settings, config: str | None) -> tuple[Any, Any]:
     from nexus_mcp.console.app import console_routes
     from nexus_mcp.console.services import ConsoleServices, console_keys
     from nexus_mcp.observability.audit import AuditLog, JsonlAuditSink
+    from nexus_mcp.observability.audit_anchor import anchor_audit_sinks
     from nexus_mcp.policy.approvals import load_approval_settings
     from nexus_mcp.settings import config_sections
-    from nexus_mcp.stores.backends import open_state
+    from nexus_mcp.stores.backends import audit_replica, open_state
 
     sections = config_sections(Path(config)) if config else {}
     approval_settings = load_approval_settings(os.environ, sections)
     state = open_state(settings, os.environ)
-    audit = AuditLog([JsonlAuditSink(settings.audit_path, max_bytes=settings.audit_max_bytes)])
+    sink = JsonlAuditSink(settings.audit_path, max_bytes=settings.audit_max_bytes)
+    anchor_audit_sinks([sink], state.audit_heads, replica=audit_replica(settings))
+    audit = AuditLog([sink])
     services = ConsoleServices(
         pins=_pins(settings, Path(config) if config else None),
         settings=settings,

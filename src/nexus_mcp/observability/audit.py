@@ -12,6 +12,7 @@ and an in-memory sink that tests use as their double (structlog.testing-style).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nexus_mcp.json_text import compact_json
+from nexus_mcp.observability.audit_anchor import HeadAnchor
 from nexus_mcp.observability.audit_chain import ChainedJsonlWriter
 
 TOOL_CALL_STARTED = "tool_call_started"
@@ -225,6 +227,7 @@ class JsonlAuditSink:
     def __init__(self, path: Path, *, fsync: bool = False, max_bytes: int | None = None) -> None:
         self.path = path
         self._writer = ChainedJsonlWriter(path, fsync=fsync, max_bytes=max_bytes)
+        self._anchor: HeadAnchor | None = None
 
     def emit(self, event: AuditEvent) -> None:
         self._writer.write([event.record])
@@ -232,8 +235,15 @@ class JsonlAuditSink:
     def emit_many(self, events: Sequence[AuditEvent]) -> None:
         self._writer.write([event.record for event in events])
 
+    def anchor_with(self, anchor: HeadAnchor) -> None:
+        """Copy each new head of the file to ``anchor`` (closed with this sink)."""
+        self._anchor = anchor
+        self._writer.on_head = anchor.note
+
     def close(self) -> None:
         self._writer.close()
+        if self._anchor is not None:
+            self._anchor.close()
 
 
 class AuditLog:
@@ -285,6 +295,9 @@ _KINDS = frozenset(
 )
 
 
+_EVENT_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
 def check_audit_record(record: Any) -> str | None:
     """The first problem with one audit record, or None when it is well-formed."""
     if not isinstance(record, dict):
@@ -292,9 +305,13 @@ def check_audit_record(record: Any) -> str | None:
     for key in _REQUIRED:
         if key not in record:
             return f"missing field '{key}'"
-    if record["event"] not in _KINDS:
-        return "unknown event kind"
-    if record["event"] != TOOL_CALL_STARTED and not record.get("outcome"):
+    event = record["event"]
+    # Calls, reads and gets are the kinds every record of ``_KINDS`` is; the console, the
+    # inbox, pins, subscriptions and listen streams add their own (``approval_decided``,
+    # ``resource_subscribed``, ...), each a plain snake_case name.
+    if not isinstance(event, str) or _EVENT_NAME.fullmatch(event) is None:
+        return "not an event name"
+    if event in _KINDS and event != TOOL_CALL_STARTED and not record.get("outcome"):
         return "missing field 'outcome'"
     try:
         datetime.fromisoformat(str(record["ts"]))

@@ -24,7 +24,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,6 +130,8 @@ class ChainedJsonlWriter:
         self._heads_size = 0
         self._inode = 0
         self._stored_head = GENESIS
+        # Told each new head, under the lock (``audit_anchor.HeadAnchor.note``).
+        self.on_head: Callable[[str], None] | None = None
 
     def write(self, records: list[Mapping[str, Any]]) -> None:
         with self._lock:
@@ -181,6 +183,8 @@ class ChainedJsonlWriter:
         size += len(data)
         self._store_heads(prev, size)
         self._known = (self._inode, size, prev)
+        if self.on_head is not None:
+            self.on_head(prev)
 
     def _load_segments(self) -> None:
         assert self._hfd is not None
@@ -254,6 +258,13 @@ class ChainReport:
     segments: int
     unchained: int
     problem: ChainProblem | None
+    anchored: bool | None = None  # the anchored head is a record of the chain (None: none)
+
+
+ANCHOR_MISSING = (
+    "the head anchored in PostgreSQL is not a record of this chain (records removed "
+    "from the end, or the log rewritten)"
+)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
@@ -263,9 +274,13 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
             yield number, line.rstrip(b"\n"), line.endswith(b"\n")
 
 
-def verify_chain(log: Path) -> ChainReport:
-    """Check a log, its rotated segments and its stored heads; stop at the first problem."""
+def verify_chain(log: Path, anchored: str | None = None) -> ChainReport:
+    """Check a log, its rotated segments and its stored heads; stop at the first problem.
+
+    ``anchored``: a head kept out of reach (``audit_anchor.py``), which must be the hash
+    of one of the chain's records."""
     records = unchained = 0
+    seen_anchor = False
 
     def report(segments: int, file: str, line: int, problem: str) -> ChainReport:
         return ChainReport(records, segments, unchained, ChainProblem(file, line, problem))
@@ -316,6 +331,7 @@ def verify_chain(log: Path) -> ChainReport:
                 )  # fmt: skip
             prev = digest
             records += 1
+            seen_anchor = seen_anchor or digest == anchored
         if head is not None and head != (prev or GENESIS):
             return report(
                 index, path.name, last_line + 1,
@@ -324,7 +340,11 @@ def verify_chain(log: Path) -> ChainReport:
             )  # fmt: skip
         if head is None and heads is None and prev is not None:
             return report(index, hpath.name, 0, "heads file is missing (needed for a chain)")
-    return ChainReport(records, len(files), unchained, None)
+    if anchored is not None and not seen_anchor:
+        return ChainReport(
+            records, len(files), unchained, ChainProblem(log.name, 0, ANCHOR_MISSING), False
+        )
+    return ChainReport(records, len(files), unchained, None, None if anchored is None else True)
 
 
 __all__ = [

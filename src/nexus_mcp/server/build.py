@@ -43,6 +43,7 @@ from nexus_mcp.middleware.limits import LimitsMiddleware
 from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
 from nexus_mcp.notes.vaults import VaultRouter, check_canister_deadline
 from nexus_mcp.observability.audit import AuditLog, AuditSink, JsonlAuditSink
+from nexus_mcp.observability.audit_anchor import anchor_audit_sinks
 from nexus_mcp.observability.logs import ensure_logging, get_logger
 from nexus_mcp.policy.budgets import ToolTimeouts
 from nexus_mcp.policy.pins import PinState
@@ -100,7 +101,7 @@ from nexus_mcp.server.startup import (
 )
 from nexus_mcp.server.subscribe import Subscriptions, add_subscription_handlers
 from nexus_mcp.settings import Settings, config_sections, trust_files
-from nexus_mcp.stores.backends import StateStores, open_state
+from nexus_mcp.stores.backends import StateStores, audit_replica, open_state
 from nexus_mcp.stores.locations import (
     prepare_state,
 )
@@ -298,6 +299,8 @@ def _build_server(
     )
     audit_log = AuditLog(sinks)
     state = measure_state(open_state(settings, environ), observability)
+    # Shared backend: each audit file's head is anchored in PostgreSQL, out of reach.
+    anchor_audit_sinks(sinks, state.audit_heads, replica=audit_replica(settings))
     try:
         registry_summary = functools.cache(registry.summary)  # loaded once, never changes
         trail = AuditTrail(audit_log, book.contracts, registry_summary)

@@ -10,7 +10,8 @@
   in Redis too (``stores/redis_approvals.py``); a grant change made anywhere reaches
   every replica's visible-tools cache through PostgreSQL ``LISTEN/NOTIFY`` (the cache's
   TTL and its one-second revision refresh are the backstop). Every replica enforces the
-  same limits.
+  same limits, and anchors the head of its audit file in PostgreSQL
+  (``postgres_audit.py``).
 
 Policy code and middleware see the protocols only (``TupleStore``, ``IdempotencyStore``,
 ``NonceStore``, ``CallBudget``, ``RateLimiter``, ``ApprovalRequestStore``). The shared
@@ -21,6 +22,7 @@ outage refuses calls with ``UNAVAILABLE`` and the pools reconnect by themselves.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +74,8 @@ class StateStores:
     # Approval requests waiting for an operator (issue 26). Keyword-only in practice: the
     # default (process memory) keeps older positional callers working.
     approval_requests: ApprovalRequestStore = field(default_factory=MemoryApprovalRequestStore)
+    # Shared backend: where each replica's audit head is anchored (PostgresAuditHeads).
+    audit_heads: Any = None
     # Shared backend: start the cross-replica grant-change listener (watch_grants).
     _watch: Callable[[Callable[[str], None]], None] | None = None
     # Shared backend: one round trip to each server (``probe``); blocking.
@@ -237,6 +241,7 @@ def _open_embedded(settings: Settings) -> StateStores:
 
 def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
     from nexus_mcp.stores.postgres import GrantsListener, PostgresPool, check_schema
+    from nexus_mcp.stores.postgres_audit import PostgresAuditHeads
     from nexus_mcp.stores.postgres_grants import PostgresTupleStore
     from nexus_mcp.stores.postgres_idempotency import PostgresIdempotencyStore
     from nexus_mcp.stores.redis_approvals import RedisApprovalRequestStore
@@ -306,10 +311,17 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
         ),
         redis=client,
         approval_requests=RedisApprovalRequestStore(client, state.key_prefix),
+        audit_heads=PostgresAuditHeads(pool, state.key_prefix),
         _watch=watch,
         _probe=probe,
         _closers=closers,
     )
+
+
+def audit_replica(settings: Settings) -> str:
+    """The name this process's audit head is anchored under: ``state.instance_id``, else
+    the host's name (replicas on one host sharing an audit file share one chain)."""
+    return settings.state.instance_id or socket.gethostname()
 
 
 def grants_channel(settings: Settings) -> str:

@@ -38,6 +38,9 @@ from nexus_mcp.stores.postgres_idempotency import PostgresIdempotencyStore
 from tests.support.shared_state import PrivatePostgres
 from tests.unit.stores.conftest import PoolFactory
 
+LATEST = len(migrations())  # the packaged schema version
+NEXT = LATEST + 1  # a migration this build does not have
+
 ZONE = "default"
 TARGET = "f" * 64
 ARGS = "a" * 64
@@ -93,12 +96,12 @@ def test_migrate_applies_the_missing_versions_once(
     postgres_url: str, pg_pools: PoolFactory
 ) -> None:
     pool = pg_pools(postgres_url)
-    assert schema_status(pool) == (0, 1)
+    assert schema_status(pool) == (0, LATEST)
 
-    assert migrate(pool) == [1]
+    assert migrate(pool) == list(range(1, LATEST + 1))
     assert migrate(pool) == []
 
-    assert schema_status(pool) == (1, 1)
+    assert schema_status(pool) == (LATEST, LATEST)
     check_schema(pool)
     with pool.connection() as conn:
         tables = {
@@ -117,6 +120,7 @@ def test_migrate_applies_the_missing_versions_once(
         "zone_revisions",
         "assignments",
         "idempotency_records",
+        "audit_heads",
     }
     assert collation == ("C",)
 
@@ -143,15 +147,15 @@ def test_a_database_behind_this_build_is_refused_until_migrated(
 ) -> None:
     pool = pg_pools(postgres_url)
     migrate(pool)
-    newer = [*migrations(), (2, "CREATE TABLE later_feature (id integer PRIMARY KEY);")]
+    newer = [*migrations(), (NEXT, "CREATE TABLE later_feature (id integer PRIMARY KEY);")]
     monkeypatch.setattr(postgres, "migrations", lambda: newer)
 
     with pytest.raises(ConfigError) as raised:
         check_schema(pool)
     assert MIGRATE_HINT in str(raised.value)
-    assert "version 1" in str(raised.value)
+    assert f"version {LATEST}" in str(raised.value)
 
-    assert migrate(pool) == [2]
+    assert migrate(pool) == [NEXT]
     check_schema(pool)
 
 
@@ -161,28 +165,29 @@ def test_a_database_newer_than_this_build_is_refused(
     pool = pg_pools(postgres_url)
     migrate(pool)
     with pool.connection() as conn:
-        conn.execute("INSERT INTO schema_migrations (version) VALUES (2)")
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (NEXT,))
 
     with pytest.raises(ConfigError) as raised:
         check_schema(pool)
     assert "newer" in str(raised.value) and MIGRATE_HINT in str(raised.value)
     with pytest.raises(ConfigError):
         migrate(pool)
-    assert schema_status(pool) == (2, 1)
+    assert schema_status(pool) == (NEXT, LATEST)
 
 
 def test_a_failing_migration_applies_nothing_of_itself(
     postgres_url: str, pg_pools: PoolFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pool = pg_pools(postgres_url)
-    broken = [*migrations(), (2, "CREATE TABLE half_done (id integer); SELECT * FROM nowhere;")]
+    broken = [*migrations(), (NEXT, "CREATE TABLE half_done (id integer); SELECT * FROM nowhere;")]
     monkeypatch.setattr(postgres, "migrations", lambda: broken)
 
     with pytest.raises(ConfigError) as raised:
         migrate(pool)
 
-    assert "migration 2" in str(raised.value)
-    assert schema_status(pool) == (1, 2)  # 1 committed in its own transaction, 2 not at all
+    assert f"migration {NEXT}" in str(raised.value)
+    # The packaged ones committed, each in its own transaction; the broken one not at all.
+    assert schema_status(pool) == (LATEST, NEXT)
     with pool.connection() as conn:
         assert conn.execute("SELECT to_regclass('half_done')").fetchone() == (None,)
 
@@ -198,8 +203,8 @@ def test_replicas_migrating_at_once_apply_each_version_once(
 
     run_threads(len(pools), work)
 
-    assert sorted(applied) == [[]] * 7 + [[1]]
-    assert schema_status(pools[0]) == (1, 1)
+    assert sorted(applied) == [[]] * 7 + [list(range(1, LATEST + 1))]
+    assert schema_status(pools[0]) == (LATEST, LATEST)
 
 
 # --- replicas on one database ----------------------------------------------------------------
