@@ -53,3 +53,39 @@ def test_time_bounds_compare_in_the_records_format() -> None:
     assert matches(record, {"since_ts": "2026-01-01T09:59:59.000000+00:00"})
     assert not matches(record, {"until_ts": "2026-01-01T09:59:59.000000+00:00"})
     assert not matches(record, {"subject": "b"})
+
+
+def rotated_log(tmp_path: Path, count: int, max_bytes: int) -> Path:
+    from nexus_mcp.observability.audit import AuditEvent, JsonlAuditSink
+
+    path = tmp_path / "audit.jsonl"
+    sink = JsonlAuditSink(path, max_bytes=max_bytes)
+    for n in range(count):
+        sink.emit(AuditEvent(event="tool_call_finished", tool_call_id=f"i-{n}",
+                             correlation_id=f"c-{n}", tool="t", outcome="OK"))  # fmt: skip
+    sink.close()
+    return path
+
+
+def test_rotated_segments_are_searched_newest_first(tmp_path: Path) -> None:
+    path = rotated_log(tmp_path, 40, max_bytes=2000)
+    assert path.with_name("audit.jsonl.2").exists()  # rotated at least twice
+    found = scan(path)
+    assert [r["correlation_id"] for r in found.records] == [f"c-{n}" for n in range(39, -1, -1)]
+    assert (found.capped, found.missing) == (False, False)
+    # The bounds hold across segments: the newest are kept, and the page says so.
+    bounded = scan(path, max_bytes=3000)
+    ids = [r["correlation_id"] for r in bounded.records]
+    assert bounded.capped and ids == [f"c-{n}" for n in range(39, 39 - len(ids), -1)]
+
+
+def test_a_heads_file_naming_other_files_is_not_followed(tmp_path: Path) -> None:
+    path = rotated_log(tmp_path, 10, max_bytes=2000)
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text(json.dumps({"event": "x", "correlation_id": "OUTSIDE"}) + "\n")
+    heads = json.loads(path.with_name("audit.jsonl.heads").read_text())
+    heads["segments"] += [{"file": "../elsewhere.jsonl"}, {"file": "elsewhere.jsonl"}]
+    path.with_name("audit.jsonl.heads").write_text(json.dumps(heads))
+    found = scan(path)
+    assert "OUTSIDE" not in {r.get("correlation_id") for r in found.records}
+    assert len(found.records) == 10

@@ -1,8 +1,10 @@
 """Audit: search the audit log (``audit_path``, JSONL) and read one call's whole story.
 
 Filters by time range, subject, tool, outcome code and correlation id; newest first, a page
-at a time. The work is bounded: only the newest ``MAX_SCAN_BYTES`` of the file (at most
-``MAX_SCAN_LINES`` records) are read, and the page says when the file holds more. A call's
+at a time. The log's rotated segments (``audit_max_bytes``) are searched too, newest
+first, as its heads file names them. The work is bounded: only the newest
+``MAX_SCAN_BYTES`` of the log and its segments together (at most ``MAX_SCAN_LINES``
+records) are read, and the page says when they hold more. A call's
 story (``audit/call/<correlation id>``) is every record with that correlation id in the
 same window, oldest first: started, blocked or finished, effects, approval decisions.
 The pages show what the records hold and nothing more: the audit writer already redacts
@@ -28,6 +30,7 @@ from starlette.routing import Route
 
 from nexus_mcp.console.pages import PREFIX, Console
 from nexus_mcp.observability.audit import AUDIT_FIELDS
+from nexus_mcp.observability.audit_chain import heads_path, read_heads
 
 MAX_SCAN_BYTES = 16 * 1024 * 1024
 MAX_SCAN_LINES = 50_000
@@ -47,33 +50,65 @@ class Scan:
     missing: bool  # no audit file (yet)
 
 
-def scan(path: Path, *, max_bytes: int = MAX_SCAN_BYTES, max_lines: int = MAX_SCAN_LINES) -> Scan:
-    """The newest records of the file, newest first (blocking: call it in a thread)."""
+def segments_newest_first(path: Path) -> list[Path]:
+    """The live log, then its rotated segments newest first, as its heads file names them
+    (``audit_max_bytes``); a name that is not one of the log's own segments is skipped."""
+    try:
+        heads = read_heads(heads_path(path))
+    except (OSError, ValueError):
+        heads = None
+    names = [s.get("file") for s in (heads or {}).get("segments", []) if isinstance(s, dict)]
+    own = re.compile(re.escape(path.name) + r"\.[1-9][0-9]{0,8}")
+    rotated = [path.with_name(n) for n in names if isinstance(n, str) and own.fullmatch(n)]
+    return [path, *reversed(rotated)]
+
+
+def _tail(path: Path, budget: int) -> tuple[bytes, bool] | None:
+    """The last ``budget`` bytes of a file and whether it holds more; None if unreadable."""
     try:
         with path.open("rb") as handle:
             size = handle.seek(0, os.SEEK_END)
-            start = max(0, size - max_bytes)
+            start = max(0, size - budget)
             handle.seek(start)
-            data = handle.read(size - start)
-    except OSError:  # absent (no call yet) or unreadable: nothing to show
-        return Scan([], capped=False, missing=True)
-    lines = data.split(b"\n")
-    capped = start > 0
-    if capped:
-        lines = lines[1:]  # the first one is cut
-    if len(lines) > max_lines:
-        lines, capped = lines[-max_lines:], True
+            return handle.read(size - start), start > 0
+    except OSError:
+        return None
+
+
+def scan(path: Path, *, max_bytes: int = MAX_SCAN_BYTES, max_lines: int = MAX_SCAN_LINES) -> Scan:
+    """The newest records of the log and, while the bounds allow, of its rotated segments,
+    newest first (blocking: call it in a thread)."""
     records: list[dict[str, Any]] = []
-    for line in reversed(lines):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return Scan(records, capped=capped, missing=False)
+    budget, lines_left, capped, found = max_bytes, max_lines, False, False
+    for file in segments_newest_first(path):
+        if budget <= 0 or lines_left <= 0:
+            capped = True
+            break
+        tail = _tail(file, budget)
+        if tail is None:
+            continue  # the live log not written yet, or a segment removed
+        found = True
+        data, cut = tail
+        budget -= len(data)
+        lines = data.split(b"\n")
+        if cut:
+            lines, capped = lines[1:], True  # the first one is cut
+        if lines and not lines[-1]:
+            lines.pop()  # after the last newline
+        for line in reversed(lines):
+            if lines_left <= 0:  # every line read counts, a damaged one too
+                capped = True
+                break
+            lines_left -= 1
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    return Scan(records, capped=capped, missing=not found)
 
 
 def _instant(text: str) -> str:
@@ -192,4 +227,12 @@ def routes(console: Console) -> list[Route]:
     ]
 
 
-__all__ = ["MAX_SCAN_LINES", "Scan", "fields_of", "matches", "routes", "scan"]
+__all__ = [
+    "MAX_SCAN_LINES",
+    "Scan",
+    "fields_of",
+    "matches",
+    "routes",
+    "scan",
+    "segments_newest_first",
+]
