@@ -64,6 +64,7 @@ def flow_gateway(
         tmp_path / "gw",
         [stdio_upstream(record=record, write_policy=write_policy or WRITE_POLICY)],
         grant={"full": all_up_tools()},
+        grant_items={"full": {"resources": ["notes"]}},
         extra={"flow": {"policy": policy, "labels": labels or LABELS}, **extra},
     )
     assert gw.pin("up") == 0
@@ -248,6 +249,20 @@ async def test_a_call_refused_before_it_ran_taints_nothing(tmp_path: Path) -> No
         result = wire(await egress(client))
         assert result["isError"] is False, result
     assert [e["tool"] for e in taint_events(gw)] == ["get_section_source", "up_write_note"]
+
+
+async def test_a_note_read_as_a_resource_taints_like_the_tool(tmp_path: Path) -> None:
+    gw, record = flow_gateway(tmp_path)
+    async with Client(build(gw).mcp) as client:
+        [content] = await client.read_resource("nexus://notes/" + NOTE_PATH)
+        assert PRIVATE_CANARY in getattr(content, "text", "")
+        await read_untrusted(client)
+        assert envelope_of(await egress(client))["code"] == "FLOW_DENIED"
+    assert calls_to(record, "write_note") == []
+    (change, _) = taint_events(gw)
+    assert change["tool"] == "(resource)" and change["resource_source"] == "notes"
+    assert change["facts"]["labels_added"] == ["reads_private"]
+    assert NOTE_PATH not in json.dumps(change)  # the URI only as its sha256
 
 
 # -- approve -------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 The flow policy (``middleware/flow.py``) judges every call of an egress tool first: after
 private and untrusted reads in the session it is refused (``FLOW_DENIED``) or held for an
-approver, read or write alike; and every labelled call that ran taints the session.
+approver, read or write alike, in the approvals inbox only (the approver reads which
+calls tainted the session; a token minted out of band says nothing of that); and every
+labelled call that ran taints the session.
 
 Deny by default: a workspace without a write policy accepts no writes. When the policy
 requires approval, the call needs a valid, unspent approval token bound to this caller,
@@ -20,7 +22,7 @@ from typing import Any, Protocol
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools.base import InputRequiredToolResult
 
-from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState
+from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState, current_call
 from nexus_mcp.connector import chained_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
@@ -131,6 +133,19 @@ class ApprovalMiddleware(Middleware):
             # The tool ran (whatever its outcome): what it touched taints the session.
             flow.record(state, labels)
 
+    async def on_read_resource(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        await self.check_resource_access(context)
+        flow, state = self.flow, current_call()
+        if flow is None or state is None:
+            return await call_next(context)
+        try:
+            return await call_next(context)
+        finally:
+            if state.executed:  # past the grants: the read reached the resource
+                flow.record(state, flow.resource_labels(state))
+
     async def _judged(
         self,
         context: MiddlewareContext[Any],
@@ -142,7 +157,7 @@ class ApprovalMiddleware(Middleware):
             return await call_next(context)
         gate = self.write_gates.get(state.tool_name) if state.server_id is None else None
         if state.tool_class != "write":
-            # An egress read the flow policy holds: the approval inbox (or a token) only.
+            # An egress read the flow policy holds: approved in the inbox only.
             assert hold is not None
             state.policy_rule = FLOW_RULE
             question = await self._check_token(state, None, context, hold)
@@ -166,8 +181,8 @@ class ApprovalMiddleware(Middleware):
             raise
         state.policy_decision, state.policy_rule = "allowed", decision.rule
         if hold is not None:
-            # Held by the flow policy: one approval, from the inbox or a token, covers the
-            # write policy's approval too (the approver reads both reasons).
+            # Held by the flow policy: one approval from the inbox, where the approver reads
+            # both reasons, covers the write policy's approval too.
             question = await self._check_token(state, gate, context, hold)
             if question is not None:
                 return question
@@ -244,7 +259,11 @@ class ApprovalMiddleware(Middleware):
     ) -> InputRequiredToolResult | None:
         principal = state.principal
         token = plumbing_value(state, ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN)
-        if not token and self.inbox is not None and principal is not None:
+        if hold is not None and (self.inbox is None or principal is None):
+            raise ApprovalRequiredError(reason="flow_needs_inbox")
+        # A flow hold is approved in the inbox only, where the approver reads why: a token
+        # minted out of band (perhaps before the session was tainted) never says why.
+        if (not token or hold is not None) and self.inbox is not None and principal is not None:
             # No token: the inbox opens a request for a person, or holds its approval.
             describe = gate.describe(state) if gate is not None else None
             held: dict[str, str] = {}

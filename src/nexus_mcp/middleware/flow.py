@@ -11,25 +11,31 @@ failed or timed out (conservative: an error result may still carry what it read)
 refused before it ran touches nothing. Each label new to the session is one audit event
 (``flow_taint_changed``: the labels added, the call and tool that added them).
 
-Taint is keyed by (principal subject, session key): ``stores/flow_taint.py``.
+A resources/read that reached the resource taints the same way (``resource_labels``); it
+is never judged. Taint is keyed by (principal subject, session key):
+``stores/flow_taint.py``.
 """
 
 from __future__ import annotations
 
-from nexus_mcp.calls import CallState
+from nexus_mcp.calls import RESOURCE_READ, CallState
 from nexus_mcp.errors import FlowDeniedError
 from nexus_mcp.observability.audit import AuditEvent, AuditLog
 from nexus_mcp.policy.flow import (
+    EGRESS,
     FLOW_RULE,
     LABELS,
     NO_LABELS,
     POLICY_DENY,
+    READS_PRIVATE,
+    WILDCARD,
     FlowConfig,
     FlowHold,
     TaintSource,
     decide_flow,
     labels_for,
 )
+from nexus_mcp.policy.resources import NOTES_SOURCE
 from nexus_mcp.stores.flow_taint import TaintStore
 
 FLOW_TAINT_CHANGED = "flow_taint_changed"
@@ -51,9 +57,20 @@ class FlowGuard:
             return labels_for(self.config, server_id=state.server_id, tool=state.upstream_tool)
         return labels_for(self.config, server_id=None, tool=state.tool_name)
 
+    def resource_labels(self, state: CallState) -> frozenset[str]:
+        """What a resources/read touches: a note resource is a private read; an upstream's
+        resource carries its server's labels (``server/*``, else all three in prod). A read
+        is never judged as egress here (it sends nothing the caller chose but its URI)."""
+        source = state.resource_source
+        if not self.config.enabled or source is None:
+            return NO_LABELS
+        if source == NOTES_SOURCE:
+            return frozenset({READS_PRIVATE})
+        return labels_for(self.config, server_id=source, tool=WILDCARD) - {EGRESS}
+
     def judge(self, state: CallState, labels: frozenset[str]) -> FlowHold | None:
         """Refuse (deny), hold (approve) or pass an egress call; others always pass."""
-        if "egress" not in labels:
+        if EGRESS not in labels:
             return None
         subject, session = _key(state)
         hold = decide_flow(self.config, labels, self.store.taint(subject, session))
@@ -69,11 +86,12 @@ class FlowGuard:
         if not labels or not state.executed:
             return
         subject, session = _key(state)
-        tool = (
-            f"{state.server_id}/{state.upstream_tool}"
-            if state.server_id is not None and state.upstream_tool is not None
-            else state.tool_name
-        )
+        if state.resource_source is not None:
+            tool = f"{state.resource_source}/{RESOURCE_READ}"
+        elif state.server_id is not None and state.upstream_tool is not None:
+            tool = f"{state.server_id}/{state.upstream_tool}"
+        else:
+            tool = state.tool_name
         added = self.store.add(subject, session, labels, TaintSource(state.tool_call_id, tool))
         if not added:
             return
@@ -86,6 +104,8 @@ class FlowGuard:
                 tool=state.tool_name,
                 server_id=state.server_id,
                 upstream_tool=state.upstream_tool,
+                resource_source=state.resource_source,
+                uri_sha256=state.uri_sha256,
                 subject=principal.log_subject if principal is not None else None,
                 role=principal.effective_role if principal is not None else None,
                 session=state.session_key,
