@@ -280,6 +280,7 @@ async def test_in_approve_mode_the_approver_sees_why_and_allows_the_egress_once(
         assert payload["code"] == "APPROVAL_REQUIRED"
         request_id = held["_meta"][META_REQUEST]
         assert request_id in payload["error"] and "egress" in payload["error"]
+        assert "approval_token" not in payload["error"]  # the inbox only
         assert EGRESS_CANARY not in payload["error"] and PRIVATE_CANARY not in json.dumps(held)
         assert calls_to(record, "write_note") == []
 

@@ -135,12 +135,17 @@ class Inbox:
                     reason="inbox_full",
                 )
             found = await asyncio.to_thread(self._open, state, principal, digest, describe)
+        # A held flow (``binding``) is approved in the inbox only: no token is offered.
+        token_way = (
+            ""
+            if binding is not None
+            else ", or pass an approval_token minted for this tool and these exact arguments"
+        )
         raise ApprovalRequiredError(
             message=(
                 f"{action} requires approval: request {found.id} waits in the approvals "
                 f"inbox (nexus-mcp approvals show {found.id}); call again with the same "
-                "arguments once it is approved, or pass an approval_token minted for this "
-                "tool and these exact arguments"
+                f"arguments once it is approved{token_way}"
             ),
             approval_request_id=found.id,
         )
