@@ -64,7 +64,7 @@ def flow_gateway(
         tmp_path / "gw",
         [stdio_upstream(record=record, write_policy=write_policy or WRITE_POLICY)],
         grant={"full": all_up_tools()},
-        grant_items={"full": {"resources": ["notes"]}},
+        grant_items={"full": {"resources": ["notes", "up"]}},
         extra={"flow": {"policy": policy, "labels": labels or LABELS}, **extra},
     )
     assert gw.pin("up") == 0
@@ -263,6 +263,19 @@ async def test_a_note_read_as_a_resource_taints_like_the_tool(tmp_path: Path) ->
     assert change["tool"] == "(resource)" and change["resource_source"] == "notes"
     assert change["facts"]["labels_added"] == ["reads_private"]
     assert NOTE_PATH not in json.dumps(change)  # the URI only as its sha256
+
+
+async def test_an_unlabelled_upstreams_resource_is_a_private_and_untrusted_read(
+    tmp_path: Path,
+) -> None:
+    gw, record = flow_gateway(tmp_path)
+    async with Client(build(gw).mcp) as client:
+        assert await client.read_resource("upstream://up/test://static/readme")
+        assert envelope_of(await egress(client))["code"] == "FLOW_DENIED"
+    assert calls_to(record, "write_note") == []
+    (change,) = taint_events(gw)
+    assert change["resource_source"] == "up"
+    assert change["facts"]["labels_added"] == ["reads_private", "reads_untrusted"]
 
 
 # -- approve -------------------------------------------------------------------------
