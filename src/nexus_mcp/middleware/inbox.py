@@ -174,12 +174,18 @@ class Inbox:
         )
 
     def _preview(self, state: CallState, describe: str | None) -> tuple[str | None, str]:
+        # What the call is held for beyond its content (a gate's summary, the flow policy's
+        # reason) comes first; it is our own bounded text, never the caller's.
+        head = f"{describe}\n\n" if describe else ""
+        target, preview = self._content_preview(state)
+        return target, head + preview
+
+    def _content_preview(self, state: CallState) -> tuple[str | None, str]:
         arguments = state.arguments
         secrets = self.secret_args(state.tool_name)
         operation = TOOL_OPERATIONS.get(state.tool_name) if state.server_id is None else None
         if operation is None:
-            head = f"{describe}\n\n" if describe else ""
-            return None, head + arguments_preview(arguments, secrets)
+            return None, arguments_preview(arguments, secrets)
         try:
             named = target_paths(operation, arguments)
         except (KeyError, TypeError, ValueError):
