@@ -28,7 +28,8 @@ means: no input values, no paths the caller sent, no exception text, no secrets.
     │   ├── ApprovalExpiredError         APPROVAL_EXPIRED
     │   ├── ApprovalReplayedError        APPROVAL_REPLAYED
     │   ├── WritePolicyDeniedError       WRITE_POLICY_DENIED
-    │   └── MergeBlockedError            MERGE_BLOCKED
+    │   ├── MergeBlockedError            MERGE_BLOCKED
+    │   └── FlowDeniedError              FLOW_DENIED
     ├── LimitError
     │   ├── BudgetExceededError          BUDGET_EXCEEDED
     │   ├── RateLimitedError             RATE_LIMITED
@@ -72,6 +73,7 @@ class Code(StrEnum):
     APPROVAL_REPLAYED = "APPROVAL_REPLAYED"
     WRITE_POLICY_DENIED = "WRITE_POLICY_DENIED"
     MERGE_BLOCKED = "MERGE_BLOCKED"
+    FLOW_DENIED = "FLOW_DENIED"
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     RATE_LIMITED = "RATE_LIMITED"
     TOOL_TIMEOUT = "TOOL_TIMEOUT"
@@ -452,6 +454,17 @@ class MergeBlockedError(ApprovalError):
         return "merge blocked"
 
 
+class FlowDeniedError(ApprovalError):
+    """The flow policy refused an egress call after private and untrusted reads in this
+    session (``policy/flow.py``). Names no call, tool, id or value."""
+
+    code = Code.FLOW_DENIED
+    default_message = (
+        "egress refused by the flow policy: this session has read private data and "
+        "untrusted content, so this call could send one under the other's instructions"
+    )
+
+
 # --- limits -----------------------------------------------------------------------------
 
 
@@ -510,7 +523,16 @@ class FixtureNotFoundError(NexusError):
 
 # The store names an UNAVAILABLE message may carry (our own labels, never an address).
 UNAVAILABLE_STORES = frozenset(
-    {"approvals", "grants", "idempotency", "nonces", "limits", "postgres", "upstream_quarantine"}
+    {
+        "approvals",
+        "flow",
+        "grants",
+        "idempotency",
+        "nonces",
+        "limits",
+        "postgres",
+        "upstream_quarantine",
+    }
 )
 
 
@@ -594,6 +616,7 @@ __all__ = [
     "DocSizeExceededError",
     "DocumentError",
     "FixtureNotFoundError",
+    "FlowDeniedError",
     "IdempotencyKeyConflictError",
     "IdempotencyKeyRequiredError",
     "InputError",

@@ -479,7 +479,7 @@ def referenced_files(value: Any) -> Iterator[Path]:
             yield from referenced_files(item)
 
 
-EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals", "upstreams", "repos"})
+EXTERNAL_SECTIONS = frozenset({"write_policies", "approvals", "upstreams", "repos", "flow"})
 
 
 def describe_validation_error(

@@ -70,6 +70,7 @@ def build(
         repository: Mapping[str, Any] | None = None,
         repos: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> NexusServer:
         number = next(counter)
@@ -83,7 +84,8 @@ def build(
         }
         section.update(repos or {})
         config = tmp_path / f"nexus-{number}.yaml"
-        config.write_text(yaml.safe_dump({"repos": section}), encoding="utf-8")
+        document = {"repos": section, **(extra or {})}  # extra: other sections (flow: ...)
+        config.write_text(yaml.safe_dump(document), encoding="utf-8")
         values: dict[str, Any] = {
             "mode": "prod",
             "subject": "alice",

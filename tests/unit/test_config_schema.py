@@ -61,6 +61,8 @@ def test_the_demo_configuration_validates() -> None:
         {"approvals": {"ttl_seconds": 60}},
         {"upstreams": {"server_id": "x"}},
         {"repos": {"repositories": {"r": 3}}},
+        {"flow": {"policy": "sometimes"}},
+        {"flow": {"labels": {"read_repo_file": ["sends_mail"]}}},
     ],
 )
 def test_mistakes_are_refused(document: dict[str, Any]) -> None:
@@ -86,6 +88,11 @@ def test_sections_in_their_documented_forms_validate() -> None:
             ],
             "repos": {"repositories": {"short": "/srv/repo", "long": {"path": "/srv/other"}}},
             "state": {"redis_url": {"env": "REDIS_URL"}},
+            "flow": {
+                "policy": "approve",
+                "labels": {"read_repo_file": ["reads_private", "reads_untrusted"], "web/*": []},
+                "taint_ttl_seconds": 3600,
+            },
         }
     )
 

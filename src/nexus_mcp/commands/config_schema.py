@@ -30,6 +30,7 @@ from nexus_mcp.policy.approvals import (
     MIN_APPROVAL_TTL_SECONDS,
     MIN_REQUEST_TTL_SECONDS,
 )
+from nexus_mcp.policy.flow import FlowSection
 from nexus_mcp.policy.repos import WritePolicy as RepoWritePolicy
 from nexus_mcp.policy.repos import _ReposDocument
 from nexus_mcp.policy.upstreams import _UpstreamsDocument
@@ -93,6 +94,7 @@ _SECTIONS: dict[str, tuple[type[BaseModel], str | None]] = {
     "approvals": (ApprovalsSection, None),
     "upstreams": (_UpstreamsDocument, "upstreams"),
     "repos": (_ReposDocument, None),
+    "flow": (FlowSection, None),
 }
 
 

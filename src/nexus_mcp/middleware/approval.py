@@ -1,4 +1,10 @@
-"""ApprovalMiddleware: write policy, then approval, for every write-class call (chain step 6).
+"""ApprovalMiddleware: flow, write policy, then approval (chain step 6).
+
+The flow policy (``middleware/flow.py``) judges every call of an egress tool first: after
+private and untrusted reads in the session it is refused (``FLOW_DENIED``) or held for an
+approver, read or write alike, in the approvals inbox only (the approver reads which
+calls tainted the session; a token minted out of band says nothing of that); and every
+labelled call that ran taints the session.
 
 Deny by default: a workspace without a write policy accepts no writes. When the policy
 requires approval, the call needs a valid, unspent approval token bound to this caller,
@@ -16,11 +22,12 @@ from typing import Any, Protocol
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools.base import InputRequiredToolResult
 
-from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState
+from nexus_mcp.calls import ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN, CallState, current_call
 from nexus_mcp.connector import chained_call
 from nexus_mcp.enforcement import RegistryEnforcer, plumbing_value
 from nexus_mcp.errors import ApprovalRequiredError, WritePolicyDeniedError
 from nexus_mcp.identity.resolver import MODERN_PROTOCOL
+from nexus_mcp.middleware.flow import FlowGuard
 from nexus_mcp.middleware.inbox import Inbox
 from nexus_mcp.middleware.waiting import (
     answer_to_wait,
@@ -37,6 +44,7 @@ from nexus_mcp.policy.approvals import (
     spend_approval,
     verify_approval_token,
 )
+from nexus_mcp.policy.flow import FLOW_RULE, FlowHold, hold_text
 from nexus_mcp.policy.write_policy import (
     SUBTREE_OPERATIONS,
     TOOL_OPERATIONS,
@@ -86,7 +94,10 @@ class ApprovalMiddleware(Middleware):
         upstream_policy: Callable[[str, str], WriteDecision] | None = None,
         write_gates: Mapping[str, WriteGate] | None = None,
         inbox: Inbox | None = None,
+        flow: FlowGuard | None = None,
     ) -> None:
+        # The flow policy (middleware/flow.py); None: no flow labels are tracked.
+        self.flow = flow
         # Approval requests a person decides on (middleware/inbox.py); None: tokens only.
         self.inbox = inbox
         # Tools whose toolset decides its own writes (tool name -> its gate).
@@ -110,9 +121,47 @@ class ApprovalMiddleware(Middleware):
         state = chained_call(str(context.message.name))
         if self.enforcer is not None:
             self.enforcer.ensure_classified(state)  # the write policy never depends on layer 5
-        if state.tool_class != "write":
+        flow = self.flow
+        if flow is None:
+            return await self._judged(context, call_next, state, None)
+        # On the tool really called (classification resolved an upstream tool's route).
+        labels = flow.labels_of(state)
+        hold = flow.judge(state, labels)
+        try:
+            return await self._judged(context, call_next, state, hold)
+        finally:
+            # The tool ran (whatever its outcome): what it touched taints the session.
+            flow.record(state, labels)
+
+    async def on_read_resource(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        await self.check_resource_access(context)
+        flow, state = self.flow, current_call()
+        if flow is None or state is None:
+            return await call_next(context)
+        try:
+            return await call_next(context)
+        finally:
+            if state.executed:  # past the grants: the read reached the resource
+                flow.record(state, flow.resource_labels(state))
+
+    async def _judged(
+        self,
+        context: MiddlewareContext[Any],
+        call_next: CallNext[Any, Any],
+        state: CallState,
+        hold: FlowHold | None,
+    ) -> Any:
+        if state.tool_class != "write" and hold is None:
             return await call_next(context)
         gate = self.write_gates.get(state.tool_name) if state.server_id is None else None
+        if state.tool_class != "write":
+            # An egress read the flow policy holds: approved in the inbox only.
+            assert hold is not None
+            state.policy_rule = FLOW_RULE
+            question = await self._check_token(state, None, context, hold)
+            return question if question is not None else await call_next(context)
         try:
             if state.server_id is not None:
                 decision = self._decide_upstream(state)
@@ -131,7 +180,13 @@ class ApprovalMiddleware(Middleware):
             state.policy_decision, state.policy_rule = "denied", str(exc.facts.get("rule"))
             raise
         state.policy_decision, state.policy_rule = "allowed", decision.rule
-        if decision.requires_approval:
+        if hold is not None:
+            # Held by the flow policy: one approval from the inbox, where the approver reads
+            # both reasons, covers the write policy's approval too.
+            question = await self._check_token(state, gate, context, hold)
+            if question is not None:
+                return question
+        elif decision.requires_approval:
             mode = decide_approval_mode(
                 self._approval_mode(decision.approval_mode, state),
                 can_elicit=self._can_elicit(context),
@@ -200,14 +255,25 @@ class ApprovalMiddleware(Middleware):
         state: CallState,
         gate: WriteGate | None = None,
         context: MiddlewareContext[Any] | None = None,
+        hold: FlowHold | None = None,
     ) -> InputRequiredToolResult | None:
         principal = state.principal
         token = plumbing_value(state, ARG_APPROVAL_TOKEN, META_APPROVAL_TOKEN)
-        if not token and self.inbox is not None and principal is not None:
+        if hold is not None and (self.inbox is None or principal is None):
+            raise ApprovalRequiredError(reason="flow_needs_inbox")
+        # A flow hold is approved in the inbox only, where the approver reads why: a token
+        # minted out of band (perhaps before the session was tainted) never says why.
+        if (not token or hold is not None) and self.inbox is not None and principal is not None:
             # No token: the inbox opens a request for a person, or holds its approval.
             describe = gate.describe(state) if gate is not None else None
+            held: dict[str, str] = {}
+            if hold is not None:
+                # The approver reads why; a request opened before the session was tainted
+                # (another binding) does not cover this call.
+                describe = hold_text(hold) + (f"\n\n{describe}" if describe else "")
+                held = {"binding": FLOW_RULE, "action": "this egress call"}
             try:
-                claims = await self.inbox.approval_for(state, principal, describe)
+                claims = await self.inbox.approval_for(state, principal, describe, **held)
             except ApprovalRequiredError as refusal:
                 waited = await self._wait(context, state, refusal)
                 if waited is False:
@@ -215,7 +281,7 @@ class ApprovalMiddleware(Middleware):
                 if waited is not True:
                     return waited
                 # Decided while the call waited: taken (or refused) exactly as a retry.
-                claims = await self.inbox.approval_for(state, principal, describe)
+                claims = await self.inbox.approval_for(state, principal, describe, **held)
             self._take(state, claims)
             return None
         if self.keys is None or principal is None:

@@ -77,10 +77,22 @@ class Inbox:
         self.secret_args = secret_args
 
     async def approval_for(
-        self, state: CallState, principal: Principal, describe: str | None = None
+        self,
+        state: CallState,
+        principal: Principal,
+        describe: str | None = None,
+        *,
+        binding: str | None = None,
+        action: str = "this write",
     ) -> ApprovalClaims:
-        """The approval of an approved request for this exact call, or a refusal."""
+        """The approval of an approved request for this exact call, or a refusal.
+
+        ``binding`` names why the call is held when that is more than the write policy (the
+        flow policy's ``flow_egress``): it is part of the request's digest, so a request
+        opened, and shown to an approver, without that reason never covers the call."""
         digest = digest_approved_arguments(state.arguments)
+        if binding is not None:
+            digest = digest_approved_arguments({"binding": binding, "arguments_sha256": digest})
         key = (principal.subject, state.tool_name, state.server_id, digest)
         found = await asyncio.to_thread(self.store.find, *key)
         if found is not None and found.status == APPROVED:
@@ -116,19 +128,24 @@ class Inbox:
                 # One caller cannot flood the inbox: its earlier requests wait first.
                 raise ApprovalRequiredError(
                     message=(
-                        f"this write requires approval, and {MAX_PENDING_PER_CALLER} requests "
+                        f"{action} requires approval, and {MAX_PENDING_PER_CALLER} requests "
                         "of this caller already wait in the approvals inbox: ask an approver "
                         "to decide them first"
                     ),
                     reason="inbox_full",
                 )
             found = await asyncio.to_thread(self._open, state, principal, digest, describe)
+        # A held flow (``binding``) is approved in the inbox only: no token is offered.
+        token_way = (
+            ""
+            if binding is not None
+            else ", or pass an approval_token minted for this tool and these exact arguments"
+        )
         raise ApprovalRequiredError(
             message=(
-                f"this write requires approval: request {found.id} waits in the approvals "
+                f"{action} requires approval: request {found.id} waits in the approvals "
                 f"inbox (nexus-mcp approvals show {found.id}); call again with the same "
-                "arguments once it is approved, or pass an approval_token minted for this "
-                "tool and these exact arguments"
+                f"arguments once it is approved{token_way}"
             ),
             approval_request_id=found.id,
         )
@@ -157,12 +174,18 @@ class Inbox:
         )
 
     def _preview(self, state: CallState, describe: str | None) -> tuple[str | None, str]:
+        # What the call is held for beyond its content (a gate's summary, the flow policy's
+        # reason) comes first; it is our own bounded text, never the caller's.
+        head = f"{describe}\n\n" if describe else ""
+        target, preview = self._content_preview(state)
+        return target, head + preview
+
+    def _content_preview(self, state: CallState) -> tuple[str | None, str]:
         arguments = state.arguments
         secrets = self.secret_args(state.tool_name)
         operation = TOOL_OPERATIONS.get(state.tool_name) if state.server_id is None else None
         if operation is None:
-            head = f"{describe}\n\n" if describe else ""
-            return None, head + arguments_preview(arguments, secrets)
+            return None, arguments_preview(arguments, secrets)
         try:
             named = target_paths(operation, arguments)
         except (KeyError, TypeError, ValueError):

@@ -37,6 +37,7 @@ from nexus_mcp.middleware.chain import ChainLayers, build_middleware
 from nexus_mcp.middleware.classification import ClassificationMiddleware
 from nexus_mcp.middleware.documents import DocumentsMiddleware
 from nexus_mcp.middleware.envelope import EnvelopeMiddleware
+from nexus_mcp.middleware.flow import FlowGuard
 from nexus_mcp.middleware.identity import IdentityMiddleware
 from nexus_mcp.middleware.inbox import Inbox, secret_args_of
 from nexus_mcp.middleware.limits import LimitsMiddleware
@@ -46,6 +47,7 @@ from nexus_mcp.observability.audit import AuditLog, AuditSink, JsonlAuditSink
 from nexus_mcp.observability.audit_anchor import anchor_audit_sinks
 from nexus_mcp.observability.logs import ensure_logging, get_logger
 from nexus_mcp.policy.budgets import ToolTimeouts
+from nexus_mcp.policy.flow import load_flow_config
 from nexus_mcp.policy.pins import PinState
 from nexus_mcp.policy.profiles import default_profiles_path, load_profiles
 from nexus_mcp.policy.registry import (
@@ -298,7 +300,16 @@ def _build_server(
         else [JsonlAuditSink(settings.audit_path, max_bytes=settings.audit_max_bytes)]
     )
     audit_log = AuditLog(sinks)
-    state = measure_state(open_state(settings, environ), observability)
+    flow = load_flow_config(
+        sections.get("flow"),
+        mode=settings.mode,
+        native_tools=native_contracts,
+        upstream_ids=[server.server_id for server in upstream_config.servers],
+        source=config_file,
+    )
+    state = measure_state(
+        open_state(settings, environ, taint_ttl_seconds=flow.taint_ttl_seconds), observability
+    )
     # Shared backend: each audit file's head is anchored in PostgreSQL, out of reach.
     anchor_audit_sinks(sinks, state.audit_heads, replica=audit_replica(settings))
     try:
@@ -374,6 +385,7 @@ def _build_server(
             recorder=recorder,
             state=state,
             observability=observability,
+            flow=flow,
         )
     except BaseException:
         state.close()  # Runtime closes them itself once built
@@ -526,6 +538,11 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
                 runtime.approval_settings,
                 runtime.workspace,
                 secret_args=functools.partial(secret_args_of, runtime.book.contracts),
+            ),
+            flow=(
+                FlowGuard(runtime.flow, runtime.state.taint, runtime.audit_log)
+                if runtime.flow.enabled
+                else None
             ),
         ),
         documents=DocumentsMiddleware(runtime.enforcer),

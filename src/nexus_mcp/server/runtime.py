@@ -31,6 +31,7 @@ from nexus_mcp.policy.approvals import (
     ApprovalKeys,
     ApprovalSettings,
 )
+from nexus_mcp.policy.flow import FlowConfig
 from nexus_mcp.policy.registry import (
     RegistrySet,
 )
@@ -93,6 +94,8 @@ class Runtime:
     repos_config: ReposConfig | None = None
     recorder: Recorder | None = None  # serve --record
     observability: Observability | None = None  # metrics and per-call telemetry
+    # The flow policy and the flow labels (policy/flow.py); its taint is in ``state``.
+    flow: FlowConfig = field(default_factory=FlowConfig)
     # Tells connected callers their visible lists changed (server/notify.py).
     notifier: ChangeNotifier | None = None
     identity: IdentityResolver = field(init=False)  # one resolver for MCP and plain routes

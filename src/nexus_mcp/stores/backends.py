@@ -1,23 +1,24 @@
 """The one place that picks the state backend (``state.backend``) and opens its stores.
 
 - ``embedded`` (default): grants, idempotency records, used approval nonces and approval
-  requests in SQLite files in the data dir; call budgets and rate limits in process
-  memory. One server process (several processes sharing one data dir share the SQLite
-  files, but not the budgets).
+  requests in SQLite files in the data dir; call budgets, rate limits and session taint
+  (the flow policy) in process memory. One server process (several processes sharing one
+  data dir share the SQLite files, but not the budgets or the taint).
 - ``shared``: grants, assignments and idempotency records in PostgreSQL
   (``stores/postgres.py``, ``postgres_grants.py``, ``postgres_idempotency.py``); approval
   nonces, budgets and rate limits in Redis (``stores/redis_state.py``), approval requests
-  in Redis too (``stores/redis_approvals.py``); a grant change made anywhere reaches
-  every replica's visible-tools cache through PostgreSQL ``LISTEN/NOTIFY`` (the cache's
-  TTL and its one-second revision refresh are the backstop). Every replica enforces the
-  same limits, and anchors the head of its audit file in PostgreSQL
-  (``postgres_audit.py``).
+  and session taint in Redis too (``stores/redis_approvals.py``, ``redis_flow.py``); a
+  grant change made anywhere reaches every replica's visible-tools cache through
+  PostgreSQL ``LISTEN/NOTIFY`` (the cache's TTL and its one-second revision refresh are
+  the backstop). Every replica enforces the same limits, sees the same taint, and
+  anchors the head of its audit file in PostgreSQL (``postgres_audit.py``).
 
 Policy code and middleware see the protocols only (``TupleStore``, ``IdempotencyStore``,
-``NonceStore``, ``CallBudget``, ``RateLimiter``, ``ApprovalRequestStore``). The shared
-backend refuses to start against a database this build has not migrated (``nexus-mcp
-state migrate``) or a newer one, and against a store it cannot reach; once running, an
-outage refuses calls with ``UNAVAILABLE`` and the pools reconnect by themselves.
+``NonceStore``, ``CallBudget``, ``RateLimiter``, ``ApprovalRequestStore``,
+``TaintStore``). The shared backend refuses to start against a database this build has
+not migrated (``nexus-mcp state migrate``) or a newer one, and against a store it cannot
+reach; once running, an outage refuses calls with ``UNAVAILABLE`` and the pools reconnect
+by themselves.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from nexus_mcp.policy.budgets import (
     SessionBudget,
     SlidingWindowRateLimiter,
 )
+from nexus_mcp.policy.flow import DEFAULT_TAINT_TTL_SECONDS
 from nexus_mcp.policy.upstreams import SecretValue, resolve_secret
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.approval_requests import (
@@ -43,6 +45,7 @@ from nexus_mcp.stores.approval_requests import (
     MemoryApprovalRequestStore,
     SqliteApprovalRequestStore,
 )
+from nexus_mcp.stores.flow_taint import MemoryTaintStore, TaintStore
 from nexus_mcp.stores.grants import SqliteTupleStore, TupleStore
 from nexus_mcp.stores.idempotency import IdempotencyStore, SqliteIdempotencyStore
 from nexus_mcp.stores.locations import (
@@ -76,6 +79,8 @@ class StateStores:
     approval_requests: ApprovalRequestStore = field(default_factory=MemoryApprovalRequestStore)
     # Shared backend: where each replica's audit head is anchored (PostgresAuditHeads).
     audit_heads: Any = None
+    # Which flow labels each session touched (policy/flow.py), shared by replicas if shared.
+    taint: TaintStore = field(default_factory=MemoryTaintStore)
     # Shared backend: start the cross-replica grant-change listener (watch_grants).
     _watch: Callable[[Callable[[str], None]], None] | None = None
     # Shared backend: one round trip to each server (``probe``); blocking.
@@ -193,11 +198,16 @@ def request_state_keys(settings: Settings, environ: Mapping[str, str]) -> list[b
     return keys
 
 
-def open_state(settings: Settings, environ: Mapping[str, str]) -> StateStores:
+def open_state(
+    settings: Settings,
+    environ: Mapping[str, str],
+    *,
+    taint_ttl_seconds: float = DEFAULT_TAINT_TTL_SECONDS,
+) -> StateStores:
     """Open the stores of the configured backend (module docstring)."""
     if settings.state.backend == SHARED:
-        return _open_shared(settings, environ)
-    return _open_embedded(settings)
+        return _open_shared(settings, environ, taint_ttl_seconds)
+    return _open_embedded(settings, taint_ttl_seconds)
 
 
 def _limits(settings: Settings) -> SeparateLimits:
@@ -208,7 +218,9 @@ def _limits(settings: Settings) -> SeparateLimits:
     )
 
 
-def _open_embedded(settings: Settings) -> StateStores:
+def _open_embedded(
+    settings: Settings, taint_ttl_seconds: float = DEFAULT_TAINT_TTL_SECONDS
+) -> StateStores:
     lease = idempotency_lease(settings)
     closers: list[Callable[[], None]] = []
     try:
@@ -235,16 +247,22 @@ def _open_embedded(settings: Settings) -> StateStores:
         nonces,
         _limits(settings),
         approval_requests=approval_requests,
+        taint=MemoryTaintStore(taint_ttl_seconds),
         _closers=closers,
     )
 
 
-def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
+def _open_shared(
+    settings: Settings,
+    environ: Mapping[str, str],
+    taint_ttl_seconds: float = DEFAULT_TAINT_TTL_SECONDS,
+) -> StateStores:
     from nexus_mcp.stores.postgres import GrantsListener, PostgresPool, check_schema
     from nexus_mcp.stores.postgres_audit import PostgresAuditHeads
     from nexus_mcp.stores.postgres_grants import PostgresTupleStore
     from nexus_mcp.stores.postgres_idempotency import PostgresIdempotencyStore
     from nexus_mcp.stores.redis_approvals import RedisApprovalRequestStore
+    from nexus_mcp.stores.redis_flow import RedisTaintStore
     from nexus_mcp.stores.redis_state import (
         RedisCallLimits,
         RedisNonceStore,
@@ -312,6 +330,7 @@ def _open_shared(settings: Settings, environ: Mapping[str, str]) -> StateStores:
         redis=client,
         approval_requests=RedisApprovalRequestStore(client, state.key_prefix),
         audit_heads=PostgresAuditHeads(pool, state.key_prefix),
+        taint=RedisTaintStore(client, state.key_prefix, taint_ttl_seconds),
         _watch=watch,
         _probe=probe,
         _closers=closers,
