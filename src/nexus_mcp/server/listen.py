@@ -20,8 +20,9 @@ caller:
   hidden, unknown or unsupported one is left out alike;
 - **bounded**: at most ``MAX_STREAMS`` open streams, ``MAX_STREAMS_PER_SUBJECT`` per
   subject, ``MAX_BUFFERED_EVENTS`` events waiting per stream (a client that stopped
-  reading has its stream ended; it re-listens and refetches, as the spec has it); a stream
-  opened with a bearer token ends gracefully when the token expires;
+  reading has its stream ended at once, even in the middle of a write it never reads; it
+  re-listens and refetches, as the spec has it); a stream opened with a bearer token ends
+  gracefully when the token expires;
 - **cleaned up**: the stream's end drops its subscriptions and its registration.
 
 The chain's request hooks run around the handler (envelope, identity), so the caller's
@@ -87,6 +88,9 @@ class ListenStream:
         self.exit_stack = contextlib.ExitStack()
         self._send, self.events = anyio.create_memory_object_stream[ServerEvent](max_buffered)
         self.overflowed = False
+        # Around the stream's writes: cancelled when the backlog overflows, so a write the
+        # client never reads does not keep the stream (and what it holds) open.
+        self.scope = anyio.CancelScope()
 
     def honor(self, uris: list[str]) -> SubscriptionFilter:
         self.uris = frozenset(uris)
@@ -100,9 +104,11 @@ class ListenStream:
         try:
             self._send.send_nowait(event)
         except anyio.WouldBlock:
-            # A client that stopped reading: end its stream (no replay; it re-listens).
+            # A client that stopped reading: end its stream now, even in the middle of a
+            # write it does not read (no replay; it re-listens and refetches).
             self.overflowed = True
             self._send.close()
+            self.scope.cancel()
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
 
@@ -191,19 +197,20 @@ class ListenService:
                     "resource_subscriptions": len(stream.uris),
                 },
             )
-            await ctx.session.send_notification(
-                SubscriptionsAcknowledgedNotification(
-                    params=SubscriptionsAcknowledgedNotificationParams(
-                        notifications=honored, _meta=meta
-                    )
-                ),
-                related_request_id=request_id,
-            )
-            with anyio.move_on_after(_lifetime()):
-                async for event in stream.events:
-                    await ctx.session.send_notification(
-                        event_to_notification(event, meta), related_request_id=request_id
-                    )
+            with stream.scope:
+                await ctx.session.send_notification(
+                    SubscriptionsAcknowledgedNotification(
+                        params=SubscriptionsAcknowledgedNotificationParams(
+                            notifications=honored, _meta=meta
+                        )
+                    ),
+                    related_request_id=request_id,
+                )
+                with anyio.move_on_after(_lifetime()):
+                    async for event in stream.events:
+                        await ctx.session.send_notification(
+                            event_to_notification(event, meta), related_request_id=request_id
+                        )
             if stream.overflowed:
                 log.warning("listen_backlog_full", subject=_log_subject(principal))
         finally:

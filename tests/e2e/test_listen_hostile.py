@@ -1,0 +1,138 @@
+"""``subscriptions/listen`` under attack (issue 27): what a hostile 2026-07-28 caller can
+make a listen stream hold, reach or announce.
+
+- a client that stops reading (a raw socket that never reads, behind a server whose
+  socket buffers are small, so the backlog fills in a few events) has its stream ended,
+  and its slot, its registration and its upstream subscriptions released;
+- a bearer token that maps to no principal opens a stream that carries nothing and so
+  holds nothing: it ends at once, instead of outliving the token;
+- a template is no way around a quarantined resource, nor a carrier of a query it does
+  not declare, for a subscription as for a read;
+- a server with no upstream announces no resource subscriptions on the 2026-07-28 era,
+  as it does on the handshake era.
+
+Real parts throughout: the recording upstream as a stdio subprocess, the gateway built
+the normal way, uvicorn on a real socket, bearer tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import uvicorn
+
+from nexus_mcp.server import NexusServer, build_server
+from nexus_mcp.server.listen import ListenService
+from nexus_mcp.settings import load_settings
+from nexus_mcp.transport.serve import http_options
+
+from .access_helpers import token
+from .test_change_notifications import (
+    subscribing_gateway,
+)
+from .test_listen import MODERN, http_caller
+from .upstream_harness import poll
+
+# An update frame of ~2 KB (a template URI may be 2,048 characters): the buffers fill fast.
+ITEM = "test://items/" + "a" * 2000
+SMALL_BUFFER = 4096
+
+
+def service_of(server: NexusServer) -> ListenService:
+    entry = server.mcp._mcp_server.get_request_handler("subscriptions/listen")
+    assert entry is not None and isinstance(entry.handler, ListenService)
+    return entry.handler
+
+
+@contextlib.asynccontextmanager
+async def small_buffers_served(gw: Any) -> AsyncIterator[tuple[NexusServer, str]]:
+    """``served``, on a listening socket whose accepted connections get a small send
+    buffer (the kernel's autotuning would otherwise absorb megabytes of an unread
+    stream before the gateway's own backlog is reached)."""
+    settings = load_settings(gw.config_file, {"workspace": gw.workspace, "data_dir": gw.data_dir})
+    server = build_server(settings, audit_sinks=[gw.audit], config_file=gw.config_file)
+    app = server.mcp.http_app(**http_options(server.runtime.settings))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    http = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning"))
+    task = asyncio.create_task(http.serve(sockets=[sock]))
+    try:
+        deadline = time.monotonic() + 10
+        while not http.started:
+            assert not task.done() and time.monotonic() < deadline, "uvicorn did not start"
+            await asyncio.sleep(0.01)
+        yield server, f"http://127.0.0.1:{sock.getsockname()[1]}{settings.http_path}"
+    finally:
+        http.should_exit = True
+        await asyncio.wait_for(task, timeout=10)
+        server.close()
+        sock.close()
+
+
+def unread_listen(url: str, bearer: str, uris: list[str]) -> socket.socket:
+    """A ``subscriptions/listen`` request on a raw socket that is then never read."""
+    parts = urlsplit(url)
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "subscriptions/listen",
+            "params": {"notifications": {"resourceSubscriptions": uris}, "_meta": meta},
+        }
+    ).encode()
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+        f"Authorization: Bearer {bearer}\r\nContent-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\n"
+        f"MCP-Protocol-Version: {MODERN}\r\nMcp-Method: subscriptions/listen\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
+    assert parts.hostname is not None and parts.port is not None
+    sock.connect((parts.hostname, parts.port))
+    sock.sendall(head + body)
+    return sock
+
+
+async def test_a_client_that_stops_reading_loses_its_stream_and_everything_it_held(
+    tmp_path: Path,
+) -> None:
+    gw = subscribing_gateway(tmp_path)
+    async with small_buffers_served(gw) as (server, url):
+        service = service_of(server)
+        service.max_buffered = 8  # the backlog a few touches fill (256 by default)
+        assert service.subscriptions is not None
+        relay = service.subscriptions.relay
+        sock = unread_listen(url, token("alice", role="admin"), [f"upstream://up/{ITEM}"])
+        try:
+            async with http_caller(url, "bob", "editor") as bob:
+                await poll(lambda: relay.count() == 1)
+                stream = next(iter(service._open))
+                for _ in range(30):
+                    if stream.overflowed:
+                        break
+                    touches = (bob.call_tool("up_touch", {"uri": ITEM}) for _ in range(10))
+                    await asyncio.gather(*touches)
+                assert stream.overflowed
+                # Ended, though its last send is never read: the slot, the subject's
+                # count and the upstream subscription are released.
+                await poll(lambda: service.open_streams() == 0, seconds=10)
+                assert dict(service._per_subject) == {}
+                assert relay.count() == 0
+        finally:
+            sock.close()
