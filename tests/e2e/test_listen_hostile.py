@@ -27,18 +27,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import jwt
 import uvicorn
+from fastmcp import Client
 
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.server.listen import ListenService
 from nexus_mcp.settings import load_settings
 from nexus_mcp.transport.serve import http_options
 
-from .access_helpers import token
+from .access_helpers import AUDIENCE, SECRET, TLS, token
 from .test_change_notifications import (
+    http_gateway,
+    served,
     subscribing_gateway,
 )
-from .test_listen import MODERN, http_caller
+from .test_listen import MODERN, http_caller, listening
 from .upstream_harness import poll
 
 # An update frame of ~2 KB (a template URI may be 2,048 characters): the buffers fill fast.
@@ -136,3 +140,25 @@ async def test_a_client_that_stops_reading_loses_its_stream_and_everything_it_he
                 assert relay.count() == 0
         finally:
             sock.close()
+
+
+async def test_a_token_without_a_principal_holds_no_stream(tmp_path: Path) -> None:
+    gw = http_gateway(tmp_path)
+    async with served(gw) as (server, url):
+        service = service_of(server)
+        now = int(time.time())
+        claims = {"aud": AUDIENCE, "iat": now, "exp": now + 600, "role": "admin"}  # no sub
+        nobody = jwt.encode(claims, SECRET, algorithm="HS256")
+        async with Client(url, auth=nobody, verify=TLS) as client:
+            for _ in range(3):
+                async with listening(client, tools_list_changed=True) as events:
+                    assert events.sub.honored.tools_list_changed is None
+                    # Nothing can ever reach it: it ends at once, gracefully.
+                    deadline = time.monotonic() + 10
+                    while events.ended is None:
+                        assert time.monotonic() < deadline, "a stream for no one stayed open"
+                        await asyncio.sleep(0.05)
+                    assert events.ended == "graceful"
+            assert service.open_streams() == 0
+    opened = gw.events("listen_opened")
+    assert [(e.get("subject"), e["facts"]["kinds"]) for e in opened] == [(None, [])] * 3

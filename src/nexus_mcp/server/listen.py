@@ -13,7 +13,8 @@ caller:
 - **change notifications**: the stream registers with the ``ChangeNotifier`` for the
   principal the listen request was made as, exactly like a handshake-era connection, so
   it is told a tools, prompts or resources list change when, and only when, what *that*
-  principal may see changed; a caller with no principal is told nothing;
+  principal may see changed; a caller with no principal is acknowledged nothing and its
+  stream ends at once (nothing could ever reach it, and it would hold a slot);
 - **resource updates**: each requested ``resourceSubscriptions`` URI is taken through
   ``Subscriptions.take`` (the caller's grants, exposed now, the upstream announces
   subscriptions; audited by digest), and only those taken are honored in the ack; a
@@ -206,7 +207,7 @@ class ListenService:
                     ),
                     related_request_id=request_id,
                 )
-                with anyio.move_on_after(_lifetime()):
+                with anyio.move_on_after(_lifetime(principal)):
                     async for event in stream.events:
                         await ctx.session.send_notification(
                             event_to_notification(event, meta), related_request_id=request_id
@@ -243,9 +244,12 @@ class ListenService:
         return stream.honor(taken)
 
 
-def _lifetime() -> float:
-    """How long the stream may stay open: until the bearer token it was opened with
-    expires (HTTP), else without end."""
+def _lifetime(principal: Principal | None) -> float:
+    """How long the stream may stay open: not at all for a caller with no principal
+    (nothing can ever reach it; its token is not even kept), until the bearer token it
+    was opened with expires (HTTP), else without end."""
+    if principal is None:
+        return 0.0
     token = current_subject_token()
     if token is None or token.expires_at is None:
         return float("inf")
