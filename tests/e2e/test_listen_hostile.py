@@ -28,8 +28,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import jwt
+import pytest
 import uvicorn
+import yaml
 from fastmcp import Client
+from mcp.shared.exceptions import MCPError
 
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.server.listen import ListenService
@@ -40,10 +43,11 @@ from .access_helpers import AUDIENCE, SECRET, TLS, token
 from .test_change_notifications import (
     http_gateway,
     served,
+    subscribe,
     subscribing_gateway,
 )
-from .test_listen import MODERN, http_caller, listening
-from .upstream_harness import poll
+from .test_listen import MODERN, Events, http_caller, listening
+from .upstream_harness import poll, read_record
 
 # An update frame of ~2 KB (a template URI may be 2,048 characters): the buffers fill fast.
 ITEM = "test://items/" + "a" * 2000
@@ -162,3 +166,32 @@ async def test_a_token_without_a_principal_holds_no_stream(tmp_path: Path) -> No
             assert service.open_streams() == 0
     opened = gw.events("listen_opened")
     assert [(e.get("subject"), e["facts"]["kinds"]) for e in opened] == [(None, [])] * 3
+
+
+async def test_a_template_is_no_way_around_a_quarantined_resource_for_a_subscription(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "record.jsonl"
+    gw = subscribing_gateway(tmp_path, http=False, record=record)
+    config = yaml.safe_load(gw.config_file.read_text())
+    config["upstreams"][0]["args"] += ["--item-variant", "evil"]  # quarantines items/secret
+    gw.config_file.write_text(yaml.safe_dump(config))
+    server = gw.build()
+    secret = "upstream://up/test://items/secret"
+    query = "upstream://up/test://items/5?admin=true"
+    plain = "upstream://up/test://items/5"
+    async with Client(server.mcp) as client:
+        async with listening(client, resource_subscriptions=[secret, query, plain]) as events:
+            assert events.sub.honored.resource_subscriptions == [plain]
+            await client.call_tool("up_touch", {"uri": "test://items/secret"})
+            await asyncio.sleep(0.5)
+            assert isinstance(events, Events) and events.seen == []
+    async with Client(server.mcp, mode="legacy") as legacy:
+        refusals = []
+        for uri in (secret, query, "upstream://up/test://nothing/here"):
+            with pytest.raises(MCPError) as refused:
+                await subscribe(legacy, uri)
+            refusals.append(str(refused.value))
+        assert len(set(refusals)) == 1  # answered exactly like an unknown resource
+    sent = [json.dumps(r) for r in read_record(record) if r.get("method") == "resources/subscribe"]
+    assert sent and not any("secret" in line or "admin" in line for line in sent)
