@@ -41,13 +41,14 @@ from nexus_mcp.transport.serve import http_options
 
 from .access_helpers import AUDIENCE, SECRET, TLS, token
 from .test_change_notifications import (
+    README,
     http_gateway,
     served,
     subscribe,
     subscribing_gateway,
 )
 from .test_listen import MODERN, Events, http_caller, listening
-from .upstream_harness import poll, read_record
+from .upstream_harness import make_gateway, poll, read_record
 
 # An update frame of ~2 KB (a template URI may be 2,048 characters): the buffers fill fast.
 ITEM = "test://items/" + "a" * 2000
@@ -195,3 +196,23 @@ async def test_a_template_is_no_way_around_a_quarantined_resource_for_a_subscrip
         assert len(set(refusals)) == 1  # answered exactly like an unknown resource
     sent = [json.dumps(r) for r in read_record(record) if r.get("method") == "resources/subscribe"]
     assert sent and not any("secret" in line or "admin" in line for line in sent)
+
+
+async def test_without_an_upstream_no_resource_subscription_is_announced(
+    tmp_path: Path,
+) -> None:
+    bare = make_gateway(tmp_path / "bare", []).build()
+    caps = bare.mcp._mcp_server.get_capabilities(protocol_version=MODERN)
+    assert caps.resources is not None and not caps.resources.subscribe
+    assert caps.resources.list_changed and caps.tools is not None and caps.tools.list_changed
+    async with Client(bare.mcp) as client:
+        assert client.protocol_version == MODERN
+        async with listening(client, resource_subscriptions=[README]) as events:
+            assert events.sub.honored.resource_subscriptions is None
+    async with Client(bare.mcp, mode="legacy") as legacy:
+        announced = legacy.initialize_result.capabilities.resources
+        assert announced is not None and not announced.subscribe
+    # With an upstream that supports them, both eras announce them.
+    gw = subscribing_gateway(tmp_path, http=False)
+    caps = gw.build().mcp._mcp_server.get_capabilities(protocol_version=MODERN)
+    assert caps.resources is not None and caps.resources.subscribe

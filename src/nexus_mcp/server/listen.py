@@ -267,10 +267,31 @@ def add_listen_handler(
     audit: AuditLog,
 ) -> ListenService:
     """Serve ``subscriptions/listen`` on ``mcp`` (its 2026-07-28 capabilities then say
-    ``listChanged: true``)."""
+    ``listChanged: true``, and ``resources.subscribe`` only where ``subscriptions`` can
+    take one)."""
     service = ListenService(notifier, subscriptions, audit)
-    mcp._mcp_server.add_request_handler(LISTEN_METHOD, SubscriptionsListenRequestParams, service)
+    server = mcp._mcp_server
+    server.add_request_handler(LISTEN_METHOD, SubscriptionsListenRequestParams, service)
+    if subscriptions is None:
+        _announce_no_resource_subscriptions(server)
     return service
+
+
+def _announce_no_resource_subscriptions(server: Any) -> None:
+    """The SDK derives the 2026-07-28 era's ``resources.subscribe`` from listen being
+    served; without an upstream nothing can be subscribed, so that era announces none, as
+    the handshake era (no ``resources/subscribe`` handler) does."""
+    derive = server.get_capabilities
+
+    def get_capabilities(*args: Any, **kwargs: Any) -> Any:
+        capabilities = derive(*args, **kwargs)
+        resources = capabilities.resources
+        if resources is None or not resources.subscribe:
+            return capabilities
+        honest = resources.model_copy(update={"subscribe": False})
+        return capabilities.model_copy(update={"resources": honest})
+
+    server.get_capabilities = get_capabilities
 
 
 __all__ = [
