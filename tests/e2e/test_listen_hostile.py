@@ -9,7 +9,9 @@ make a listen stream hold, reach or announce.
 - a template is no way around a quarantined resource, nor a carrier of a query it does
   not declare, for a subscription as for a read;
 - a server with no upstream announces no resource subscriptions on the 2026-07-28 era,
-  as it does on the handshake era.
+  as it does on the handshake era;
+- a stream the change notifier forgets to make room (a flood of handshake-era sessions)
+  ends, instead of staying acknowledged and never told again.
 
 Real parts throughout: the recording upstream as a stdio subprocess, the gateway built
 the normal way, uvicorn on a real socket, bearer tokens.
@@ -42,6 +44,7 @@ from nexus_mcp.transport.serve import http_options
 from .access_helpers import AUDIENCE, SECRET, TLS, token
 from .test_change_notifications import (
     README,
+    gateway,
     http_gateway,
     served,
     subscribe,
@@ -216,3 +219,27 @@ async def test_without_an_upstream_no_resource_subscription_is_announced(
     gw = subscribing_gateway(tmp_path, http=False)
     caps = gw.build().mcp._mcp_server.get_capabilities(protocol_version=MODERN)
     assert caps.resources is not None and caps.resources.subscribe
+
+
+async def test_a_stream_the_notifier_forgets_to_make_room_ends_instead_of_going_deaf(
+    tmp_path: Path,
+) -> None:
+    """The notifier keeps at most ``MAX_SESSIONS`` connections and listen streams, the
+    oldest forgotten first: a forgotten stream would stay acknowledged and never be told
+    again, so it ends and its client listens again."""
+    gw = gateway(tmp_path)
+    server = gw.build()
+    notifier = server.runtime.notifier
+    assert notifier is not None
+    notifier.max_sessions = 1  # the room a flood of handshake-era sessions would take
+    async with Client(server.mcp) as modern:
+        async with listening(modern, tools_list_changed=True) as events:
+            assert notifier.live() == 1
+            async with Client(server.mcp, mode="legacy") as legacy:
+                await legacy.list_tools()  # tracked: the stream is forgotten for it
+                deadline = time.monotonic() + 10
+                while events.ended is None:
+                    assert time.monotonic() < deadline, "a forgotten stream stayed open"
+                    await asyncio.sleep(0.05)
+                assert events.ended == "graceful"
+        assert service_of(server).open_streams() == 0

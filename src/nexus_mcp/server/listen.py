@@ -113,6 +113,11 @@ class ListenStream:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
 
+    def forgotten(self) -> None:
+        """The notifier forgot it to make room (``MAX_SESSIONS``): it would never be told
+        again, so it ends gracefully and its client listens again."""
+        self._send.close()
+
     def close(self) -> None:
         self._send.close()
         with contextlib.suppress(Exception):
