@@ -13,15 +13,17 @@ caller:
 - **change notifications**: the stream registers with the ``ChangeNotifier`` for the
   principal the listen request was made as, exactly like a handshake-era connection, so
   it is told a tools, prompts or resources list change when, and only when, what *that*
-  principal may see changed; a caller with no principal is told nothing;
+  principal may see changed; a caller with no principal is acknowledged nothing and its
+  stream ends at once (nothing could ever reach it, and it would hold a slot);
 - **resource updates**: each requested ``resourceSubscriptions`` URI is taken through
   ``Subscriptions.take`` (the caller's grants, exposed now, the upstream announces
   subscriptions; audited by digest), and only those taken are honored in the ack; a
   hidden, unknown or unsupported one is left out alike;
 - **bounded**: at most ``MAX_STREAMS`` open streams, ``MAX_STREAMS_PER_SUBJECT`` per
   subject, ``MAX_BUFFERED_EVENTS`` events waiting per stream (a client that stopped
-  reading has its stream ended; it re-listens and refetches, as the spec has it); a stream
-  opened with a bearer token ends gracefully when the token expires;
+  reading has its stream ended at once, even in the middle of a write it never reads; it
+  re-listens and refetches, as the spec has it); a stream opened with a bearer token ends
+  gracefully when the token expires;
 - **cleaned up**: the stream's end drops its subscriptions and its registration.
 
 The chain's request hooks run around the handler (envelope, identity), so the caller's
@@ -87,6 +89,9 @@ class ListenStream:
         self.exit_stack = contextlib.ExitStack()
         self._send, self.events = anyio.create_memory_object_stream[ServerEvent](max_buffered)
         self.overflowed = False
+        # Around the stream's writes: cancelled when the backlog overflows, so a write the
+        # client never reads does not keep the stream (and what it holds) open.
+        self.scope = anyio.CancelScope()
 
     def honor(self, uris: list[str]) -> SubscriptionFilter:
         self.uris = frozenset(uris)
@@ -100,11 +105,18 @@ class ListenStream:
         try:
             self._send.send_nowait(event)
         except anyio.WouldBlock:
-            # A client that stopped reading: end its stream (no replay; it re-listens).
+            # A client that stopped reading: end its stream now, even in the middle of a
+            # write it does not read (no replay; it re-listens and refetches).
             self.overflowed = True
             self._send.close()
+            self.scope.cancel()
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
+
+    def forgotten(self) -> None:
+        """The notifier forgot it to make room (``MAX_SESSIONS``): it would never be told
+        again, so it ends gracefully and its client listens again."""
+        self._send.close()
 
     def close(self) -> None:
         self._send.close()
@@ -191,19 +203,20 @@ class ListenService:
                     "resource_subscriptions": len(stream.uris),
                 },
             )
-            await ctx.session.send_notification(
-                SubscriptionsAcknowledgedNotification(
-                    params=SubscriptionsAcknowledgedNotificationParams(
-                        notifications=honored, _meta=meta
-                    )
-                ),
-                related_request_id=request_id,
-            )
-            with anyio.move_on_after(_lifetime()):
-                async for event in stream.events:
-                    await ctx.session.send_notification(
-                        event_to_notification(event, meta), related_request_id=request_id
-                    )
+            with stream.scope:
+                await ctx.session.send_notification(
+                    SubscriptionsAcknowledgedNotification(
+                        params=SubscriptionsAcknowledgedNotificationParams(
+                            notifications=honored, _meta=meta
+                        )
+                    ),
+                    related_request_id=request_id,
+                )
+                with anyio.move_on_after(_lifetime(principal)):
+                    async for event in stream.events:
+                        await ctx.session.send_notification(
+                            event_to_notification(event, meta), related_request_id=request_id
+                        )
             if stream.overflowed:
                 log.warning("listen_backlog_full", subject=_log_subject(principal))
         finally:
@@ -236,9 +249,12 @@ class ListenService:
         return stream.honor(taken)
 
 
-def _lifetime() -> float:
-    """How long the stream may stay open: until the bearer token it was opened with
-    expires (HTTP), else without end."""
+def _lifetime(principal: Principal | None) -> float:
+    """How long the stream may stay open: not at all for a caller with no principal
+    (nothing can ever reach it; its token is not even kept), until the bearer token it
+    was opened with expires (HTTP), else without end."""
+    if principal is None:
+        return 0.0
     token = current_subject_token()
     if token is None or token.expires_at is None:
         return float("inf")
@@ -256,10 +272,31 @@ def add_listen_handler(
     audit: AuditLog,
 ) -> ListenService:
     """Serve ``subscriptions/listen`` on ``mcp`` (its 2026-07-28 capabilities then say
-    ``listChanged: true``)."""
+    ``listChanged: true``, and ``resources.subscribe`` only where ``subscriptions`` can
+    take one)."""
     service = ListenService(notifier, subscriptions, audit)
-    mcp._mcp_server.add_request_handler(LISTEN_METHOD, SubscriptionsListenRequestParams, service)
+    server = mcp._mcp_server
+    server.add_request_handler(LISTEN_METHOD, SubscriptionsListenRequestParams, service)
+    if subscriptions is None:
+        _announce_no_resource_subscriptions(server)
     return service
+
+
+def _announce_no_resource_subscriptions(server: Any) -> None:
+    """The SDK derives the 2026-07-28 era's ``resources.subscribe`` from listen being
+    served; without an upstream nothing can be subscribed, so that era announces none, as
+    the handshake era (no ``resources/subscribe`` handler) does."""
+    derive = server.get_capabilities
+
+    def get_capabilities(*args: Any, **kwargs: Any) -> Any:
+        capabilities = derive(*args, **kwargs)
+        resources = capabilities.resources
+        if resources is None or not resources.subscribe:
+            return capabilities
+        honest = resources.model_copy(update={"subscribe": False})
+        return capabilities.model_copy(update={"resources": honest})
+
+    server.get_capabilities = get_capabilities
 
 
 __all__ = [

@@ -4,7 +4,8 @@ Which callers are connected: every request of a handshake-era connection (2025-1
 before: one MCP session that lasts, with a channel the server may speak on) is seen by
 the identity layer, which calls ``track`` with the connection and its principal. The
 connection is held weakly (a closed one drops out, and its teardown forgets it at once),
-at most ``MAX_SESSIONS`` of them (the oldest is forgotten first).
+at most ``MAX_SESSIONS`` of them (the oldest is forgotten first; a listen stream forgotten
+so ends, and its client listens again).
 
 When something changes (an upstream's tools, prompts or resources are listed anew, are
 quarantined, go down or come back; a grant changes through this server, another replica,
@@ -89,6 +90,15 @@ def connection_of(ctx: Any) -> Any:
     return connection
 
 
+def _forgotten(connection: Any) -> None:
+    """A connection forgotten to make room is told so when it can be (a listen stream then
+    ends, and its client listens again), rather than left acknowledged but never told."""
+    hook = getattr(connection, "forgotten", None)
+    if hook is not None:
+        with contextlib.suppress(Exception):
+            hook()
+
+
 class ChangeNotifier:
     """The registry of live caller connections and the rounds that notify them."""
 
@@ -151,7 +161,8 @@ class ChangeNotifier:
                 log.warning("notify_list_failed", error=type(exc).__name__)
                 return
         if len(self._sessions) >= self.max_sessions:
-            self._sessions.popitem(last=False)
+            _, oldest = self._sessions.popitem(last=False)
+            _forgotten(oldest.connection())
         ref = weakref.ref(connection, functools.partial(self._forget, ident))
         self._sessions[ident] = _Session(
             ref, principal, key, self._fingerprints(principal, self._existing)

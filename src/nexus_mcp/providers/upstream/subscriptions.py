@@ -206,11 +206,20 @@ class SubscriptionRelay:
 
 
 def exposed(server: UpstreamServer, uri: str) -> bool:
-    """``uri`` is a resource the upstream exposes now, or matches a template it does."""
+    """``uri`` is a resource the upstream exposes now, or matches a template it does and
+    that template may reach it (``template_may_read``, as a read through it: never a
+    resource that is not exposed itself, never a query the template does not declare,
+    never a URI longer than a read takes)."""
     catalog = server.catalog
     if uri in catalog.visible_resources():
         return True
-    return any(t.matches(uri) is not None for t in catalog.visible_templates().values())
+    backend = backend_uri(server.server_id, uri)
+    if backend is None:
+        return False
+    for template in catalog.visible_templates().values():
+        if template.matches(uri) is not None:
+            return bool(catalog.template_may_read(backend, template._view.key))
+    return False
 
 
 async def _send(connection: Any, uri: str) -> None:
