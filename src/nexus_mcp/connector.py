@@ -16,7 +16,8 @@ this order and nowhere else:
    a later check does not burn its approval (``policy/approvals.spend_approval``);
 5. the audit's ``tool_call_started``;
 6. the tool itself;
-7. the checks after the call, on the document the client receives;
+7. output secret scanning (``scan``: redact, refuse or audit what the result holds), then
+   the checks after the call, on the document the client receives;
 8. the ``tool_effect`` the result carries (``_meta``), and the finished hook
    (``serve --record``).
 
@@ -76,6 +77,11 @@ class Outcome:
     is_error: bool = False
 
 
+# Output secret scanning (middleware/output_scan.OutputScan.outcome): the outcome as it may
+# leave (redacted where policy redacts), or an OutputDeniedError.
+ResultScan = Callable[[ToolContract, CallState, Outcome], Outcome]
+
+
 def chained_call(name: str, *, identified: bool = True) -> CallState:
     """The state the envelope opened for this ``tools/call``, for a layer or the connector.
 
@@ -93,7 +99,7 @@ def chained_call(name: str, *, identified: bool = True) -> CallState:
 class Connector:
     """The one connector sequence (module docstring), shared by every provider."""
 
-    __slots__ = ("_effect", "_finished", "_nonces", "_started", "checks")
+    __slots__ = ("_effect", "_finished", "_nonces", "_scan", "_started", "checks")
 
     def __init__(
         self,
@@ -103,6 +109,7 @@ class Connector:
         started: StartedHook,
         nonces: NonceStore,
         finished: FinishedHook | None = None,
+        scan: ResultScan | None = None,
     ) -> None:
         # Iterated on every call (a test may add a check to see the connector refuse).
         self.checks = list(checks)
@@ -110,6 +117,7 @@ class Connector:
         self._started = started
         self._nonces = nonces
         self._finished = finished
+        self._scan = scan
 
     async def run(
         self,
@@ -139,6 +147,8 @@ class Connector:
             state.executed = True
             self._started(contract, state)
             outcome = await execute()
+            if self._scan is not None:
+                outcome = self._scan(contract, state, outcome)
             document = outcome.document
             if document is not None:
                 for check in checks:
@@ -170,6 +180,7 @@ __all__ = [
     "EffectBuilder",
     "FinishedHook",
     "Outcome",
+    "ResultScan",
     "StartedHook",
     "chained_call",
 ]

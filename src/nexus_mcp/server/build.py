@@ -41,6 +41,7 @@ from nexus_mcp.middleware.identity import IdentityMiddleware
 from nexus_mcp.middleware.inbox import Inbox, secret_args_of
 from nexus_mcp.middleware.limits import LimitsMiddleware
 from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
+from nexus_mcp.middleware.output_scan import OutputScan
 from nexus_mcp.notes.vaults import VaultRouter, check_canister_deadline
 from nexus_mcp.observability.audit import AuditLog, AuditSink, JsonlAuditSink
 from nexus_mcp.observability.logs import ensure_logging, get_logger
@@ -307,6 +308,7 @@ def _build_server(
             started=trail.started,
             nonces=state.nonces,
             finished=recorder.record_call if recorder is not None else None,
+            scan=OutputScan(settings.output_scanning).outcome,
         )
         upstreams = (
             UpstreamGateway.build(

@@ -1,0 +1,321 @@
+"""Finding secrets in text, and cutting them out: the detector behind output scanning.
+
+The detection is detect-secrets' (Yelp, pinned in pyproject): its plugins' own regular
+expressions, entropy measure, limits and heuristic filters, run in process on strings
+(never on files, never through its global settings, never verifying a finding over the
+network: ``verify`` is never called). What this module adds is what a gateway needs and
+a commit hook does not:
+
+- the span of every finding, so the match is replaced and nothing else; every other
+  occurrence of a found value is cut too;
+- a private key's whole block (detect-secrets reports only the ``BEGIN ... PRIVATE KEY``
+  line), to its ``END`` line or, without one, to the end of the text;
+- a cheap literal gate per plugin (``_GATES``), so a plugin whose token prefix is not in
+  the text costs one substring search, and one that could backtrack on a long line
+  (NPM's ``//.+/:_authToken``) only runs where its keyword is;
+- digests are not secrets: a hex string of exactly 32, 40, 64 or 128 characters (MD5,
+  git's SHA-1, SHA-256, SHA-512) and ``sha256-...`` subresource integrity values are
+  what this gateway, git and lock files deliver everywhere, unless a secret word
+  (``key``, ``secret``, ``token``, ``password``, ...) stands before it on its line;
+- a structured value is also judged whole, as detect-secrets judges a JSON file's value
+  (quoted), with its key as the line's context (``is_likely_id_string``: ``*_id`` keys);
+- entropy candidates longer than ``MAX_ENTROPY_CHARS`` are data (an embedded image, a
+  bundle), not a key.
+
+High-entropy plugins keep detect-secrets' rule that a candidate in text is a quoted string
+(``'...'`` or ``"..."``): an unquoted random-looking word in prose is not flagged. The
+keyword detector (``password = ...``) is left out of the default set: on notes and code it
+flags every assignment to a variable named like a secret.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from detect_secrets.filters.heuristic import (
+    is_likely_id_string,
+    is_not_alphanumeric_string,
+    is_potential_uuid,
+    is_sequential_string,
+)
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
+from detect_secrets.plugins.base import BasePlugin
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.discord import DiscordBotTokenDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.high_entropy_strings import (
+    Base64HighEntropyString,
+    HexHighEntropyString,
+    HighEntropyStringsPlugin,
+)
+from detect_secrets.plugins.jwt import JwtTokenDetector
+from detect_secrets.plugins.mailchimp import MailchimpDetector
+from detect_secrets.plugins.npm import NpmDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.private_key import PrivateKeyDetector
+from detect_secrets.plugins.pypi_token import PypiTokenDetector
+from detect_secrets.plugins.sendgrid import SendGridDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.square_oauth import SquareOAuthDetector
+from detect_secrets.plugins.stripe import StripeDetector
+from detect_secrets.plugins.twilio import TwilioKeyDetector
+
+DEFAULT_BASE64_LIMIT = 4.5  # detect-secrets' own defaults
+DEFAULT_HEX_LIMIT = 3.0
+MAX_ENTROPY_CHARS = 1024
+MIN_SCANNED_CHARS = 8  # no detector matches fewer characters
+REDACTED_PREFIX = "[REDACTED:"
+
+# Substrings one of which must be in the text for the plugin to run (None: always runs);
+# matched case-insensitively where the plugin's own expression is.
+_GATES: dict[type[BasePlugin], tuple[tuple[str, ...] | None, bool]] = {
+    PrivateKeyDetector: (("PRIVATE KEY", "PuTTY-User-Key-File"), False),
+    AWSKeyDetector: (("A3T", "ABIA", "ACCA", "AKIA", "ASIA", "aws"), True),
+    AzureStorageKeyDetector: (("AccountKey=",), False),
+    BasicAuthDetector: (("://",), False),
+    DiscordBotTokenDetector: (None, False),
+    GitHubTokenDetector: (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), False),
+    GitLabTokenDetector: (("gl", "GR1348941"), False),
+    JwtTokenDetector: (("eyJ",), False),
+    MailchimpDetector: (("-us",), False),
+    NpmDetector: (("_authToken",), False),
+    OpenAIDetector: (("T3BlbkFJ",), False),
+    PypiTokenDetector: (("pypi-",), False),
+    SendGridDetector: (("SG.",), False),
+    SlackDetector: (("xox", "hooks.slack.com"), True),
+    SquareOAuthDetector: (("sq0csp-",), False),
+    StripeDetector: (("k_live_",), False),
+    TwilioKeyDetector: (("AC", "SK"), False),
+}
+
+# A private key's block: the header detect-secrets matched through to its END line.
+_KEY_BLOCK = re.compile(
+    r"-{4,5} ?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}.*?"
+    r"(?:-{4,5} ?END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}|\Z)"
+    r"|PuTTY-User-Key-File-\d.*?(?:Private-MAC: *[0-9a-fA-F]+|\Z)",
+    re.DOTALL,
+)
+_GROUPED = (AWSKeyDetector, BasicAuthDetector, NpmDetector)
+_JWT_TAIL = re.compile(r"[A-Za-z0-9_=+/-]*")
+# Shorter quoted hex is an abbreviated commit id or a colour far more often than a key
+# (detect-secrets flags ``'a1b2c3d4e5f'``); hex keys are 32 characters and more.
+MIN_HEX_CHARS = 20
+_DIGEST_HEX_LENGTHS = frozenset({32, 40, 64, 128})
+_SRI = re.compile(r"sha(?:256|384|512)-[A-Za-z0-9+/]+={0,2}")
+_SECRET_WORD = re.compile(
+    r"key|secret|token|passw|pwd|auth|credential|private|bearer", re.IGNORECASE
+)
+_WHOLE_VALUE_MIN_CHARS = 20
+
+
+def secret_slug(secret_type: str) -> str:
+    """detect-secrets' type name as a marker word: ``AWS Access Key`` -> ``aws_access_key``."""
+    return re.sub(r"[^a-z0-9]+", "_", secret_type.lower()).strip("_")
+
+
+def marker(slug: str) -> str:
+    return f"{REDACTED_PREFIX}{slug}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One found secret: where it is in the text, and its kind (a ``secret_slug``)."""
+
+    start: int
+    end: int
+    kind: str
+
+
+class SecretScanner:
+    """detect-secrets' plugins with the limits and gates above; one per deployment."""
+
+    def __init__(
+        self, *, base64_limit: float = DEFAULT_BASE64_LIMIT, hex_limit: float = DEFAULT_HEX_LIMIT
+    ) -> None:
+        self._regex_plugins: tuple[tuple[BasePlugin, tuple[str, ...] | None, bool, str], ...] = (
+            tuple(
+                (
+                    plugin_cls(),
+                    None if gate is None else tuple(g.lower() if folded else g for g in gate),
+                    folded,
+                    secret_slug(str(plugin_cls.secret_type)),
+                )
+                for plugin_cls, (gate, folded) in _GATES.items()
+            )
+        )
+        self._entropy: tuple[HighEntropyStringsPlugin, ...] = (
+            Base64HighEntropyString(limit=base64_limit),
+            HexHighEntropyString(limit=hex_limit),
+        )
+        self._whole = tuple(
+            (plugin, re.compile(f"[{re.escape(plugin.charset)}]+")) for plugin in self._entropy
+        )
+
+    def spans(self, text: str, *, key: str | None = None, whole: bool = False) -> list[Span]:
+        """The secrets in ``text``, merged and in order. ``whole``: ``text`` is one value of
+        a structured result (under ``key``), also judged as a quoted value on its own."""
+        if len(text) < MIN_SCANNED_CHARS:
+            return []
+        found: list[Span] = []
+        folded_text: str | None = None
+        for plugin, gate, folded, kind in self._regex_plugins:
+            if gate is not None:
+                if folded and folded_text is None:
+                    folded_text = text.lower()
+                haystack = folded_text if folded and folded_text is not None else text
+                if not any(word in haystack for word in gate):
+                    continue
+            if isinstance(plugin, PrivateKeyDetector):
+                if any(True for _ in plugin.analyze_string(text)):
+                    found.extend(Span(m.start(), m.end(), kind) for m in _KEY_BLOCK.finditer(text))
+                continue
+            found.extend(_regex_spans(plugin, text, kind))
+        found.extend(self._entropy_spans(text))
+        if whole:
+            found.extend(self._whole_value(text, key))
+        return _merge(found)
+
+    def _entropy_spans(self, text: str) -> Iterator[Span]:
+        if "'" not in text and '"' not in text:
+            return
+        for plugin in self._entropy:
+            kind = secret_slug(str(plugin.secret_type))
+            values: set[str] = set()
+            # n characters hold at most log2(n) bits each: shorter ones cannot pass the limit,
+            # and most quoted words of code and prose are shorter (exact, and most of the cost).
+            shortest = int(2**plugin.entropy_limit) + 1
+            for match in plugin.regex.finditer(text):
+                value = match.group(2)
+                if len(value) < shortest or value in values:
+                    continue
+                if not self._is_entropy_secret(plugin, value, text, match):
+                    continue
+                values.add(value)
+            yield from _occurrences(text, values, kind)
+
+    def _whole_value(self, value: str, key: str | None) -> Iterator[Span]:
+        if not _WHOLE_VALUE_MIN_CHARS <= len(value) <= MAX_ENTROPY_CHARS:
+            return
+        line = f'"{key}": "{value}"' if key is not None else f'"{value}"'
+        for plugin, charset in self._whole:
+            if charset.fullmatch(value) and self._judge(plugin, value, line):
+                yield Span(0, len(value), secret_slug(str(plugin.secret_type)))
+                return
+
+    def _is_entropy_secret(
+        self, plugin: HighEntropyStringsPlugin, value: str, text: str, match: re.Match[str]
+    ) -> bool:
+        if len(value) > MAX_ENTROPY_CHARS:
+            return False
+        if isinstance(plugin, HexHighEntropyString) and len(value) < MIN_HEX_CHARS:
+            return False
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.end())
+        line = text[start : end if end >= 0 else len(text)]
+        return self._judge(plugin, value, line)
+
+    @staticmethod
+    def _judge(plugin: HighEntropyStringsPlugin, value: str, line: str) -> bool:
+        """detect-secrets' limit and heuristic filters, and the digest rule above."""
+        if plugin.calculate_shannon_entropy(value) <= plugin.entropy_limit:
+            return False
+        if (
+            is_sequential_string(value)
+            or is_potential_uuid(value)
+            or is_not_alphanumeric_string(value)
+            or is_likely_id_string(value, line, plugin)
+        ):
+            return False
+        return not _is_digest(value, line)
+
+
+def _regex_spans(plugin: BasePlugin, text: str, kind: str) -> Iterator[Span]:
+    """The spans of the plugin's own expressions (its ``denylist``), with its own checks.
+
+    detect-secrets reports a match's groups when its expression has any; that is the secret
+    where the expression also matches its context (AWS's ``aws ... key = "<secret>"``, a
+    URL's password, NPM's token) and a mere prefix elsewhere (GitHub's ``(ghp|...)_``),
+    so groups are used only for those three. Its JWT expression ends lazily and stops
+    before the signature; the span runs on over it."""
+    grouped = isinstance(plugin, _GROUPED)
+    jwt = isinstance(plugin, JwtTokenDetector)
+    values: set[str] = set()
+    for regex in plugin.denylist:  # type: ignore[attr-defined]
+        for match in regex.finditer(text):
+            if grouped and match.re.groups:
+                values.update(g for g in match.groups() if g)
+            elif jwt:
+                end = _JWT_TAIL.match(text, match.end())
+                token = text[match.start() : end.end() if end else match.end()]
+                if JwtTokenDetector.is_formally_valid(token):
+                    values.add(token)
+            else:
+                values.add(match.group(0))
+    # Every occurrence of a found value goes, wherever else it stands in the text.
+    yield from _occurrences(text, values, kind)
+
+
+def _is_digest(value: str, line: str) -> bool:
+    shaped = (
+        len(value) in _DIGEST_HEX_LENGTHS and all(c in "0123456789abcdefABCDEF" for c in value)
+    ) or bool(_SRI.fullmatch(value))
+    if not shaped:
+        return False
+    before = line[: max(line.find(value), 0)]
+    return _SECRET_WORD.search(before) is None
+
+
+def _occurrences(text: str, values: Iterable[str], kind: str) -> Iterator[Span]:
+    for value in values:
+        if not value:
+            continue
+        start = text.find(value)
+        while start >= 0:
+            yield Span(start, start + len(value), kind)
+            start = text.find(value, start + len(value))
+
+
+def _merge(spans: list[Span]) -> list[Span]:
+    """Overlapping spans as one, named by the kind of the first (a key block wins over an
+    entropy match inside it: both start there, and the block is found first)."""
+    if not spans:
+        return spans
+    spans.sort(key=lambda s: (s.start, -s.end))
+    merged = [spans[0]]
+    for span in spans[1:]:
+        last = merged[-1]
+        if span.start < last.end:
+            if span.end > last.end:
+                merged[-1] = Span(last.start, span.end, last.kind)
+        else:
+            merged.append(span)
+    return merged
+
+
+def cut(text: str, spans: Iterable[Span]) -> str:
+    """``text`` with each span replaced by its marker."""
+    parts: list[str] = []
+    position = 0
+    for span in spans:
+        parts.append(text[position : span.start])
+        parts.append(marker(span.kind))
+        position = span.end
+    parts.append(text[position:])
+    return "".join(parts)
+
+
+__all__ = [
+    "DEFAULT_BASE64_LIMIT",
+    "DEFAULT_HEX_LIMIT",
+    "MAX_ENTROPY_CHARS",
+    "REDACTED_PREFIX",
+    "SecretScanner",
+    "Span",
+    "cut",
+    "marker",
+    "secret_slug",
+]
