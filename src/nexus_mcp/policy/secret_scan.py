@@ -189,7 +189,9 @@ class SecretScanner:
             # and most quoted words of code and prose are shorter (exact, and most of the cost).
             shortest = int(2**plugin.entropy_limit) + 1
             for match in plugin.regex.finditer(text):
-                value = match.group(2)
+                # Its base64 alphabet takes a backslash: in JSON text (an upstream's text
+                # block) ``\"<value>\"`` would take the escape with it and break the JSON.
+                value = match.group(2).rstrip("\\")
                 if len(value) < shortest or value in values:
                     continue
                 if not self._is_entropy_secret(plugin, value, text, match):
@@ -213,9 +215,19 @@ class SecretScanner:
             return False
         if isinstance(plugin, HexHighEntropyString) and len(value) < MIN_HEX_CHARS:
             return False
-        start = text.rfind("\n", 0, match.start()) + 1
-        end = text.find("\n", match.end())
-        line = text[start : end if end >= 0 else len(text)]
+        # What detect-secrets' heuristics read as the match's line: only what stands before it
+        # matters to them. JSON text is one line, so it also breaks at ``\\n`` escapes and
+        # between members (``,`` and ``{``), or every value after any ``*_id`` key would
+        # pass for an id.
+        begin = match.start()
+        escaped = text.rfind("\\n", 0, begin)
+        start = max(
+            text.rfind("\n", 0, begin) + 1,
+            text.rfind(",", 0, begin) + 1,
+            text.rfind("{", 0, begin) + 1,
+            escaped + 2 if escaped >= 0 else 0,
+        )
+        line = text[start : match.end()]
         return self._judge(plugin, value, line)
 
     @staticmethod
