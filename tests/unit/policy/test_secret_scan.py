@@ -89,7 +89,8 @@ def test_every_occurrence_of_a_found_value_is_cut() -> None:
         f'"id": "{uuid.uuid4()}"',
         "commit 'a1b2c3d4e5f'",
         'print("hello world"); x = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"',
-        '"integrity": "sha512-z4PhNX7vuL3xVChQ1m2AB9Yg5AULVxXcg/SpIdNs6c5H0NE8XYXysP+DGNKHfuwvY7kxvUdBeoGlODJ6+SfaPg=="',
+        '"integrity": "sha512-z4PhNX7vuL3xVChQ1m2AB9Yg5AULVxXcg/SpIdNs6c5H0NE8'
+        'XYXysP+DGNKHfuwvY7kxvUdBeoGlODJ6+SfaPg=="',
         "# A note\n\nThe *quick* brown fox. See https://example.com/a/b and `code`.\n",
         "def f(password):\n    return hash(password)\n",
         f"an unquoted random word in prose: {HIGH_ENTROPY}",
