@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fastmcp import Client
+from mcp.shared.exceptions import MCPError
 
 from nexus_mcp.observability.audit import TOOL_CALL_FINISHED, JsonlAuditSink, MemoryAuditSink
 from nexus_mcp.policy.secret_scan import marker
@@ -324,3 +325,44 @@ async def test_an_upstream_result_is_refused_where_its_server_refuses(tmp_path: 
     }
     assert GITHUB_TOKEN not in json.dumps(wire(refused))
     assert clean["structuredContent"] == {"text": ORDINARY}
+
+
+@pytest.mark.slow
+async def test_upstream_resource_reads_and_prompts_are_scanned_and_hashed_as_delivered(
+    tmp_path: Path,
+) -> None:
+    grants = {"full": {"resources": ["up"], "prompts": ["up_greet", "up_review"]}}
+    gw = make_gateway(
+        tmp_path / "gw",
+        [stdio_upstream()],
+        grant_items=grants,
+        extra={"output_scanning": {"tools": {"up_review": "refuse"}}},
+    )
+    assert gw.pin("up") == 0
+    server = gw.build()
+    async with Client(server.mcp) as client:
+        # The template answers "item <id>": the id is the planted token.
+        item = await client.read_resource(f"upstream://up/test://items/{GITHUB_TOKEN}")
+        greeting = await client.get_prompt("up_greet", {"name": AWS_KEY})
+        with pytest.raises(MCPError) as refused:
+            await client.get_prompt("up_review", {"code": PEM})
+        readme = await client.read_resource("upstream://up/test://static/readme")
+    server.close()
+    text = item[0].text  # type: ignore[union-attr]
+    assert text == f"item {marker('github_token')}"
+    assert (item[0].meta or {})["nexus/sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    said = greeting.messages[0].content.text  # type: ignore[union-attr]
+    assert said == f"Hello, {marker('aws_access_key')} (plain)."
+    assert refused.value.error.data == {
+        "error": "result withheld: it holds a secret (private_key)",
+        "code": "OUTPUT_DENIED",
+    }
+    assert "MIIEpAIBAAKCAQEA" not in str(refused.value)
+    assert "REDACTED" not in readme[0].text  # type: ignore[union-attr]
+    scanned = [e for e in gw.events() if "output_scan" in e]
+    assert [(e["event"], e["output_scan"]["action"]) for e in scanned] == [
+        ("resource_read_finished", "redacted"),
+        ("prompt_get_finished", "redacted"),
+        ("prompt_get_finished", "refused"),
+    ]
+    assert GITHUB_TOKEN not in json.dumps(gw.events()) and AWS_KEY not in json.dumps(gw.events())

@@ -18,7 +18,7 @@ from typing import Any
 
 from mcp_types import ContentBlock, EmbeddedResource, TextContent, TextResourceContents
 
-from nexus_mcp.calls import CallState
+from nexus_mcp.calls import CallState, current_call
 from nexus_mcp.connector import Outcome
 from nexus_mcp.contracts import ToolContract
 from nexus_mcp.json_text import to_result_json
@@ -71,6 +71,22 @@ class OutputScan:
         return Outcome(
             content=content, structured=structured, document=document, is_error=outcome.is_error
         )
+
+    def texts(self, server_id: str, name: str, texts: list[str]) -> list[str]:
+        """An upstream resource's or prompt's texts as policy lets them leave (``name``: as
+        the caller knows it); what was found goes to the current request's state."""
+        mode = self.settings.mode_for(server_id, name)
+        if mode == "off" or not texts:
+            return texts
+        findings = Findings()
+        scanned = scan_texts(self.scanner, texts, findings)
+        state = current_call()
+
+        def record(facts: dict[str, Any]) -> None:
+            if state is not None:
+                state.output_scan = facts
+
+        return scanned if decide(mode, findings, record) else texts
 
     def _content(self, blocks: list[ContentBlock], findings: Findings) -> list[ContentBlock]:
         """Text blocks and embedded text resources redacted; every other block as it was."""

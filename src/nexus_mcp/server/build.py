@@ -308,7 +308,7 @@ def _build_server(
             started=trail.started,
             nonces=state.nonces,
             finished=recorder.record_call if recorder is not None else None,
-            scan=OutputScan(settings.output_scanning).outcome,
+            scanner=OutputScan(settings.output_scanning),
         )
         upstreams = (
             UpstreamGateway.build(
