@@ -25,6 +25,7 @@ whether a known credential was exposed by hashing it.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -179,7 +180,14 @@ def _walk(
         findings.add(value, spans)
         return cut(value, spans)
     if depth >= MAX_DEPTH:
-        return value  # pydantic and the MCP SDK refuse deeper JSON long before this
+        # Deeper than any real result: judged as its JSON text, and where that holds a
+        # secret the whole subtree becomes that text, redacted (no deeper walk to smuggle in).
+        text = json.dumps(value, ensure_ascii=False, default=str)
+        spans = scanner.spans(text)
+        if not spans:
+            return value
+        findings.add(text, spans)
+        return cut(text, spans)
     if isinstance(value, Mapping):
         changed = False
         out: dict[str, Any] = {}

@@ -67,6 +67,16 @@ def test_every_string_of_a_structured_value_is_scanned_keys_included() -> None:
     assert sorted(findings.kinds) == ["aws_access_key", "github_token"]
 
 
+def test_a_secret_nested_past_the_walks_depth_is_still_cut() -> None:
+    value: Any = {"k": f"x {AWS_KEY}"}
+    for _ in range(200):
+        value = {"d": [value]}
+    findings = Findings()
+    out = scan_structured(scanner, value, findings)
+    assert AWS_KEY not in json.dumps(out)
+    assert findings.kinds == ["aws_access_key"]
+
+
 def test_a_clean_structured_value_is_returned_as_the_same_object() -> None:
     value = {"a": ["b", {"c": "d"}], "sha256": SHA256}
     assert scan_structured(scanner, value, Findings()) is value
