@@ -39,6 +39,7 @@ from detect_secrets.filters.heuristic import (
     is_not_alphanumeric_string,
     is_potential_uuid,
     is_sequential_string,
+    is_templated_secret,
 )
 from detect_secrets.plugins.aws import AWSKeyDetector
 from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
@@ -284,7 +285,12 @@ def _regex_spans(plugin: BasePlugin, text: str, kind: str) -> Iterator[Span]:
     for regex in plugin.denylist:  # type: ignore[attr-defined]
         for match in regex.finditer(text):
             if grouped and match.re.groups:
-                values.update(g for g in match.groups() if g)
+                # A placeholder (``user:...@host``, ``:<password>@``, ``${PASS}``) is none.
+                values.update(
+                    g
+                    for g in match.groups()
+                    if g and not is_not_alphanumeric_string(g) and not is_templated_secret(g)
+                )
             elif jwt:
                 end = _JWT_TAIL.match(text, match.end())
                 token = text[match.start() : end.end() if end else match.end()]

@@ -94,6 +94,7 @@ def test_every_occurrence_of_a_found_value_is_cut() -> None:
         "# A note\n\nThe *quick* brown fox. See https://example.com/a/b and `code`.\n",
         "def f(password):\n    return hash(password)\n",
         f"an unquoted random word in prose: {HIGH_ENTROPY}",
+        "postgresql://user:...@db.internal/app and redis://:<password>@cache:6379",
     ],
 )
 def test_ordinary_text_digests_and_ids_are_left_alone(text: str) -> None:
