@@ -95,7 +95,9 @@ async def measure(root: Path, rounds: int) -> list[Row]:
         check = await on.call_tool_mcp("nexus_read_file", {"path": "leaky.txt"})
         assert "[REDACTED:github_token]" in str(check.structured_content)
         clean = await on.call_tool_mcp("nexus_read_file", {"path": f"f{MIB}.txt"})
-        assert "REDACTED" not in str(clean.structured_content), "a false positive"
+        clean_text = (root / "ws" / f"f{MIB}.txt").read_text(encoding="utf-8")
+        assert clean.structured_content is not None
+        assert clean.structured_content["content"] == clean_text, "a false positive"
         for number in range(rounds):
             progress(NAME, f"round {number + 1}/{rounds}")
             for label, name, _size, calls in cases:
