@@ -123,3 +123,22 @@ def test_the_limits_are_the_settings() -> None:
     text = '"Zx9Qw8Er7Ty6Ui5Op4"'
     assert scanner.spans(text) == []
     assert strict.spans(text)
+
+
+def test_in_a_long_text_every_secret_is_found_wherever_it_stands() -> None:
+    filler = "ordinary line of code = call(value, 'short') # AC SK gl -us aws\n" * 2000
+    planted = [AWS_KEY, GITHUB_TOKEN, SLACK_TOKEN, STRIPE_KEY, JWT, f'"{HIGH_ENTROPY}"', PEM]
+    text = (
+        planted[0]
+        + "\n"
+        + ("\n" + filler).join(planted[1:])
+        + "\n"
+        + filler
+        + AWS_SECRET.join(['aws_secret_access_key = "', '"'])
+    )
+    assert len(text) > 100_000
+    redacted = redact(text)
+    for secret in (AWS_KEY, GITHUB_TOKEN, SLACK_TOKEN, STRIPE_KEY, JWT, HIGH_ENTROPY, AWS_SECRET):
+        assert secret not in redacted
+    assert "MIIEpAIBAAKCAQEA" not in redacted
+    assert redacted.count("ordinary line of code") == 2000 * 6 + 2000
