@@ -217,10 +217,13 @@ class SecretScanner:
                 if folded and folded_text is None:
                     folded_text = text.lower()
                 haystack = folded_text if folded and folded_text is not None else text
-                if not any(word in haystack for word in gate):
-                    continue
                 if len(text) > _WINDOWED_CHARS:
+                    # One search per word finds both whether and where the gate opens.
                     part = _windows(text, haystack, gate, isinstance(plugin, _LINE_WIDE))
+                    if not part:
+                        continue
+                elif not any(word in haystack for word in gate):
+                    continue
             if isinstance(plugin, PrivateKeyDetector):
                 if any(True for _ in plugin.analyze_string(text)):
                     found.extend(Span(m.start(), m.end(), kind) for m in _KEY_BLOCK.finditer(text))
