@@ -34,6 +34,7 @@ SCRIPTS = [
     "bench_repo.py",
     "bench_replicas.py",
     "bench_audit_chain.py",
+    "bench_output_scan.py",
 ]
 
 

@@ -85,6 +85,8 @@ class CallState:
     policy_decision: str | None = None
     policy_rule: str | None = None
     document_check: DocumentCheck | None = None  # the latest pre- or post-exec check
+    # What output secret scanning found and did (kinds, counts, sha256s; never a value).
+    output_scan: Mapping[str, Any] | None = None
     effect: Mapping[str, Any] | None = None
     # What a write changed, named as its toolset names it (a branch ref, a commit id).
     target_ref: str | None = None

@@ -16,7 +16,8 @@ this order and nowhere else:
    a later check does not burn its approval (``policy/approvals.spend_approval``);
 5. the audit's ``tool_call_started``;
 6. the tool itself;
-7. the checks after the call, on the document the client receives;
+7. output secret scanning (``scanner``: redact, refuse or audit what the result holds), then
+   the checks after the call, on the document the client receives;
 8. the ``tool_effect`` the result carries (``_meta``), and the finished hook
    (``serve --record``).
 
@@ -76,6 +77,16 @@ class Outcome:
     is_error: bool = False
 
 
+class ResultScanner(Protocol):
+    """Output secret scanning (``middleware/output_scan.OutputScan``): what may leave of a
+    tool's outcome, and of an upstream resource's or prompt's texts; each returns what it
+    was given (redacted where policy redacts) or raises ``OutputDeniedError``."""
+
+    def outcome(self, contract: ToolContract, state: CallState, outcome: Outcome) -> Outcome: ...
+
+    def texts(self, server_id: str, name: str, texts: list[str]) -> list[str]: ...
+
+
 def chained_call(name: str, *, identified: bool = True) -> CallState:
     """The state the envelope opened for this ``tools/call``, for a layer or the connector.
 
@@ -93,7 +104,7 @@ def chained_call(name: str, *, identified: bool = True) -> CallState:
 class Connector:
     """The one connector sequence (module docstring), shared by every provider."""
 
-    __slots__ = ("_effect", "_finished", "_nonces", "_started", "checks")
+    __slots__ = ("_effect", "_finished", "_nonces", "_started", "checks", "scanner")
 
     def __init__(
         self,
@@ -103,6 +114,7 @@ class Connector:
         started: StartedHook,
         nonces: NonceStore,
         finished: FinishedHook | None = None,
+        scanner: ResultScanner | None = None,
     ) -> None:
         # Iterated on every call (a test may add a check to see the connector refuse).
         self.checks = list(checks)
@@ -110,6 +122,8 @@ class Connector:
         self._started = started
         self._nonces = nonces
         self._finished = finished
+        # Also read by an upstream's resource reads and prompt gets (providers/upstream).
+        self.scanner = scanner
 
     async def run(
         self,
@@ -139,6 +153,8 @@ class Connector:
             state.executed = True
             self._started(contract, state)
             outcome = await execute()
+            if self.scanner is not None:
+                outcome = self.scanner.outcome(contract, state, outcome)
             document = outcome.document
             if document is not None:
                 for check in checks:
@@ -170,6 +186,7 @@ __all__ = [
     "EffectBuilder",
     "FinishedHook",
     "Outcome",
+    "ResultScanner",
     "StartedHook",
     "chained_call",
 ]

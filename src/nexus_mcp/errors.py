@@ -36,6 +36,7 @@ means: no input values, no paths the caller sent, no exception text, no secrets.
     │   └── ToolTimeoutError             TOOL_TIMEOUT
     ├── UpstreamError                    UPSTREAM_ERROR (Knowtation-compatible messages)
     ├── FixtureNotFoundError             FIXTURE_NOT_FOUND (replay: no recorded answer)
+    ├── OutputDeniedError                OUTPUT_DENIED (a secret in a result, refused)
     └── InternalError                    INTERNAL_ERROR
 
 ``ConfigError`` is separate: it stops start-up and never reaches a client.
@@ -83,6 +84,7 @@ class Code(StrEnum):
     CONFLICT = "CONFLICT"
     UPSTREAM_ERROR = "UPSTREAM_ERROR"
     FIXTURE_NOT_FOUND = "FIXTURE_NOT_FOUND"
+    OUTPUT_DENIED = "OUTPUT_DENIED"
     UNAVAILABLE = "UNAVAILABLE"
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
@@ -521,6 +523,21 @@ class FixtureNotFoundError(NexusError):
     default_message = "no recorded result for this call (tool, version and arguments)"
 
 
+class OutputDeniedError(NexusError):
+    """Output scanning found a secret in a result and policy refuses such results
+    (``policy/output_scanning.py``). ``kinds`` names the detectors' kinds (our own words,
+    comma-separated); nothing of the result, the value or where it was is said."""
+
+    code = Code.OUTPUT_DENIED
+    default_message = "result withheld: it holds a secret"
+
+    def render(self, facts: dict[str, Any]) -> str:
+        kinds = facts.get("kinds")
+        if isinstance(kinds, str) and re.fullmatch(r"[a-z0-9_,]{1,512}", kinds):
+            return f"{self.default_message} ({kinds.replace(',', ', ')})"
+        return self.default_message
+
+
 # The store names an UNAVAILABLE message may carry (our own labels, never an address).
 UNAVAILABLE_STORES = frozenset(
     {
@@ -627,6 +644,7 @@ __all__ = [
     "MergeBlockedError",
     "NexusError",
     "NotFoundError",
+    "OutputDeniedError",
     "RateLimitedError",
     "RegistryError",
     "ToolCallRecordInvalidError",

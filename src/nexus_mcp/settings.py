@@ -48,6 +48,7 @@ from nexus_mcp.policy.config_errors import (
     unknown_key_words,
 )
 from nexus_mcp.policy.console import ConsoleSettings
+from nexus_mcp.policy.output_scanning import OutputScanSettings
 from nexus_mcp.policy.references import expand_references
 from nexus_mcp.policy.upstreams import SERVER_ID_RE, SecretRef, SecretValue
 
@@ -307,6 +308,8 @@ class Settings(BaseSettings):
     dev_principal: DevPrincipalSettings = DevPrincipalSettings()
     auth: AuthSettings = AuthSettings()
     limits: LimitSettings = LimitSettings()
+    # Secrets in results: redacted, refused or audited (policy/output_scanning.py).
+    output_scanning: OutputScanSettings = OutputScanSettings()
     search: SearchSettings = SearchSettings()
     registry: RegistrySettings = RegistrySettings()
     budgets: BudgetSettings = BudgetSettings()

@@ -216,7 +216,12 @@ async def test_streams_per_subject_are_bounded(tmp_path: Path) -> None:
         with pytest.raises(MCPError) as refused:
             async with listening(client, tools_list_changed=True):
                 pass
-        assert refused.value.error.message == "Subscription limit reached"
+        error = refused.value.error
+        assert error.code == -32050
+        assert json.loads(error.message) == {
+            "error": "too many open listen streams; retry later",
+            "code": "RATE_LIMITED",
+        }
     assert [e["reason"] for e in gw.events("listen_refused")] == ["stream_cap"]
 
 

@@ -169,6 +169,8 @@ class AuditTrail:
         facts = safe_facts(error)
         if facts is not None:
             record["facts"] = facts
+        if state.output_scan is not None and kind != TOOL_CALL_STARTED:
+            record["output_scan"] = state.output_scan
         record["ts"] = utc_timestamp()
         return AuditEvent.from_record(record)
 
@@ -211,6 +213,8 @@ class AuditTrail:
         facts = safe_facts(error)
         if facts is not None:
             record["facts"] = facts
+        if state.output_scan is not None:
+            record["output_scan"] = state.output_scan
         record["ts"] = utc_timestamp()
         self.log.emit(AuditEvent.from_record(record))
 

@@ -91,6 +91,7 @@ AUDIT_FIELDS = (
     "policy_rule",
     "idempotency",
     "facts",
+    "output_scan",
     "pinned_sha256",
     "seen_sha256",
     "ts",

@@ -42,6 +42,7 @@ from nexus_mcp.middleware.identity import IdentityMiddleware
 from nexus_mcp.middleware.inbox import Inbox, secret_args_of
 from nexus_mcp.middleware.limits import LimitsMiddleware
 from nexus_mcp.middleware.namespace import ToolNamespaceMiddleware
+from nexus_mcp.middleware.output_scan import OutputScan
 from nexus_mcp.notes.vaults import VaultRouter, check_canister_deadline
 from nexus_mcp.observability.audit import AuditLog, AuditSink, JsonlAuditSink
 from nexus_mcp.observability.audit_anchor import anchor_audit_sinks
@@ -322,6 +323,7 @@ def _build_server(
             started=trail.started,
             nonces=state.nonces,
             finished=recorder.record_call if recorder is not None else None,
+            scanner=OutputScan(settings.output_scanning),
         )
         upstreams = (
             UpstreamGateway.build(

@@ -48,7 +48,6 @@ from mcp.shared.subscriptions import (
     event_to_notification,
 )
 from mcp_types import (
-    INTERNAL_ERROR,
     INVALID_REQUEST,
     SubscriptionFilter,
     SubscriptionsAcknowledgedNotification,
@@ -58,11 +57,12 @@ from mcp_types import (
 )
 
 from nexus_mcp.calls import current_principal, current_subject_token
+from nexus_mcp.envelope import to_request_error
+from nexus_mcp.errors import RateLimitedError
 from nexus_mcp.ids import new_id
 from nexus_mcp.observability.audit import AuditEvent, AuditLog
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.principal import Principal
-from nexus_mcp.providers.upstream.subscriptions import MAX_SUBSCRIPTIONS_PER_CONNECTION
 from nexus_mcp.server.notify import ChangeNotifier
 from nexus_mcp.server.subscribe import Subscriptions
 
@@ -75,7 +75,10 @@ LISTEN = "(listen)"
 MAX_STREAMS = 1024
 MAX_STREAMS_PER_SUBJECT = 16
 MAX_BUFFERED_EVENTS = 256
-LIMIT_MESSAGE = "Subscription limit reached"
+LIMIT_MESSAGE = "too many open listen streams; retry later"
+# Resource subscriptions one stream takes at most (each may be an upstream round trip and
+# an audit record before the ack); the rest are left out of it, as hidden ones are.
+MAX_RESOURCES_PER_STREAM = 256
 
 
 class ListenStream:
@@ -187,7 +190,8 @@ class ListenService:
             self._per_subject[subject] >= self.max_per_subject
         ):
             self._audit(LISTEN_REFUSED, principal, outcome="RATE_LIMITED", reason="stream_cap")
-            raise MCPError(INTERNAL_ERROR, LIMIT_MESSAGE)
+            # The documented envelope, as a refused read or get answers (-32050).
+            raise to_request_error(RateLimitedError(LIMIT_MESSAGE, reason="stream_cap"))
         meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: request_id}
         stream = ListenStream(_flags(params.notifications, principal), self.max_buffered)
         self._open.add(stream)
@@ -240,7 +244,7 @@ class ListenService:
         taken: list[str] = []
         asked = list(dict.fromkeys(requested.resource_subscriptions or ()))
         if self.subscriptions is not None and principal is not None:
-            for uri in asked[:MAX_SUBSCRIPTIONS_PER_CONNECTION]:
+            for uri in asked[:MAX_RESOURCES_PER_STREAM]:
                 try:
                     await self.subscriptions.take(principal, stream, uri)
                 except MCPError:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fastmcp.prompts import PromptResult
@@ -57,6 +57,8 @@ from nexus_mcp.providers.upstream.items import (
     UpstreamPrompt,
     UpstreamResource,
     UpstreamTemplate,
+    scanned_prompt,
+    scanned_resource,
     to_prompt_result,
     to_resource_result,
 )
@@ -501,7 +503,7 @@ class UpstreamCatalog:
         raw = await self._forward(lambda client, meta: client.read_resource_mcp(backend, meta=meta))
         result = to_resource_result(raw, self.server.max_result_bytes)
         self._still_current(view)  # quarantined while the read was in flight: refused
-        return result
+        return scanned_resource(result, self._scan(view))
 
     def _still_current(self, view: ItemView) -> None:
         current = self.views[view.kind].get(view.key)
@@ -526,7 +528,16 @@ class UpstreamCatalog:
         )
         result = to_prompt_result(raw, self.server.max_result_bytes)
         self._still_current(view)
-        return result
+        return scanned_prompt(result, self._scan(view))
+
+    def _scan(self, view: ItemView) -> Callable[[list[str]], list[str]]:
+        """Output scanning of this item's texts, by its server and the name callers see."""
+        connector = self.server.connector
+        scanner = connector.scanner if connector is not None else None
+        name = view.exposed or view.key
+        if scanner is None:
+            return lambda texts: texts
+        return lambda texts: scanner.texts(self.server_id, name, texts)
 
 
 __all__ = ["UpstreamCatalog", "announced", "fetch_items", "screen_items"]

@@ -7,7 +7,9 @@ principal's), within the upstream's call timeout, its answer checked for shape a
 and never echoed when it is wrong. The upstream's own ``_meta`` is not passed on.
 
 Every resource content carries ``_meta["nexus/sha256"]``: the sha256 of its bytes (the
-UTF-8 of a text, the decoded bytes of a blob), as read tools' documents carry theirs.
+UTF-8 of a text, the decoded bytes of a blob), as read tools' documents carry theirs. Texts
+are scanned for secrets first (``scanned_resource``, ``scanned_prompt``: output scanning),
+so the hash is of what the caller receives.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -199,6 +201,66 @@ def to_resource_result(raw: Any, max_bytes: int) -> ResourceResult:
     return ResourceResult(contents=contents)
 
 
+TextScan = Callable[[list[str]], list[str]]
+
+
+def scanned_resource(result: ResourceResult, scan: TextScan) -> ResourceResult:
+    """``result`` with its text contents as output scanning lets them leave, each hash made
+    again from the text delivered; blob contents pass as they are (binary)."""
+    texts = [c.content for c in result.contents if isinstance(c.content, str)]
+    delivered = scan(texts)
+    if delivered is texts:
+        return result
+    given = iter(delivered)
+    contents = []
+    for item in result.contents:
+        if isinstance(item.content, str):
+            text = next(given)
+            data = text.encode("utf-8", "surrogatepass")
+            item = ResourceContent(
+                content=text, mime_type=item.mime_type, meta={SHA256_META: sha256_hex(data)}
+            )
+        contents.append(item)
+    return ResourceResult(contents=contents)
+
+
+def scanned_prompt(result: PromptResult, scan: TextScan) -> PromptResult:
+    """``result`` with its messages' texts (text and embedded text resources) and its
+    description as output scanning lets them leave; images, audio and blobs pass."""
+    texts: list[str] = []
+    for message in result.messages:
+        text = _message_text(message.content)
+        if text is not None:
+            texts.append(text)
+    if result.description is not None:
+        texts.append(result.description)
+    delivered = scan(texts)
+    if delivered is texts:
+        return result
+    given = iter(delivered)
+    messages = []
+    for message in result.messages:
+        content = message.content
+        if isinstance(content, TextContent):
+            content = TextContent(type="text", text=next(given))
+        elif isinstance(content, EmbeddedResource) and isinstance(
+            content.resource, TextResourceContents
+        ):
+            inner = content.resource.model_copy(update={"text": next(given)})
+            content = EmbeddedResource(type="resource", resource=inner)
+        messages.append(Message(content=content, role=message.role))
+    description = next(given) if result.description is not None else None
+    return PromptResult(messages=messages, description=description)
+
+
+def _message_text(content: Any) -> str | None:
+    if isinstance(content, TextContent):
+        return content.text
+    if isinstance(content, EmbeddedResource) and isinstance(content.resource, TextResourceContents):
+        return content.resource.text
+    return None
+
+
 def to_prompt_result(raw: Any, max_bytes: int) -> PromptResult:
     """The upstream's GetPromptResult, checked for shape and size (never echoed), each
     message rebuilt from the fields MCP defines for its kind: the upstream's ``_meta`` and
@@ -259,6 +321,8 @@ __all__ = [
     "UpstreamPrompt",
     "UpstreamResource",
     "UpstreamTemplate",
+    "scanned_prompt",
+    "scanned_resource",
     "to_prompt_result",
     "to_resource_result",
 ]

@@ -1,0 +1,134 @@
+"""Output secret scanning of a tool's result, for the connector (chain step 7's read side).
+
+The connector calls ``OutputScan.outcome`` right after the tool returns and before its
+checks after the call, so the document hashes and the tool effect describe what the
+client receives (redacted where policy redacts). What a native result carries is its
+``structuredContent`` and the JSON text of it: the structured value is scanned (every
+string and key, ``policy/output_scanning.py``) and the text made again from it, so both
+say the same. An upstream's result is scanned part by part: its text blocks (also joined,
+so a secret split across blocks is found), embedded text resources, and its
+``structuredContent``; images, audio and blob resources pass unscanned (binary).
+The decision and the audit facts are policy's; this module only takes the MCP content
+apart and puts it together again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp_types import ContentBlock, EmbeddedResource, TextContent, TextResourceContents
+
+from nexus_mcp.calls import CallState, current_call
+from nexus_mcp.connector import Outcome
+from nexus_mcp.contracts import ToolContract
+from nexus_mcp.json_text import to_result_json
+from nexus_mcp.policy.output_scanning import (
+    Findings,
+    OutputScanSettings,
+    decide,
+    scan_structured,
+    scan_texts,
+)
+
+
+class OutputScan:
+    """The deployment's output scanning: its settings and one detector set."""
+
+    def __init__(self, settings: OutputScanSettings) -> None:
+        self.settings = settings
+        self.scanner = settings.scanner()
+
+    def outcome(self, contract: ToolContract, state: CallState, outcome: Outcome) -> Outcome:
+        """``outcome`` as policy lets it leave: as it is, redacted, or refused
+        (``OutputDeniedError``); what was found goes to ``state.output_scan``."""
+        mode = self.settings.mode_for(state.server_id, state.tool_name)
+        if mode == "off":
+            return outcome
+        findings = Findings()
+        native = state.server_id is None and outcome.structured is not None
+        if native:
+            structured = scan_structured(self.scanner, outcome.structured, findings)
+            content: list[ContentBlock] = outcome.content
+        else:
+            content = self._content(outcome.content, findings)
+            structured = (
+                scan_structured(self.scanner, outcome.structured, findings)
+                if outcome.structured is not None
+                else None
+            )
+
+        def record(facts: dict[str, Any]) -> None:
+            state.output_scan = facts
+
+        if not decide(mode, findings, record):
+            return outcome
+        if native:
+            structured, text = to_result_json(structured)
+            content = [TextContent(type="text", text=text)]
+            document = None if outcome.document is None else structured
+        else:
+            document = None if outcome.document is None else _upstream_document(content, structured)
+        return Outcome(
+            content=content, structured=structured, document=document, is_error=outcome.is_error
+        )
+
+    def texts(self, server_id: str, name: str, texts: list[str]) -> list[str]:
+        """An upstream resource's or prompt's texts as policy lets them leave (``name``: as
+        the caller knows it); what was found goes to the current request's state."""
+        mode = self.settings.mode_for(server_id, name)
+        if mode == "off" or not texts:
+            return texts
+        findings = Findings()
+        scanned = scan_texts(self.scanner, texts, findings)
+        state = current_call()
+
+        def record(facts: dict[str, Any]) -> None:
+            if state is not None:
+                state.output_scan = facts
+
+        return scanned if decide(mode, findings, record) else texts
+
+    def _content(self, blocks: list[ContentBlock], findings: Findings) -> list[ContentBlock]:
+        """Text blocks and embedded text resources redacted; every other block as it was."""
+        places: list[int] = []
+        texts: list[str] = []
+        for index, block in enumerate(blocks):
+            text = _text_of(block)
+            if text is not None:
+                places.append(index)
+                texts.append(text)
+        if not texts:
+            return blocks
+        scanned = scan_texts(self.scanner, texts, findings)
+        out = list(blocks)
+        for index, old, new in zip(places, texts, scanned, strict=True):
+            if new is not old:
+                out[index] = _with_text(blocks[index], new)
+        return out
+
+
+def _text_of(block: ContentBlock) -> str | None:
+    if isinstance(block, TextContent):
+        return block.text
+    if isinstance(block, EmbeddedResource) and isinstance(block.resource, TextResourceContents):
+        return block.resource.text
+    return None
+
+
+def _with_text(block: ContentBlock, text: str) -> ContentBlock:
+    if isinstance(block, TextContent):
+        return block.model_copy(update={"text": text})
+    assert isinstance(block, EmbeddedResource)
+    resource = block.resource.model_copy(update={"text": text})
+    return block.model_copy(update={"resource": resource})
+
+
+def _upstream_document(content: list[ContentBlock], structured: Any) -> dict[str, Any]:
+    """What an upstream tool's read pointers resolve in (``providers/upstream/tools.py``)."""
+    return {
+        "content": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in content],
+        "structuredContent": structured,
+    }
+
+
+__all__ = ["OutputScan"]

@@ -1,0 +1,427 @@
+"""Finding secrets in text, and cutting them out: the detector behind output scanning.
+
+The detection is detect-secrets' (Yelp, pinned in pyproject): its plugins' own regular
+expressions, entropy measure, limits and heuristic filters, run in process on strings
+(never on files, never through its global settings, never verifying a finding over the
+network: ``verify`` is never called). What this module adds is what a gateway needs and
+a commit hook does not:
+
+- the span of every finding, so the match is replaced and nothing else; every other
+  occurrence of a found value is cut too;
+- a private key's whole block (detect-secrets reports only the ``BEGIN ... PRIVATE KEY``
+  line), to its ``END`` line or, without one, to the end of the text;
+- a cheap literal gate per plugin (``_GATES``), so a plugin whose token prefix is not in
+  the text costs one substring search, and one that could backtrack on a long line
+  (NPM's ``//.+/:_authToken``) only runs where its keyword is;
+- digests are not secrets: a hex string of exactly 32, 40, 64 or 128 characters (MD5,
+  git's SHA-1, SHA-256, SHA-512) and ``sha256-...`` subresource integrity values are
+  what this gateway, git and lock files deliver everywhere, unless a secret word
+  (``key``, ``secret``, ``token``, ``password``, ...) stands before it on its line;
+- a structured value is also judged whole, as detect-secrets judges a JSON file's value
+  (quoted), with its key as the line's context (``is_likely_id_string``: ``*_id`` keys);
+- entropy candidates longer than ``MAX_ENTROPY_CHARS`` are data (an embedded image, a
+  bundle), not a key.
+
+High-entropy plugins keep detect-secrets' rule that a candidate in text is a quoted string
+(``'...'`` or ``"..."``): an unquoted random-looking word in prose is not flagged. The
+keyword detector (``password = ...``) is left out of the default set: on notes and code it
+flags every assignment to a variable named like a secret. Discord's detector is left out
+too: its token has no literal to gate on, and its expression alone costs a quarter of a
+scan's time on code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from detect_secrets.filters.heuristic import (
+    is_likely_id_string,
+    is_not_alphanumeric_string,
+    is_potential_uuid,
+    is_sequential_string,
+    is_templated_secret,
+)
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
+from detect_secrets.plugins.base import BasePlugin
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.high_entropy_strings import (
+    Base64HighEntropyString,
+    HexHighEntropyString,
+    HighEntropyStringsPlugin,
+)
+from detect_secrets.plugins.jwt import JwtTokenDetector
+from detect_secrets.plugins.mailchimp import MailchimpDetector
+from detect_secrets.plugins.npm import NpmDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.private_key import PrivateKeyDetector
+from detect_secrets.plugins.pypi_token import PypiTokenDetector
+from detect_secrets.plugins.sendgrid import SendGridDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.square_oauth import SquareOAuthDetector
+from detect_secrets.plugins.stripe import StripeDetector
+from detect_secrets.plugins.twilio import TwilioKeyDetector
+
+DEFAULT_BASE64_LIMIT = 4.5  # detect-secrets' own defaults
+DEFAULT_HEX_LIMIT = 3.0
+MAX_ENTROPY_CHARS = 1024
+MIN_SCANNED_CHARS = 8  # no detector matches fewer characters
+REDACTED_PREFIX = "[REDACTED:"
+
+# Substrings one of which must be in the text for the plugin to run (None: always runs);
+# matched case-insensitively where the plugin's own expression is.
+_GATES: dict[type[BasePlugin], tuple[tuple[str, ...] | None, bool]] = {
+    PrivateKeyDetector: (("PRIVATE KEY", "PuTTY-User-Key-File"), False),
+    # Its key id is upper case; "aws" (its second expression ignores case) as people write it.
+    AWSKeyDetector: (("A3T", "ABIA", "ACCA", "AKIA", "ASIA", "aws", "AWS", "Aws"), False),
+    AzureStorageKeyDetector: (("AccountKey=",), False),
+    BasicAuthDetector: (("://",), False),
+    GitHubTokenDetector: (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), False),
+    GitLabTokenDetector: (("gl", "GR1348941"), False),
+    JwtTokenDetector: (("eyJ",), False),
+    MailchimpDetector: (("-us",), False),
+    NpmDetector: (("_authToken",), False),
+    OpenAIDetector: (("T3BlbkFJ",), False),
+    PypiTokenDetector: (("pypi-",), False),
+    SendGridDetector: (("SG.",), False),
+    SlackDetector: (("xox", "hooks.slack.com"), True),
+    SquareOAuthDetector: (("sq0csp-",), False),
+    StripeDetector: (("k_live_",), False),
+    TwilioKeyDetector: (("AC", "SK"), False),
+}
+
+# A private key's block: the header detect-secrets matched through to its END line.
+_KEY_BLOCK = re.compile(
+    r"-{4,5} ?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}.*?"
+    r"(?:-{4,5} ?END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}|\Z)"
+    r"|PuTTY-User-Key-File-\d.*?(?:Private-MAC: *[0-9a-fA-F]+|\Z)",
+    re.DOTALL,
+)
+_GROUPED = (AWSKeyDetector, BasicAuthDetector, NpmDetector)
+_JWT_TAIL = re.compile(r"[A-Za-z0-9_=+/-]*")
+# Shorter quoted hex is an abbreviated commit id or a colour far more often than a key
+# (detect-secrets flags ``'a1b2c3d4e5f'``); hex keys are 32 characters and more.
+MIN_HEX_CHARS = 20
+_DIGEST_HEX_LENGTHS = frozenset({32, 40, 64, 128})
+_SRI = re.compile(r"sha(?:256|384|512)-[A-Za-z0-9+/]+={0,2}")
+_SECRET_WORD = re.compile(
+    r"key|secret|token|passw|pwd|auth|credential|private|bearer", re.IGNORECASE
+)
+_WHOLE_VALUE_MIN_CHARS = 20
+# Up to this length one combined search decides whether a string needs the plugins at all;
+# over it, the per-plugin substring gates are cheaper than an alternation's scan.
+_QUICK_CHARS = 4096
+# Over this length a plugin whose gate opens runs only where its gate words stand
+# (``_windows``): a word such as "aws" once in a long file must not cost a whole scan.
+_WINDOWED_CHARS = 16384
+_WINDOW = 1100  # longer than any bounded token (GitLab's agent token: 1,024 and a prefix)
+_MAX_WINDOWS = 256
+# Their tokens may run as long as their line: a URL's user and password, NPM's registry
+# line, a JWT.
+_LINE_WIDE = (BasicAuthDetector, NpmDetector, JwtTokenDetector)
+
+
+def secret_slug(secret_type: str) -> str:
+    """detect-secrets' type name as a marker word: ``AWS Access Key`` -> ``aws_access_key``."""
+    return re.sub(r"[^a-z0-9]+", "_", secret_type.lower()).strip("_")
+
+
+def marker(slug: str) -> str:
+    return f"{REDACTED_PREFIX}{slug}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One found secret: where it is in the text, and its kind (a ``secret_slug``)."""
+
+    start: int
+    end: int
+    kind: str
+
+
+class SecretScanner:
+    """detect-secrets' plugins with the limits and gates above; one per deployment."""
+
+    def __init__(
+        self, *, base64_limit: float = DEFAULT_BASE64_LIMIT, hex_limit: float = DEFAULT_HEX_LIMIT
+    ) -> None:
+        self._regex_plugins: tuple[tuple[BasePlugin, tuple[str, ...] | None, bool, str], ...] = (
+            tuple(
+                (
+                    plugin_cls(),
+                    None if gate is None else tuple(g.lower() if folded else g for g in gate),
+                    folded,
+                    secret_slug(str(plugin_cls.secret_type)),
+                )
+                for plugin_cls, (gate, folded) in _GATES.items()
+            )
+        )
+        self._entropy: tuple[HighEntropyStringsPlugin, ...] = (
+            Base64HighEntropyString(limit=base64_limit),
+            HexHighEntropyString(limit=hex_limit),
+        )
+        self._whole = tuple(
+            (plugin, re.compile(f"[{re.escape(plugin.charset)}]+")) for plugin in self._entropy
+        )
+        # n characters hold at most log2(n) bits each: shorter ones cannot pass the limit,
+        # and most quoted words of code and prose are shorter (exact, and most of the cost).
+        self._candidates = tuple(
+            (
+                plugin,
+                charset,
+                max(int(2**plugin.entropy_limit) + 1, MIN_HEX_CHARS if hexed else 0),
+                secret_slug(str(plugin.secret_type)),
+            )
+            for (plugin, charset), hexed in zip(self._whole[::-1], (True, False), strict=True)
+        )
+        base64 = self._entropy[0]
+        shortest = min(c[2] for c in self._candidates)
+        self._quoted = re.compile(
+            r"([\'\"])([" + re.escape(base64.charset) + "]{" + str(shortest) + r",})(\1)"
+        )
+        # One search over a short string tells whether any plugin's gate is open, or it
+        # holds a quote (entropy candidates): most strings of a structured result (names,
+        # paths, dates) open none, and skip the per-plugin loop.
+        literal = [
+            re.escape(w)
+            for _p, gate, folded, _k in self._regex_plugins
+            if not folded
+            for w in gate or ()
+        ]
+        folded_words = [
+            re.escape(w)
+            for _p, gate, folded, _k in self._regex_plugins
+            if folded
+            for w in gate or ()
+        ]
+        self._any_gate = re.compile(
+            "|".join([*literal, "'", '"', f"(?i:{'|'.join(folded_words)})"])
+        )
+
+    def spans(self, text: str, *, key: str | None = None, whole: bool = False) -> list[Span]:
+        """The secrets in ``text``, merged and in order. ``whole``: ``text`` is one value of
+        a structured result (under ``key``), also judged as a quoted value on its own."""
+        if len(text) < MIN_SCANNED_CHARS:
+            return []
+        if len(text) <= _QUICK_CHARS and self._any_gate.search(text) is None:
+            return list(self._whole_value(text, key)) if whole else []
+        found: list[Span] = []
+        folded_text: str | None = None
+        for plugin, gate, folded, kind in self._regex_plugins:
+            part = text
+            if gate is not None:
+                if folded and folded_text is None:
+                    folded_text = text.lower()
+                haystack = folded_text if folded and folded_text is not None else text
+                if len(text) > _WINDOWED_CHARS:
+                    # One search per word finds both whether and where the gate opens.
+                    part = _windows(text, haystack, gate, isinstance(plugin, _LINE_WIDE))
+                    if not part:
+                        continue
+                elif not any(word in haystack for word in gate):
+                    continue
+            if isinstance(plugin, PrivateKeyDetector):
+                if any(True for _ in plugin.analyze_string(text)):
+                    found.extend(Span(m.start(), m.end(), kind) for m in _KEY_BLOCK.finditer(text))
+                continue
+            found.extend(_regex_spans(plugin, part, kind, text))
+        found.extend(self._entropy_spans(text))
+        if whole:
+            found.extend(self._whole_value(text, key))
+        return _merge(found)
+
+    def _entropy_spans(self, text: str) -> Iterator[Span]:
+        """Both entropy plugins in one pass: their quoted-string expressions differ only in
+        the alphabet, and hex's is inside base64's, so one expression over base64's finds
+        every candidate of both; each is judged by the plugins whose alphabet it is in."""
+        if "'" not in text and '"' not in text:
+            return
+        found: dict[str, str] = {}
+        judged: set[str] = set()
+        for match in self._quoted.finditer(text):
+            # Base64's alphabet takes a backslash: in JSON text (an upstream's text block)
+            # ``\"<value>\"`` would take the escape with it and break the JSON.
+            value = match.group(2).rstrip("\\")
+            if value in judged:
+                continue
+            judged.add(value)
+            for plugin, charset, shortest, kind in self._candidates:
+                if (
+                    len(value) >= shortest
+                    and charset.fullmatch(value)
+                    and self._is_entropy_secret(plugin, value, text, match)
+                ):
+                    found[value] = kind
+                    break
+        for value, kind in found.items():
+            yield from _occurrences(text, (value,), kind)
+
+    def _whole_value(self, value: str, key: str | None) -> Iterator[Span]:
+        if not _WHOLE_VALUE_MIN_CHARS <= len(value) <= MAX_ENTROPY_CHARS:
+            return
+        line = f'"{key}": "{value}"' if key is not None else f'"{value}"'
+        for plugin, charset in self._whole:
+            if charset.fullmatch(value) and self._judge(plugin, value, line):
+                yield Span(0, len(value), secret_slug(str(plugin.secret_type)))
+                return
+
+    def _is_entropy_secret(
+        self, plugin: HighEntropyStringsPlugin, value: str, text: str, match: re.Match[str]
+    ) -> bool:
+        if len(value) > MAX_ENTROPY_CHARS:
+            return False
+        if isinstance(plugin, HexHighEntropyString) and len(value) < MIN_HEX_CHARS:
+            return False
+        # What detect-secrets' heuristics read as the match's line: only what stands before it
+        # matters to them. JSON text is one line, so it also breaks at ``\\n`` escapes and
+        # between members (``,`` and ``{``), or every value after any ``*_id`` key would
+        # pass for an id.
+        begin = match.start()
+        escaped = text.rfind("\\n", 0, begin)
+        start = max(
+            text.rfind("\n", 0, begin) + 1,
+            text.rfind(",", 0, begin) + 1,
+            text.rfind("{", 0, begin) + 1,
+            escaped + 2 if escaped >= 0 else 0,
+        )
+        line = text[start : match.end()]
+        return self._judge(plugin, value, line)
+
+    @staticmethod
+    def _judge(plugin: HighEntropyStringsPlugin, value: str, line: str) -> bool:
+        """detect-secrets' limit and heuristic filters, and the digest rule above."""
+        if plugin.calculate_shannon_entropy(value) <= plugin.entropy_limit:
+            return False
+        if (
+            is_sequential_string(value)
+            or is_potential_uuid(value)
+            or is_not_alphanumeric_string(value)
+            or is_likely_id_string(value, line, plugin)
+        ):
+            return False
+        return not _is_digest(value, line)
+
+
+def _windows(text: str, haystack: str, gate: tuple[str, ...], line_wide: bool) -> str:
+    """The parts of a long ``text`` where the plugin's gate words stand, joined by newlines
+    (no plugin's token spans a line): each occurrence's line, cut to ``_WINDOW`` characters
+    either side unless the plugin's token may be as long as its line. A word in most of the
+    text hands back the whole text."""
+    bounds: list[tuple[int, int]] = []
+    for word in gate:
+        found = haystack.find(word)
+        while found >= 0:
+            if len(bounds) > _MAX_WINDOWS:
+                return text
+            start = text.rfind("\n", 0, found) + 1
+            end = text.find("\n", found)
+            end = len(text) if end < 0 else end
+            if not line_wide:
+                start, end = max(start, found - _WINDOW), min(end, found + len(word) + _WINDOW)
+            bounds.append((start, end))
+            found = haystack.find(word, end)
+    bounds.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in bounds:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return "\n".join(text[start:end] for start, end in merged)
+
+
+def _regex_spans(plugin: BasePlugin, part: str, kind: str, text: str) -> Iterator[Span]:
+    """The spans of the plugin's own expressions (its ``denylist``), with its own checks.
+
+    detect-secrets reports a match's groups when its expression has any; that is the secret
+    where the expression also matches its context (AWS's ``aws ... key = "<secret>"``, a
+    URL's password, NPM's token) and a mere prefix elsewhere (GitHub's ``(ghp|...)_``),
+    so groups are used only for those three. Its JWT expression ends lazily and stops
+    before the signature; the span runs on over it."""
+    grouped = isinstance(plugin, _GROUPED)
+    jwt = isinstance(plugin, JwtTokenDetector)
+    values: set[str] = set()
+    for regex in plugin.denylist:  # type: ignore[attr-defined]
+        for match in regex.finditer(part):
+            if grouped and match.re.groups:
+                # A placeholder (``user:...@host``, ``:<password>@``, ``${PASS}``) is none.
+                values.update(
+                    g
+                    for g in match.groups()
+                    if g and not is_not_alphanumeric_string(g) and not is_templated_secret(g)
+                )
+            elif jwt:
+                end = _JWT_TAIL.match(part, match.end())
+                token = part[match.start() : end.end() if end else match.end()]
+                if JwtTokenDetector.is_formally_valid(token):
+                    values.add(token)
+            else:
+                values.add(match.group(0))
+    # Every occurrence of a found value goes, wherever else it stands in the text.
+    yield from _occurrences(text, values, kind)
+
+
+def _is_digest(value: str, line: str) -> bool:
+    shaped = (
+        len(value) in _DIGEST_HEX_LENGTHS and all(c in "0123456789abcdefABCDEF" for c in value)
+    ) or bool(_SRI.fullmatch(value))
+    if not shaped:
+        return False
+    before = line[: max(line.find(value), 0)]
+    return _SECRET_WORD.search(before) is None
+
+
+def _occurrences(text: str, values: Iterable[str], kind: str) -> Iterator[Span]:
+    for value in values:
+        if not value:
+            continue
+        start = text.find(value)
+        while start >= 0:
+            yield Span(start, start + len(value), kind)
+            start = text.find(value, start + len(value))
+
+
+def _merge(spans: list[Span]) -> list[Span]:
+    """Overlapping spans as one, named by the kind of the first (a key block wins over an
+    entropy match inside it: both start there, and the block is found first)."""
+    if not spans:
+        return spans
+    spans.sort(key=lambda s: (s.start, -s.end))
+    merged = [spans[0]]
+    for span in spans[1:]:
+        last = merged[-1]
+        if span.start < last.end:
+            if span.end > last.end:
+                merged[-1] = Span(last.start, span.end, last.kind)
+        else:
+            merged.append(span)
+    return merged
+
+
+def cut(text: str, spans: Iterable[Span]) -> str:
+    """``text`` with each span replaced by its marker."""
+    parts: list[str] = []
+    position = 0
+    for span in spans:
+        parts.append(text[position : span.start])
+        parts.append(marker(span.kind))
+        position = span.end
+    parts.append(text[position:])
+    return "".join(parts)
+
+
+__all__ = [
+    "DEFAULT_BASE64_LIMIT",
+    "DEFAULT_HEX_LIMIT",
+    "MAX_ENTROPY_CHARS",
+    "REDACTED_PREFIX",
+    "SecretScanner",
+    "Span",
+    "cut",
+    "marker",
+    "secret_slug",
+]
