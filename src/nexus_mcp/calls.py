@@ -29,6 +29,8 @@ META_EXPECTED_HASHES = "nexus.mcp/expected_document_hashes"
 META_TOOL_CLASS = "nexus.mcp/tool_class"
 META_CORRELATION_ID = "nexus.mcp/correlation_id"
 META_TOOL_EFFECT = "nexus.mcp/tool_effect"
+# On a result: the recorded result of an earlier call with the same idempotency key.
+META_REPLAYED = "nexus.mcp/idempotent_replay"
 
 # Tool arguments that are call plumbing, not the action itself.
 ARG_IDEMPOTENCY_KEY = "idempotency_key"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from nexus_mcp.cli import build_parser, main
+from nexus_mcp.cli import COMMANDS, build_parser, command_in, main
 from nexus_mcp.settings import SERVE_OPTIONS
 from tests.support.logging_state import isolated_logging
 
@@ -129,3 +132,88 @@ def walk_parsers(
             for name, child in action.choices.items():
                 found += walk_parsers(child, f"{path} {name}")
     return found
+
+
+# What a server or a shared store needs and `--help` must not pay for (issue 29: a one-shot
+# command starts in well under a second). A module here at `--help` is a start-up regression.
+HEAVY_MODULES = (
+    "fastmcp", "mcp", "pydantic", "pydantic_settings", "starlette", "uvicorn", "psycopg",
+    "redis", "jinja2", "structlog", "httpx", "httpx2", "yaml", "jsonschema", "asyncio",
+)  # fmt: skip
+PROBE = """
+import sys
+from nexus_mcp.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(" ".join(sys.modules), file=sys.stderr)
+"""
+
+
+def modules_loaded_by(*argv: str) -> set[str]:
+    """The modules a fresh interpreter has imported after `nexus-mcp ARGV`."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return set(done.stderr.split())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], ["call", "--help"], ["audit", "--help"], ["audit", "tail", "-h"]],
+)
+def test_help_imports_no_server_stack(argv: list[str]) -> None:
+    loaded = {name.split(".")[0] for name in modules_loaded_by(*argv)}
+    assert "nexus_mcp" in loaded  # the probe did run the command line
+    assert sorted(loaded.intersection(HEAVY_MODULES)) == []
+
+
+def test_a_command_loads_only_its_own_module() -> None:
+    modules = modules_loaded_by("call", "--help")
+    assert "nexus_mcp.commands.call" in modules
+    others = {module for module, _ in COMMANDS.values()} - {"nexus_mcp.commands.call"}
+    assert sorted(modules & others) == []
+
+
+def test_top_level_help_is_the_same_built_lazily_or_in_full() -> None:
+    """The line each placeholder shows is the one its module's parser declares."""
+    assert build_parser(only="").format_help() == build_parser().format_help()
+    for name in COMMANDS:
+        assert build_parser(only=name).format_help() == build_parser().format_help()
+
+
+def test_every_command_module_registers_the_command_named_for_it() -> None:
+    subparsers = next(a for a in build_parser()._actions if a.dest == "command")
+    assert list(subparsers.choices) == list(COMMANDS)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        ([], None),
+        (["--help"], None),
+        (["--version"], None),
+        (["call", "--help"], "call"),
+        (["--help", "audit", "tail"], "audit"),
+        (["no-such-command", "--help"], "no-such-command"),
+    ],
+)
+def test_the_command_a_command_line_names(argv: list[str], command: str | None) -> None:
+    assert command_in(argv) == command
+
+
+def test_an_unknown_command_is_refused_naming_every_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["no-such-command"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice" in err
+    for name in COMMANDS:
+        assert name in err

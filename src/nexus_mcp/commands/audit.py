@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.errors import ConfigError, NexusError
-from nexus_mcp.observability.audit import read_audit_file
-from nexus_mcp.observability.audit_chain import verify_chain
-from nexus_mcp.stores.locations import AUDIT_FILE_SETTING, DATA_DIR_SETTING, load_state_settings
 
 if TYPE_CHECKING:
     from nexus_mcp.settings import Settings
+
+# What a command reads (settings, the audit log, its chain) is imported by the function
+# that reads it: `nexus-mcp audit --help` builds its parser without them.
 
 TAIL_COLUMNS = ("ts", "event", "tool", "subject", "outcome", "duration_ms", "correlation_id")
 EXIT_CONFIG = 2
@@ -26,11 +26,15 @@ def _audit_file(args: argparse.Namespace) -> Path:
     """--file, else the server's own: NEXUS_MCP_AUDIT_FILE, else <data dir>/audit.jsonl."""
     if args.file is not None:
         return Path(args.file)
+    from nexus_mcp.stores.locations import load_state_settings
+
     return load_state_settings(args.data_dir).audit_path
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
     """The audit lines; a file that cannot be read is one line naming where to look."""
+    from nexus_mcp.observability.audit import read_audit_file
+
     try:
         yield from read_audit_file(path)
     except OSError as exc:
@@ -38,6 +42,8 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | Non
 
 
 def _unreadable(path: Path, exc: OSError) -> ConfigError:
+    from nexus_mcp.stores.locations import AUDIT_FILE_SETTING, DATA_DIR_SETTING
+
     reason = (exc.strerror or type(exc).__name__).lower()
     return ConfigError(
         f"audit file {path} cannot be read ({reason}): check --file, "
@@ -166,6 +172,8 @@ def _anchored_heads(
 
 def _verify_one(path: Path, named: bool, anchors: dict[str, str | None] | None = None) -> bool:
     """Report one log; True when it has a problem. Lines are named, never their content."""
+    from nexus_mcp.observability.audit_chain import verify_chain
+
     if not _exists(path):
         sys.stderr.write(f"no audit file at {path}\n")
         return True

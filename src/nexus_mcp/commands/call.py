@@ -23,7 +23,6 @@ error, or the server could not be reached or spoken to (one line on stderr, no t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -119,6 +118,8 @@ def run_call(args: argparse.Namespace) -> int:
     except UsageError as exc:
         return _fail(str(exc))
     token = args.token or os.environ.get(ENV_TOKEN) or None
+    import asyncio  # here, not at the top: `nexus-mcp call --help` needs no event loop
+
     try:
         result = asyncio.run(call_tool(url, token, args.tool, arguments, meta, args.timeout))
     except CallFailed as exc:
@@ -133,7 +134,7 @@ def run_call(args: argparse.Namespace) -> int:
 
 def is_replay(result: dict[str, Any]) -> bool:
     """Whether the server answered a retry with the recorded result of an earlier call."""
-    from nexus_mcp.middleware.classification import META_REPLAYED
+    from nexus_mcp.calls import META_REPLAYED
 
     return (result.get("_meta") or {}).get(META_REPLAYED) is True
 
@@ -159,6 +160,8 @@ async def call_tool(
 ) -> dict[str, Any]:
     """One ``tools/call`` over streamable HTTP; the result as the JSON a client receives."""
     # Imported here: the client stack costs a second at start-up that no other command needs.
+    import asyncio
+
     import httpx2
     from fastmcp import Client
     from fastmcp.client.transports import StreamableHttpTransport

@@ -27,6 +27,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from nexus_mcp.calls import (
     ARG_IDEMPOTENCY_KEY,
     META_IDEMPOTENCY_KEY,
+    META_REPLAYED,
     META_TOOL_EFFECT,
     PLUMBING_ARGS,
     CallState,
@@ -60,7 +61,6 @@ from nexus_mcp.stores.idempotency import (
 
 log = get_logger(__name__)
 
-META_REPLAYED = "nexus.mcp/idempotent_replay"
 HOLD_PARTS = 4  # a waiting call renews its claim four times per lease
 _UNKNOWN_OUTCOME_CODES = frozenset({Code.TOOL_TIMEOUT, Code.INTERNAL_ERROR})
 
