@@ -35,6 +35,7 @@ SCRIPTS = [
     "bench_replicas.py",
     "bench_audit_chain.py",
     "bench_output_scan.py",
+    "bench_startup.py",
 ]
 
 

@@ -1,0 +1,140 @@
+"""Start-up cost: one-shot commands and a stdio server to ready, beside their baselines.
+
+    python benchmarks/bench_startup.py [--rounds N]
+
+Issue 29: ``nexus-mcp --help`` and ``nexus-mcp call --help`` within 0.5 s of CPU. Every
+side is a fresh interpreter (this one, ``sys.executable``, with ``src`` on PYTHONPATH),
+the sides alternating round by round in rotating order so machine drift hits them all;
+each figure is the median over the rounds of the process's CPU time (user + system):
+
+- ``--help``, ``call --help``, ``audit --help``: ``python -m nexus_mcp ...`` beside the
+  interpreter doing nothing (``python -c pass``), and beside building every command's
+  parser in full (``build_parser()``: what any ``--help`` imported before issue 29);
+- ``serve --transport stdio`` to ready: started, ``initialize`` answered and
+  ``notifications/initialized`` sent (``servers.stdio_server``), its CPU read from
+  ``/proc`` at that moment, beside ``bare_server.py`` (bare FastMCP, one tool) the same
+  way; its resident memory at ready is reported beside the bare server's too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from results import Row, progress, report
+from servers import ServerSpec, bench_workspace, child_env, stdio_server
+
+NAME = "bench_startup"
+ONE_SHOT_TARGET_S = 0.5  # issue 29: `--help` and `call --help` within half a second of CPU
+BASELINE = "python -c pass"
+FULL_PARSER = "every parser built"
+
+ONE_SHOTS: dict[str, list[str]] = {
+    BASELINE: ["-c", "pass"],
+    FULL_PARSER: ["-c", "from nexus_mcp.cli import build_parser; build_parser()"],
+    "nexus-mcp --help": ["-m", "nexus_mcp", "--help"],
+    "nexus-mcp call --help": ["-m", "nexus_mcp", "call", "--help"],
+    "nexus-mcp audit --help": ["-m", "nexus_mcp", "audit", "--help"],
+}
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def one_shot_cpu(args: list[str]) -> float:
+    """CPU seconds of one fresh ``python ARGS`` run to its end (waited for, so counted)."""
+    before = children_cpu()
+    done = subprocess.run(
+        [sys.executable, *args], env=child_env(), capture_output=True, check=False, timeout=120
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{args} exited {done.returncode}: {done.stderr.decode()[-400:]}")
+    return children_cpu() - before
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def serve_to_ready(spec: ServerSpec, logs: Path) -> tuple[float, float, float]:
+    """CPU seconds, wall seconds and resident MiB of one stdio server at ready."""
+    start = time.perf_counter()
+    async with stdio_server(spec, logs) as (running, _session):
+        wall = time.perf_counter() - start
+        return running.cpu_seconds(), wall, rss_mib(running.pid)
+
+
+def rotated(items: list[str], number: int) -> list[str]:
+    shift = number % len(items)
+    return items[shift:] + items[:shift]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    cpu: dict[str, list[float]] = {name: [] for name in ONE_SHOTS}
+    served: dict[str, list[tuple[float, float, float]]] = {"nexus": [], "equal": []}
+    with bench_workspace() as (root, workspace, logs):
+        specs = {
+            kind: ServerSpec(f"{kind}-{kind}", kind, workspace, root / f"data-{kind}")
+            for kind in served
+        }
+        for number in range(args.rounds):
+            progress(NAME, f"round {number + 1}/{args.rounds}")
+            for name in rotated(list(ONE_SHOTS), number):
+                cpu[name].append(one_shot_cpu(ONE_SHOTS[name]))
+            for kind in rotated(list(served), number):
+                served[kind].append(asyncio.run(serve_to_ready(specs[kind], logs)))
+    report(NAME, rows(cpu, served))
+
+
+def rows(
+    cpu: dict[str, list[float]], served: dict[str, list[tuple[float, float, float]]]
+) -> list[Row]:
+    median: Callable[[list[float]], float] = statistics.median
+    base = median(cpu[BASELINE]) * 1e3
+    full = median(cpu[FULL_PARSER]) * 1e3
+    targeted = ("nexus-mcp --help", "nexus-mcp call --help")
+    out = [
+        Row(measure=f"{name}, CPU", baseline=BASELINE, baseline_value=base,
+            value=median(cpu[name]) * 1e3, unit="ms",
+            target_kind="value_max" if name in targeted else "none",
+            target=ONE_SHOT_TARGET_S * 1e3 if name in targeted else None)
+        for name in ONE_SHOTS
+        if name.startswith("nexus-mcp")
+    ]  # fmt: skip
+    out.append(
+        Row(measure="nexus-mcp --help, CPU, beside its cost before issue 29",
+            baseline=f"{FULL_PARSER}, as every --help did", baseline_value=full,
+            value=median(cpu["nexus-mcp --help"]) * 1e3, unit="ms")
+    )  # fmt: skip
+    nexus, bare = served["nexus"], served["equal"]
+    out += [
+        Row(measure="serve --transport stdio to ready, CPU", baseline="bare FastMCP server",
+            baseline_value=median([c for c, _, _ in bare]) * 1e3,
+            value=median([c for c, _, _ in nexus]) * 1e3, unit="ms",
+            note=f"wall {median([w for _, w, _ in nexus]):.2f} s vs "
+            f"{median([w for _, w, _ in bare]):.2f} s bare"),
+        Row(measure="serve --transport stdio at ready, resident memory",
+            baseline="bare FastMCP server", baseline_value=median([r for _, _, r in bare]),
+            value=median([r for _, _, r in nexus]), unit="MiB"),
+    ]  # fmt: skip
+    return out
+
+
+if __name__ == "__main__":
+    main()
