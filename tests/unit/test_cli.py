@@ -152,12 +152,14 @@ print(" ".join(sys.modules), file=sys.stderr)
 
 
 def modules_loaded_by(*argv: str) -> set[str]:
-    """The modules a fresh interpreter has imported after `nexus-mcp ARGV`."""
+    """The modules a fresh interpreter has imported after `nexus-mcp ARGV` (stdin empty)."""
     src = str(Path(__file__).resolve().parents[2] / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEXUS_MCP_")}
+    env["PYTHONPATH"] = os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-c", PROBE, *argv],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+        stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return set(done.stderr.split())
@@ -178,6 +180,24 @@ def test_a_command_loads_only_its_own_module() -> None:
     assert "nexus_mcp.commands.call" in modules
     others = {module for module, _ in COMMANDS.values()} - {"nexus_mcp.commands.call"}
     assert sorted(modules & others) == []
+
+
+def test_a_stdio_server_starts_without_the_http_front_door_or_the_console(
+    tmp_path: Path,
+) -> None:
+    """OAuth (FastMCP's proxies and their stores) and the console serve HTTP only."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    modules = modules_loaded_by(
+        "serve", "--transport", "stdio", "--mode", "dev", "--workspace", str(workspace),
+        "--data-dir", str(tmp_path / "data"), "--log-level", "ERROR",
+    )  # fmt: skip
+    assert "nexus_mcp.server.build" in modules  # the server was built (and stdin's EOF ended it)
+    loaded = sorted(
+        name for name in modules
+        if name.startswith(("nexus_mcp.identity.oauth", "nexus_mcp.console", "jinja2"))
+    )  # fmt: skip
+    assert loaded == []
 
 
 def test_top_level_help_is_the_same_built_lazily_or_in_full() -> None:

@@ -19,7 +19,6 @@ from pydantic import BaseModel
 from nexus_mcp._version import __version__
 from nexus_mcp.book import Listing, ToolBook
 from nexus_mcp.connector import Connector
-from nexus_mcp.console.app import add_console_routes
 from nexus_mcp.contracts import ToolContract, build_arguments_model, contract_of
 from nexus_mcp.enforcement import RegistryConnectorCheck, RegistryEnforcer, ToolCallRecordCheck
 from nexus_mcp.errors import ConfigError
@@ -27,7 +26,6 @@ from nexus_mcp.fixtures.integrity import resolve_fixture_key
 from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
 from nexus_mcp.fixtures.store import FixtureWriter
 from nexus_mcp.identity.access import GrantedTools
-from nexus_mcp.identity.oauth import build_front_door
 from nexus_mcp.identity.resolver import (
     check_launch_settings,
 )
@@ -72,7 +70,6 @@ from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
-from nexus_mcp.server.console import console_services
 from nexus_mcp.server.health import operator_token
 from nexus_mcp.server.listen import add_listen_handler
 from nexus_mcp.server.notify import ChangeNotifier
@@ -187,7 +184,13 @@ def _build_server(
             "or auth.oidc_proxy, docs/oauth.md)"
         )
     # Before any state opens: discovery and the provider's configuration may stop start-up.
-    front_door = build_front_door(settings, environ) if settings.transport == "http" else None
+    front_door = None
+    if settings.transport == "http":
+        # Imported for HTTP only: the OAuth stack (FastMCP's proxies, their key-value
+        # stores) and the console's templates cost a stdio server a second to start.
+        from nexus_mcp.identity.oauth import build_front_door
+
+        front_door = build_front_door(settings, environ)
     check_launch_settings(settings)  # before any state is created; build_identity decides
     write_policies = load_write_policies(sections, settings, source=config_file)
     replaying = settings.replay is not None
@@ -474,6 +477,9 @@ def _build_server(
     add_metrics_route(mcp, runtime)
     add_approval_routes(mcp, runtime)
     if settings.transport == "http" and settings.console.enabled:
+        from nexus_mcp.console.app import add_console_routes
+        from nexus_mcp.server.console import console_services
+
         add_console_routes(mcp, console_services(runtime, environ))
     log.info(
         "server_built",

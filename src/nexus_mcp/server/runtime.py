@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastmcp import FastMCP
 from fastmcp.server.auth import AuthProvider
@@ -17,7 +17,6 @@ from nexus_mcp.connector import Connector
 from nexus_mcp.enforcement import RegistryEnforcer
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.identity.access import GrantedTools
-from nexus_mcp.identity.oauth import FrontDoor
 from nexus_mcp.identity.resolver import (
     IdentityResolver,
     build_identity,
@@ -54,6 +53,9 @@ from nexus_mcp.stores.idempotency import IdempotencyStore
 from nexus_mcp.stores.nonces import NonceStore
 from nexus_mcp.workspace.files import Workspace
 from nexus_mcp.workspace.replay import LexicalPaths
+
+if TYPE_CHECKING:
+    from nexus_mcp.identity.oauth import FrontDoor  # HTTP only; imported there
 
 log = get_logger(__name__)
 # The audit outcome of a call the HTTP layer answered 403 insufficient_scope.

@@ -16,7 +16,6 @@ from pydantic import SecretStr
 
 from nexus_mcp.contracts import ToolContract
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.identity.oauth import build_front_door
 from nexus_mcp.identity.resolver import (
     HTTP_TRANSPORTS,
     IdentityResolver,
@@ -100,6 +99,8 @@ def build_verifier(
 
     FastMCP's verifiers and OAuth providers, configured by ``identity/oauth.py``.
     """
+    from nexus_mcp.identity.oauth import build_front_door  # HTTP only: the OAuth stack
+
     return build_front_door(settings, os.environ if environ is None else environ).provider
 
 
