@@ -43,7 +43,9 @@ NEXUS_BUDGETS_ENV = {
     "NEXUS_MCP_BUDGETS__MAX_CALLS_PER_SESSION": str(10**9),
 }
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_BANNER_PREFIXES = ("nexus-mcp ", "workspace: ", "client config", "dev mode: ")
+_BANNER_PREFIXES = (
+    "nexus-mcp ", "workspace: ", "client config", "dev mode: ", "operator console: ",
+)  # fmt: skip
 
 
 class RpcError(Exception):

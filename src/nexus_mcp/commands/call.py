@@ -45,6 +45,9 @@ EXIT_TOOL_ERROR = 1
 EXIT_USAGE = 2
 
 TEXT_PAIR = "="
+# The marker a server sets on a replayed result: calls.META_REPLAYED, spelled out here so a
+# one-shot call does not import the server's call state (test_call_cli pins the two equal).
+META_REPLAYED = "nexus.mcp/idempotent_replay"
 # The printed result of a replay is the first call's, byte for byte; say so where a person
 # sees it without changing what a script reads.
 REPLAY_NOTE = (
@@ -134,8 +137,6 @@ def run_call(args: argparse.Namespace) -> int:
 
 def is_replay(result: dict[str, Any]) -> bool:
     """Whether the server answered a retry with the recorded result of an earlier call."""
-    from nexus_mcp.calls import META_REPLAYED
-
     return (result.get("_meta") or {}).get(META_REPLAYED) is True
 
 
