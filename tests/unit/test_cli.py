@@ -175,6 +175,16 @@ def test_help_imports_no_server_stack(argv: list[str]) -> None:
     assert sorted(loaded.intersection(HEAVY_MODULES)) == []
 
 
+def test_a_one_shot_call_runs_without_the_mcp_sdk_or_fastmcp() -> None:
+    """`call` speaks MCP over httpx2 itself: the SDK's import alone is seconds of CPU."""
+    modules = modules_loaded_by(
+        "call", "--url", "http://127.0.0.1:9/mcp", "--timeout", "5", "nexus_read_file"
+    )
+    assert "nexus_mcp.commands.call_client" in modules  # it did try to call
+    loaded = {name.split(".")[0] for name in modules}
+    assert sorted(loaded & {"fastmcp", "mcp", "mcp_types", "pydantic", "structlog"}) == []
+
+
 def test_a_command_loads_only_its_own_module() -> None:
     modules = modules_loaded_by("call", "--help")
     assert "nexus_mcp.commands.call" in modules

@@ -27,18 +27,18 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from nexus_mcp.commands.call_client import CallFailure
 
 ENV_URL = "NEXUS_MCP_URL"
 ENV_TOKEN = "NEXUS_MCP_TOKEN"  # noqa: S105 - the variable's name, not a token
 DEFAULT_URL = "http://127.0.0.1:8765/mcp"  # what `make run` serves
 DEFAULT_TIMEOUT_SECONDS = 60.0
 MAX_SERVER_MESSAGE_CHARS = 200  # a JSON-RPC error message is shown, cut to one short line
-HTTP_ERROR_STATUS = 400
 AUTH_STATUSES = (401, 403)
-# What the MCP SDK says for an HTTP error status it does not map (the status itself is lost).
-SDK_FALLBACK_MESSAGE = "Server returned an error response"
 
 EXIT_OK = 0
 EXIT_TOOL_ERROR = 1
@@ -160,61 +160,35 @@ async def call_tool(
     timeout: float,
 ) -> dict[str, Any]:
     """One ``tools/call`` over streamable HTTP; the result as the JSON a client receives."""
-    # Imported here: the client stack costs a second at start-up that no other command needs.
+    # Imported here: `call --help` needs neither the event loop nor the HTTP client.
     import asyncio
 
-    import httpx2
-    from fastmcp import Client
-    from fastmcp.client.transports import StreamableHttpTransport
-    from mcp.shared._httpx_utils import create_mcp_http_client
-
-    # The SDK turns most HTTP error statuses into a generic JSON-RPC error, or raises the
-    # status, depending on which request fails first; the statuses seen on the wire say
-    # what happened either way (a 401 is a token problem, whichever path reports it).
-    statuses: list[int] = []
-
-    async def record_status(response: httpx2.Response) -> None:
-        if response.status_code >= HTTP_ERROR_STATUS:
-            statuses.append(response.status_code)
-
-    def http_client(
-        headers: dict[str, str] | None = None,
-        timeout: httpx2.Timeout | None = None,
-        auth: httpx2.Auth | None = None,
-        **_: Any,  # follow_redirects: the SDK follows same-origin redirects itself
-    ) -> httpx2.AsyncClient:
-        client = create_mcp_http_client(headers=headers, timeout=timeout, auth=auth)
-        client.event_hooks.setdefault("response", []).append(record_status)
-        return client
+    from nexus_mcp.commands.call_client import CallFailure, call_tool_over_http
 
     where = _safe_url(url)
-    transport = StreamableHttpTransport(url, auth=token, httpx_client_factory=http_client)
     try:
         async with asyncio.timeout(timeout):
-            async with Client(transport) as client:
-                result = await client.call_tool_mcp(tool, arguments, meta=meta, timeout=timeout)
+            return await call_tool_over_http(url, token, tool, arguments, meta, timeout)
     except TimeoutError:
         raise CallFailed(f"no answer from {where} within {timeout:g} s") from None
+    except CallFailure as failure:
+        raise CallFailed(_describe_failure(failure, where)) from None
     except Exception as exc:  # noqa: BLE001 - any failure to get a result is one line, exit 2
-        raise CallFailed(_describe_failure(exc, where, statuses)) from None
-    dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return dumped
+        raise CallFailed(f"cannot connect to {where} ({_root_cause(exc)})") from None
 
 
-def _describe_failure(exc: Exception, where: str, statuses: list[int]) -> str:
-    """One line for a call that got no result; never the exception's own text."""
-    from mcp.shared.exceptions import MCPError
-
-    status = statuses[0] if statuses else None
-    if status in AUTH_STATUSES:
-        return f"{where} answered HTTP {status} (check --token or {ENV_TOKEN})"
-    if isinstance(exc, MCPError) and exc.error.message != SDK_FALLBACK_MESSAGE:
+def _describe_failure(failure: CallFailure, where: str) -> str:
+    """One line for a call the server answered without a result; never the exception's text."""
+    if failure.status in AUTH_STATUSES:
+        return f"{where} answered HTTP {failure.status} (check --token or {ENV_TOKEN})"
+    if failure.status is not None:
+        return f"{where} answered HTTP {failure.status}"
+    if failure.error is not None:
         # The server's own JSON-RPC error: its message is meant for the client.
-        message = " ".join(str(exc.error.message).split())[:MAX_SERVER_MESSAGE_CHARS]
-        return f"{where} answered with error {exc.error.code}: {message}"
-    if status is not None:
-        return f"{where} answered HTTP {status}"
-    return f"cannot connect to {where} ({_root_cause(exc)})"
+        message = " ".join(str(failure.error.get("message", "")).split())
+        code = failure.error.get("code")
+        return f"{where} answered with error {code}: {message[:MAX_SERVER_MESSAGE_CHARS]}"
+    return f"{where} did not answer as an MCP server"
 
 
 def result_to_output(result: dict[str, Any], *, full: bool) -> Any:
