@@ -167,8 +167,12 @@ def modules_loaded_by(*argv: str) -> set[str]:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["--version"], ["call", "--help"], ["audit", "--help"], ["audit", "tail", "-h"]],
-)
+    [
+        ["--help"], ["--version"], ["call", "--help"], ["audit", "--help"], ["audit", "tail", "-h"],
+        ["console", "--help"], ["state", "--help"], ["state", "import", "-h"], ["init", "--help"],
+        ["install", "--help"],
+    ],
+)  # fmt: skip
 def test_help_imports_no_server_stack(argv: list[str]) -> None:
     loaded = {name.split(".")[0] for name in modules_loaded_by(*argv)}
     assert "nexus_mcp" in loaded  # the probe did run the command line

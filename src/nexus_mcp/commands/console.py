@@ -19,11 +19,13 @@ import getpass
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.settings import Settings, load_settings
+
+if TYPE_CHECKING:  # settings are loaded by the functions that run: `console --help` skips them
+    from nexus_mcp.settings import Settings
 
 DEFAULT_PORT = 8766
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -51,6 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from nexus_mcp.settings import load_settings
+
     config = args.config or os.environ.get("NEXUS_MCP_CONFIG")
     return load_settings(
         Path(config) if config else None,

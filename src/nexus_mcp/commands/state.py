@@ -22,12 +22,13 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.errors import ConfigError, InvalidInputError, NexusError
-from nexus_mcp.settings import Settings, load_settings
-from nexus_mcp.stores.grants import SqliteTupleStore, TupleStore, check_text, parse_export
-from nexus_mcp.stores.locations import grants_path, prepare_state
+
+if TYPE_CHECKING:  # settings and stores are imported by the functions that run
+    from nexus_mcp.settings import Settings
+    from nexus_mcp.stores.grants import TupleStore
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -79,6 +80,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     config = args.config or (
         Path(os.environ["NEXUS_MCP_CONFIG"]) if os.environ.get("NEXUS_MCP_CONFIG") else None
     )
+    from nexus_mcp.settings import load_settings
+
     return load_settings(config, {"data_dir": args.data_dir}, flags={"data_dir": "--data-dir"})
 
 
@@ -167,6 +170,9 @@ def _open(settings: Settings, backend: str) -> tuple[TupleStore, Callable[[], No
         from nexus_mcp.stores.backends import open_shared_grants
 
         return open_shared_grants(settings, os.environ)
+    from nexus_mcp.stores.grants import SqliteTupleStore
+    from nexus_mcp.stores.locations import grants_path, prepare_state
+
     prepare_state(settings)
     store = SqliteTupleStore(grants_path(settings))
     return store, store.close
@@ -220,6 +226,8 @@ def run_import(args: argparse.Namespace) -> int:
 
 def _read_export(path: Path) -> list[Mapping[str, Any]]:
     """The zones of an export, checked whole before anything is written."""
+    from nexus_mcp.stores.grants import check_text, parse_export
+
     try:
         if str(path) == "-":
             raw = sys.stdin.buffer.read(MAX_IMPORT_BYTES + 1)
