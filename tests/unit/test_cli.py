@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nexus_mcp.cli import COMMANDS, build_parser, command_in, main
-from nexus_mcp.settings import SERVE_OPTIONS
+from nexus_mcp.policy.serve_flags import SERVE_OPTIONS
 from tests.support.logging_state import isolated_logging
 
 
@@ -170,7 +170,7 @@ def modules_loaded_by(*argv: str) -> set[str]:
     [
         ["--help"], ["--version"], ["call", "--help"], ["audit", "--help"], ["audit", "tail", "-h"],
         ["console", "--help"], ["state", "--help"], ["state", "import", "-h"], ["init", "--help"],
-        ["install", "--help"],
+        ["install", "--help"], ["serve", "--help"],
     ],
 )  # fmt: skip
 def test_help_imports_no_server_stack(argv: list[str]) -> None:

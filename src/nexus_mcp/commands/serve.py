@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.observability.logs import LOG_FORMATS, configure_logging
-from nexus_mcp.policy.config_errors import format_problems, split_problems
-from nexus_mcp.settings import ENV_PREFIX, SERVE_FLAGS, SERVE_OPTIONS, load_settings
+from nexus_mcp.policy.serve_flags import SERVE_FLAGS, SERVE_OPTIONS
 
 
 def add_parser(subparsers: Any) -> None:
@@ -49,7 +46,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `serve --help` needs none of them.
+    import asyncio
+
+    from nexus_mcp.observability.logs import LOG_FORMATS, configure_logging
+    from nexus_mcp.policy.config_errors import format_problems, split_problems
     from nexus_mcp.server.build import build_server
+    from nexus_mcp.settings import ENV_PREFIX, load_settings
     from nexus_mcp.transport.serve import serve
 
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in SERVE_OPTIONS}
