@@ -170,7 +170,8 @@ def modules_loaded_by(*argv: str) -> set[str]:
     [
         ["--help"], ["--version"], ["call", "--help"], ["audit", "--help"], ["audit", "tail", "-h"],
         ["console", "--help"], ["state", "--help"], ["state", "import", "-h"], ["init", "--help"],
-        ["install", "--help"], ["serve", "--help"],
+        ["install", "--help"], ["serve", "--help"], ["fixtures", "--help"],
+        ["fixtures", "list", "-h"],
     ],
 )  # fmt: skip
 def test_help_imports_no_server_stack(argv: list[str]) -> None:

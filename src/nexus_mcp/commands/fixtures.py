@@ -23,15 +23,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.fixtures.integrity import resolve_fixture_key
-from nexus_mcp.fixtures.lines import KIND_CALL, KIND_TOOL
-from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
-from nexus_mcp.fixtures.store import iter_lines, parse_line, prune, read_fixtures, scan_folder
-from nexus_mcp.settings import config_sections, load_settings
+
+if TYPE_CHECKING:  # the fixture store and settings are imported by the command that runs
+    from nexus_mcp.fixtures.secrets import SecretScanner
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -72,6 +70,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from nexus_mcp.fixtures.store import read_fixtures
+
     try:
         servers, problems = read_fixtures(args.directory)
     except ConfigError as exc:
@@ -111,7 +111,11 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     # Imported here: the composition root is heavy, and only verify needs this build.
+    from nexus_mcp.fixtures.lines import KIND_CALL, KIND_TOOL
+    from nexus_mcp.fixtures.secrets import SecretScanner, configured_secrets
+    from nexus_mcp.fixtures.store import iter_lines, parse_line, scan_folder
     from nexus_mcp.server.replay import check_recording
+    from nexus_mcp.settings import config_sections, load_settings
 
     config = _config_path(args)
     try:
@@ -194,6 +198,10 @@ def _findings_in(scanner: SecretScanner, line: dict[str, Any]) -> set[str]:
 
 
 def run_prune(args: argparse.Namespace) -> int:
+    from nexus_mcp.fixtures.integrity import resolve_fixture_key
+    from nexus_mcp.fixtures.store import prune
+    from nexus_mcp.settings import load_settings
+
     config = _config_path(args)
     try:
         settings = load_settings(config, {})
