@@ -64,7 +64,7 @@ def flow_gateway(
         tmp_path / "gw",
         [stdio_upstream(record=record, write_policy=write_policy or WRITE_POLICY)],
         grant={"full": all_up_tools()},
-        grant_items={"full": {"resources": ["notes", "up"]}},
+        grant_items={"full": {"resources": ["notes", "up"], "prompts": ["up_greet"]}},
         extra={"flow": {"policy": policy, "labels": labels or LABELS}, **extra},
     )
     assert gw.pin("up") == 0
@@ -276,6 +276,28 @@ async def test_an_unlabelled_upstreams_resource_is_a_private_and_untrusted_read(
     (change,) = taint_events(gw)
     assert change["resource_source"] == "up"
     assert change["facts"]["labels_added"] == ["reads_private", "reads_untrusted"]
+
+
+async def test_an_unlabelled_upstreams_prompt_is_a_private_and_untrusted_read(
+    tmp_path: Path,
+) -> None:
+    """A prompt's messages are the upstream's text: getting one taints like its resources."""
+    gw, record = flow_gateway(tmp_path)
+    async with Client(build(gw).mcp) as client:
+        assert await client.get_prompt("up_greet", {"name": "Ada"})
+        assert envelope_of(await egress(client))["code"] == "FLOW_DENIED"
+    assert calls_to(record, "write_note") == []
+    (change,) = taint_events(gw)
+    assert change["prompt"] == "up_greet"
+    assert change["facts"]["labels_added"] == ["reads_private", "reads_untrusted"]
+
+
+async def test_a_prompt_labelled_clean_taints_nothing(tmp_path: Path) -> None:
+    gw, _record = flow_gateway(tmp_path, labels={**LABELS, "up/*": []})
+    async with Client(build(gw).mcp) as client:
+        assert await client.get_prompt("up_greet", {"name": "Ada"})
+        assert not wire(await egress(client)).get("isError")
+    assert [e for e in taint_events(gw) if e.get("prompt")] == []
 
 
 # -- approve -------------------------------------------------------------------------

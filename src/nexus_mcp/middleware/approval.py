@@ -146,6 +146,18 @@ class ApprovalMiddleware(Middleware):
             if state.executed:  # past the grants: the read reached the resource
                 flow.record(state, flow.resource_labels(state))
 
+    async def on_get_prompt(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        flow, state = self.flow, current_call()
+        if flow is None or state is None:
+            return await call_next(context)
+        try:
+            return await call_next(context)
+        finally:
+            if state.executed:  # past the grants: the get reached the upstream's prompt
+                flow.record(state, flow.prompt_labels(state))
+
     async def _judged(
         self,
         context: MiddlewareContext[Any],

@@ -11,14 +11,16 @@ failed or timed out (conservative: an error result may still carry what it read)
 refused before it ran touches nothing. Each label new to the session is one audit event
 (``flow_taint_changed``: the labels added, the call and tool that added them).
 
-A resources/read that reached the resource taints the same way (``resource_labels``); it
-is never judged. Taint is keyed by (principal subject, session key):
-``stores/flow_taint.py``.
+A resources/read that reached the resource taints the same way (``resource_labels``), and
+so does a prompts/get of an upstream's prompt (``prompt_labels``); neither is judged.
+Taint is keyed by (principal subject, session key): ``stores/flow_taint.py``.
 """
 
 from __future__ import annotations
 
-from nexus_mcp.calls import RESOURCE_READ, CallState
+from collections.abc import Callable
+
+from nexus_mcp.calls import PROMPT_GET, RESOURCE_READ, CallState
 from nexus_mcp.errors import FlowDeniedError
 from nexus_mcp.observability.audit import AuditEvent, AuditLog
 from nexus_mcp.policy.flow import (
@@ -44,10 +46,19 @@ FLOW_TAINT_CHANGED = "flow_taint_changed"
 class FlowGuard:
     """The flow policy and the session taint store, for one server."""
 
-    def __init__(self, config: FlowConfig, store: TaintStore, audit: AuditLog) -> None:
+    def __init__(
+        self,
+        config: FlowConfig,
+        store: TaintStore,
+        audit: AuditLog,
+        *,
+        prompt_server: Callable[[str], str | None] = lambda name: None,
+    ) -> None:
         self.config = config
         self.store = store
         self.audit = audit
+        # The upstream server a prompt (by its exposed name) comes from, or None.
+        self.prompt_server = prompt_server
 
     def labels_of(self, state: CallState) -> frozenset[str]:
         """The labels of the tool this call really reaches."""
@@ -67,6 +78,17 @@ class FlowGuard:
         if source == NOTES_SOURCE:
             return frozenset({READS_PRIVATE})
         return labels_for(self.config, server_id=source, tool=WILDCARD) - {EGRESS}
+
+    def prompt_labels(self, state: CallState) -> frozenset[str]:
+        """What a prompts/get touches: an upstream's prompt carries its server's labels
+        (``server/*``, else all three in prod) without egress, as its resources do; its
+        messages are the upstream's text, rendered with the caller's arguments."""
+        if not self.config.enabled or state.prompt is None:
+            return NO_LABELS
+        server = self.prompt_server(state.prompt)
+        if server is None:
+            return NO_LABELS
+        return labels_for(self.config, server_id=server, tool=WILDCARD) - {EGRESS}
 
     def judge(self, state: CallState, labels: frozenset[str]) -> FlowHold | None:
         """Refuse (deny), hold (approve) or pass an egress call; others always pass."""
@@ -88,6 +110,8 @@ class FlowGuard:
         subject, session = _key(state)
         if state.resource_source is not None:
             tool = f"{state.resource_source}/{RESOURCE_READ}"
+        elif state.prompt is not None:
+            tool = f"{self.prompt_server(state.prompt)}/{PROMPT_GET}"
         elif state.server_id is not None and state.upstream_tool is not None:
             tool = f"{state.server_id}/{state.upstream_tool}"
         else:
@@ -106,6 +130,7 @@ class FlowGuard:
                 upstream_tool=state.upstream_tool,
                 resource_source=state.resource_source,
                 uri_sha256=state.uri_sha256,
+                prompt=state.prompt,
                 subject=principal.log_subject if principal is not None else None,
                 role=principal.effective_role if principal is not None else None,
                 session=state.session_key,

@@ -548,7 +548,12 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
                 secret_args=functools.partial(secret_args_of, runtime.book.contracts),
             ),
             flow=(
-                FlowGuard(runtime.flow, runtime.state.taint, runtime.audit_log)
+                FlowGuard(
+                    runtime.flow,
+                    runtime.state.taint,
+                    runtime.audit_log,
+                    prompt_server=functools.partial(prompt_server, runtime),
+                )
                 if runtime.flow.enabled
                 else None
             ),
@@ -561,6 +566,16 @@ def build_layers(runtime: Runtime, trail: AuditTrail) -> ChainLayers:
             ),
         ),
     )
+
+
+def prompt_server(runtime: Runtime, name: str) -> str | None:
+    """The upstream whose prompt ``name`` is (its ``name_prefix`` starts it; prefixes never
+    shadow each other), or None."""
+    upstreams = runtime.upstreams
+    if upstreams is None:
+        return None
+    owners = [s for s in upstreams.servers.values() if name.startswith(s.config.name_prefix)]
+    return max(owners, key=lambda s: len(s.config.name_prefix)).server_id if owners else None
 
 
 def repo_write_gates(runtime: Runtime) -> Mapping[str, WriteGate] | None:
