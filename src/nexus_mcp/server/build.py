@@ -306,6 +306,7 @@ def _build_server(
         mode=settings.mode,
         native_tools=native_contracts,
         upstream_ids=[server.server_id for server in upstream_config.servers],
+        upstream_tools=registry.tool_names(s.server_id for s in upstream_config.servers),
         source=config_file,
     )
     state = measure_state(

@@ -1,5 +1,5 @@
 """Issue 28, hostile: output scanning text crafted to hold the event loop, and secrets
-that must still be found next to it.
+that must still be found next to it; a flow label that silently labels nothing.
 
 Every scan runs on the server's event loop: a text that makes one detector quadratic
 stops every caller of the server, not just the one whose result it is. detect-secrets'
@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from nexus_mcp.errors import ConfigError
+from nexus_mcp.policy.flow import labels_for, load_flow_config
 from nexus_mcp.policy.secret_scan import SecretScanner, cut
 
 scanner = SecretScanner()
@@ -105,3 +107,29 @@ def test_the_npm_token_is_still_found_after_failing_starts_on_its_line() -> None
 def test_a_jwt_after_a_run_that_fails_is_still_found() -> None:
     text = "eyJeyJeyJnope eyJ-only-no-dot " + JWT
     assert JWT not in cut(text, scanner.spans(text))
+
+
+# -- flow labels -----------------------------------------------------------------------
+
+
+def test_a_label_key_with_the_prefixed_name_stops_start_up_instead_of_labelling_nothing() -> None:
+    # The operator wrote the name callers see (up_add), not the upstream's own (add): the
+    # key labelled nothing, so "up/*: []" gave the egress tool no label and no check.
+    section = {"labels": {"up/*": [], "up/up_add": ["egress"]}}
+    with pytest.raises(ConfigError) as caught:
+        load_flow_config(
+            section, mode="prod", upstream_ids=["up"], upstream_tools={"up": {"add", "echo"}}
+        )
+    message = str(caught.value)
+    assert "flow.labels.up/up_add" in message
+    assert "own name" in message
+
+
+def test_a_label_key_naming_a_registered_upstream_tool_still_loads() -> None:
+    loaded = load_flow_config(
+        {"labels": {"up/*": [], "up/add": ["egress"]}},
+        mode="prod",
+        upstream_ids=["up"],
+        upstream_tools={"up": {"add"}},
+    )
+    assert labels_for(loaded, server_id="up", tool="add") == frozenset({"egress"})
