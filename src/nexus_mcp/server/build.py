@@ -455,7 +455,9 @@ def _build_server(
         if settings.notes.backend == "local":
             # The notes as resources, read through the notes rules (providers/note_resources.py);
             # the canister hands over parsed notes, not files, so it serves none.
-            register_note_resources(mcp, vaults, max_bytes=settings.limits.max_read_bytes)
+            register_note_resources(
+                mcp, vaults, max_bytes=settings.limits.max_read_bytes, scanner=connector.scanner
+            )
     subscriptions: Subscriptions | None = None
     if upstreams is not None:
         upstreams.bind(book, runtime.access, runtime.targets)
