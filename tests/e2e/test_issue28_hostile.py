@@ -1,7 +1,7 @@
 """Issue 28, hostile, end to end: secrets an upstream puts where output scanning did not
 look (a resource link's URI, name, title and description; a content block's ``_meta``; an
-embedded resource's URI and ``_meta``), or in a native note read as a resource, never reach
-the client."""
+embedded resource's URI and ``_meta``), in a native note read as a resource, or in an
+upstream's progress message, never reach the client."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from fastmcp import Client
 from mcp.shared.exceptions import MCPError
 
@@ -18,6 +19,10 @@ from nexus_mcp.policy.secret_scan import marker
 from tests.unit.policy.test_secret_scan import GITHUB_TOKEN
 
 from .conftest import wire
+from .test_upstream_progress import Seen
+from .test_upstream_progress import call as progress_call
+from .test_upstream_progress import caller as progress_caller
+from .test_upstream_progress import gateway as progress_gateway
 from .upstream_harness import REPO, make_gateway
 
 LINKS_SCRIPT = REPO / "tests" / "support" / "links_upstream.py"
@@ -95,3 +100,28 @@ async def test_a_note_read_as_a_resource_is_scanned_like_the_notes_tools(
     server.close()
     assert GITHUB_TOKEN not in text
     assert GITHUB_TOKEN not in json.dumps(gw.events())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["redact", "refuse"])
+async def test_a_progress_message_is_scanned_before_it_is_relayed(
+    tmp_path: Path, mode: str
+) -> None:
+    # With forward.progress: messages, an upstream's progress text reached the caller
+    # unscanned while the same text in its result was redacted or withheld.
+    gw = progress_gateway(tmp_path, forward={"progress": "messages"})
+    raw = yaml.safe_load(gw.config_file.read_text())
+    raw["output_scanning"] = {"mode": mode}
+    gw.config_file.write_text(yaml.safe_dump(raw))
+    server = gw.build()
+    seen = Seen()
+    async with progress_caller(server, seen) as client:
+        await progress_call(client, seen, steps=2, delay=0.15, message=f"got {GITHUB_TOKEN}")
+    server.close()
+    assert [p["progress"] for p in seen.progress] == [1.0, 2.0]
+    assert GITHUB_TOKEN not in json.dumps(seen.progress, default=str)
+    messages = [p.get("message") for p in seen.progress]
+    if mode == "redact":
+        assert messages == [f"got {marker('github_token')}"] * 2
+    else:
+        assert messages == [None, None]  # withheld: the numbers still go
