@@ -89,7 +89,10 @@ class OutputScan:
         return scanned if decide(mode, findings, record) else texts
 
     def _content(self, blocks: list[ContentBlock], findings: Findings) -> list[ContentBlock]:
-        """Text blocks and embedded text resources redacted; every other block as it was."""
+        """Text blocks and embedded text resources redacted, and every other string a block
+        carries (a resource link's URI, name, title and description, an embedded resource's
+        URI, any ``_meta``): an upstream chooses them all, and a client shows or follows
+        them. Binary payloads (images, audio, blobs) pass as they are."""
         places: list[int] = []
         texts: list[str] = []
         for index, block in enumerate(blocks):
@@ -97,14 +100,45 @@ class OutputScan:
             if text is not None:
                 places.append(index)
                 texts.append(text)
-        if not texts:
-            return blocks
-        scanned = scan_texts(self.scanner, texts, findings)
         out = list(blocks)
-        for index, old, new in zip(places, texts, scanned, strict=True):
-            if new is not old:
-                out[index] = _with_text(blocks[index], new)
+        if texts:
+            scanned = scan_texts(self.scanner, texts, findings)
+            for index, old, new in zip(places, texts, scanned, strict=True):
+                if new is not old:
+                    out[index] = _with_text(blocks[index], new)
+        for index, block in enumerate(out):
+            out[index] = self._fields(block, findings)
         return out
+
+    def _fields(self, block: ContentBlock, findings: Findings) -> ContentBlock:
+        """``block`` with every string but its payload (``_PAYLOAD``) scanned."""
+        dumped = block.model_dump(mode="json", by_alias=True, exclude_none=True)
+        held = _without_payload(dumped)
+        scanned = scan_structured(self.scanner, held, findings)
+        if scanned is held:
+            return block
+        merged = {**dumped, **scanned}
+        if isinstance(scanned.get("resource"), dict):
+            merged["resource"] = {**dumped["resource"], **scanned["resource"]}
+        try:
+            return type(block).model_validate(merged)
+        except ValueError:
+            # A field redacted out of its shape (a URI that is no longer one): the block
+            # is withheld rather than passed on as it was.
+            kinds = ",".join(findings.kinds)
+            return TextContent(type="text", text=f"[REDACTED:{kinds}]")
+
+
+# What a block carries as its content (scanned as text, or binary) rather than about it.
+_PAYLOAD = frozenset({"type", "text", "data", "blob"})
+
+
+def _without_payload(dumped: dict[str, Any]) -> dict[str, Any]:
+    held = {k: v for k, v in dumped.items() if k not in _PAYLOAD}
+    resource = dumped.get("resource")
+    if isinstance(resource, dict):
+        held["resource"] = {k: v for k, v in resource.items() if k not in _PAYLOAD}
+    return held
 
 
 def _text_of(block: ContentBlock) -> str | None:

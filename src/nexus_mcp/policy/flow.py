@@ -179,13 +179,17 @@ def load_flow_config(
     mode: str,
     native_tools: Iterable[str] = (),
     upstream_ids: Iterable[str] = (),
+    upstream_tools: Mapping[str, Iterable[str]] | None = None,
     source: Path | None = None,
 ) -> FlowConfig:
     """Validate the ``flow`` section; a problem names its place, never the value given.
 
     A label key must name a native tool this build knows (``native_tools``; every tool
     of ``NATIVE_LABELS`` is known) or ``server/tool`` / ``server/*`` of a configured
-    upstream (``upstream_ids``).
+    upstream (``upstream_ids``). Where an upstream's registry is known (``upstream_tools``:
+    server id -> its registry's tool names, the upstream's own names), ``server/tool``
+    must name one of them: a key that names no tool (the exposed, prefixed name, a typo)
+    would label nothing, and leave the tool to ``server/*``, perhaps without ``egress``.
     """
     if raw is None:
         return FlowConfig(mode=mode)
@@ -198,11 +202,12 @@ def load_flow_config(
         raise refuse(problems_from(exc, FlowSection, prefix=here), source) from None
     known_native = {*NATIVE_LABELS, *native_tools}
     upstreams = set(upstream_ids)
+    registered = {sid: frozenset(names) for sid, names in (upstream_tools or {}).items()}
     problems: list[tuple[Loc, str]] = []
     labels: dict[str, frozenset[str]] = {}
     for key, given in section.labels.items():
         loc: Loc = (CONFIG_LOCATION, "labels", key)
-        words = _key_problem(key, known_native, upstreams)
+        words = _key_problem(key, known_native, upstreams, registered)
         if words is not None:
             problems.append((loc, problem_line("", render_key(loc), words)))
             continue
@@ -217,7 +222,9 @@ def load_flow_config(
     )
 
 
-def _key_problem(key: str, native: set[str], upstreams: set[str]) -> str | None:
+def _key_problem(
+    key: str, native: set[str], upstreams: set[str], registered: Mapping[str, frozenset[str]]
+) -> str | None:
     server, slash, tool = key.partition("/")
     if not slash:
         return None if key in native else "is not a native tool of this server"
@@ -225,6 +232,12 @@ def _key_problem(key: str, native: set[str], upstreams: set[str]) -> str | None:
         return "does not name a configured upstream (server/tool or server/*)"
     if tool != WILDCARD and not _TOOL_NAME_RE.fullmatch(tool):
         return "should be server/tool or server/* (a tool name is [A-Za-z0-9_.-], 1-128)"
+    names = registered.get(server)
+    if tool != WILDCARD and names is not None and tool not in names:
+        return (
+            "names no tool of that upstream's registry (server/tool takes the upstream's "
+            "own name for the tool, not the prefixed name callers see)"
+        )
     return None
 
 

@@ -102,6 +102,14 @@ class RegistrySet:
         registry = self.registries.get(server_id)
         return registry.lookup(tool_name) if registry is not None else None
 
+    def tool_names(self, server_ids: Iterable[str]) -> dict[str, frozenset[str]]:
+        """Each of ``server_ids`` that has a registry: the tool names it lists."""
+        return {
+            sid: frozenset(entry.tool_name for entry in reg.entries)
+            for sid in server_ids
+            if (reg := self.registries.get(sid)) is not None
+        }
+
     def summary(self) -> dict[str, dict[str, str]]:
         """``{server_id: {"server_version", "digest"}}`` for /readyz and audit events."""
         return {

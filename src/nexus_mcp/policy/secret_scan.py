@@ -32,6 +32,7 @@ scan's time on code.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -123,6 +124,23 @@ _MAX_WINDOWS = 256
 # Their tokens may run as long as their line: a URL's user and password, NPM's registry
 # line, a JWT.
 _LINE_WIDE = (BasicAuthDetector, NpmDetector, JwtTokenDetector)
+# detect-secrets' expressions that, tried at every start of theirs inside one run of their
+# characters, scan that run again each time: quadratic on a long line ("eyJ" or "//" a
+# hundred thousand times holds the event loop for minutes). A start inside the run an
+# attempt failed on cannot match either (each expression's match from there is one from the
+# earlier start too), so each run is tried once: the plugin's start word, and the run after
+# it (NPM's ``.``: the rest of the line; JWT's and OpenAI's token characters).
+_ONCE_PER_RUN: dict[type[BasePlugin], tuple[str, re.Pattern[str]]] = {
+    NpmDetector: ("//", re.compile(r"[^\n]*")),
+    JwtTokenDetector: ("eyJ", re.compile(r"[A-Za-z0-9_=-]*")),
+    OpenAIDetector: ("sk-", re.compile(r"[A-Za-z0-9_-]*")),
+}
+# How far before an entropy candidate its "line" reaches for detect-secrets' heuristics: a
+# line of a megabyte would be searched again for every candidate on it (quadratic).
+_LINE_LOOKBACK = 512
+# How many distinct found values of one detector are also searched for everywhere else in
+# the text (``_elsewhere``); the others are cut where they were matched.
+_MAX_SEARCHED_VALUES = 32
 
 
 def secret_slug(secret_type: str) -> str:
@@ -211,16 +229,17 @@ class SecretScanner:
             return list(self._whole_value(text, key)) if whole else []
         found: list[Span] = []
         folded_text: str | None = None
+        everywhere = [(0, len(text))]
         for plugin, gate, folded, kind in self._regex_plugins:
-            part = text
+            parts = everywhere
             if gate is not None:
                 if folded and folded_text is None:
                     folded_text = text.lower()
                 haystack = folded_text if folded and folded_text is not None else text
                 if len(text) > _WINDOWED_CHARS:
                     # One search per word finds both whether and where the gate opens.
-                    part = _windows(text, haystack, gate, isinstance(plugin, _LINE_WIDE))
-                    if not part:
+                    parts = _windows(text, haystack, gate, isinstance(plugin, _LINE_WIDE))
+                    if not parts:
                         continue
                 elif not any(word in haystack for word in gate):
                     continue
@@ -228,7 +247,7 @@ class SecretScanner:
                 if any(True for _ in plugin.analyze_string(text)):
                     found.extend(Span(m.start(), m.end(), kind) for m in _KEY_BLOCK.finditer(text))
                 continue
-            found.extend(_regex_spans(plugin, part, kind, text))
+            found.extend(_regex_spans(plugin, parts, kind, text))
         found.extend(self._entropy_spans(text))
         if whole:
             found.extend(self._whole_value(text, key))
@@ -247,6 +266,9 @@ class SecretScanner:
             # ``\"<value>\"`` would take the escape with it and break the JSON.
             value = match.group(2).rstrip("\\")
             if value in judged:
+                kind = found.get(value)
+                if kind is not None:  # this quoted occurrence of a found value
+                    yield Span(match.start(2), match.start(2) + len(value), kind)
                 continue
             judged.add(value)
             for plugin, charset, shortest, kind in self._candidates:
@@ -256,9 +278,9 @@ class SecretScanner:
                     and self._is_entropy_secret(plugin, value, text, match)
                 ):
                     found[value] = kind
+                    yield Span(match.start(2), match.start(2) + len(value), kind)
                     break
-        for value, kind in found.items():
-            yield from _occurrences(text, (value,), kind)
+        yield from _elsewhere(text, found)
 
     def _whole_value(self, value: str, key: str | None) -> Iterator[Span]:
         if not _WHOLE_VALUE_MIN_CHARS <= len(value) <= MAX_ENTROPY_CHARS:
@@ -281,11 +303,13 @@ class SecretScanner:
         # between members (``,`` and ``{``), or every value after any ``*_id`` key would
         # pass for an id.
         begin = match.start()
-        escaped = text.rfind("\\n", 0, begin)
+        low = max(0, begin - _LINE_LOOKBACK)
+        escaped = text.rfind("\\n", low, begin)
         start = max(
-            text.rfind("\n", 0, begin) + 1,
-            text.rfind(",", 0, begin) + 1,
-            text.rfind("{", 0, begin) + 1,
+            low,
+            text.rfind("\n", low, begin) + 1,
+            text.rfind(",", low, begin) + 1,
+            text.rfind("{", low, begin) + 1,
             escaped + 2 if escaped >= 0 else 0,
         )
         line = text[start : match.end()]
@@ -306,9 +330,11 @@ class SecretScanner:
         return not _is_digest(value, line)
 
 
-def _windows(text: str, haystack: str, gate: tuple[str, ...], line_wide: bool) -> str:
-    """The parts of a long ``text`` where the plugin's gate words stand, joined by newlines
-    (no plugin's token spans a line): each occurrence's line, cut to ``_WINDOW`` characters
+def _windows(
+    text: str, haystack: str, gate: tuple[str, ...], line_wide: bool
+) -> list[tuple[int, int]]:
+    """The parts (start, end) of a long ``text`` where the plugin's gate words stand (no
+    plugin's token spans a line): each occurrence's line, cut to ``_WINDOW`` characters
     either side unless the plugin's token may be as long as its line. A word in most of the
     text hands back the whole text."""
     bounds: list[tuple[int, int]] = []
@@ -316,7 +342,7 @@ def _windows(text: str, haystack: str, gate: tuple[str, ...], line_wide: bool) -
         found = haystack.find(word)
         while found >= 0:
             if len(bounds) > _MAX_WINDOWS:
-                return text
+                return [(0, len(text))]
             start = text.rfind("\n", 0, found) + 1
             end = text.find("\n", found)
             end = len(text) if end < 0 else end
@@ -331,10 +357,12 @@ def _windows(text: str, haystack: str, gate: tuple[str, ...], line_wide: bool) -
             merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
         else:
             merged.append((start, end))
-    return "\n".join(text[start:end] for start, end in merged)
+    return merged
 
 
-def _regex_spans(plugin: BasePlugin, part: str, kind: str, text: str) -> Iterator[Span]:
+def _regex_spans(
+    plugin: BasePlugin, parts: list[tuple[int, int]], kind: str, text: str
+) -> Iterator[Span]:
     """The spans of the plugin's own expressions (its ``denylist``), with its own checks.
 
     detect-secrets reports a match's groups when its expression has any; that is the secret
@@ -344,25 +372,53 @@ def _regex_spans(plugin: BasePlugin, part: str, kind: str, text: str) -> Iterato
     before the signature; the span runs on over it."""
     grouped = isinstance(plugin, _GROUPED)
     jwt = isinstance(plugin, JwtTokenDetector)
-    values: set[str] = set()
+    values: dict[str, str] = {}
     for regex in plugin.denylist:  # type: ignore[attr-defined]
-        for match in regex.finditer(part):
-            if grouped and match.re.groups:
-                # A placeholder (``user:...@host``, ``:<password>@``, ``${PASS}``) is none.
-                values.update(
-                    g
-                    for g in match.groups()
-                    if g and not is_not_alphanumeric_string(g) and not is_templated_secret(g)
-                )
-            elif jwt:
-                end = _JWT_TAIL.match(part, match.end())
-                token = part[match.start() : end.end() if end else match.end()]
-                if JwtTokenDetector.is_formally_valid(token):
-                    values.add(token)
-            else:
-                values.add(match.group(0))
+        for low, high in parts:
+            for match in _finditer(plugin, regex, text, low, high):
+                if grouped and match.re.groups:
+                    # A placeholder (``user:...@host``, ``:<password>@``, ``${PASS}``) is none.
+                    for index, group in enumerate(match.groups(), start=1):
+                        if (
+                            group
+                            and not is_not_alphanumeric_string(group)
+                            and not is_templated_secret(group)
+                        ):
+                            values[group] = kind
+                            yield Span(match.start(index), match.end(index), kind)
+                elif jwt:
+                    tail = _JWT_TAIL.match(text, match.end(), high)
+                    end = tail.end() if tail else match.end()
+                    token = text[match.start() : end]
+                    if JwtTokenDetector.is_formally_valid(token):
+                        values[token] = kind
+                        yield Span(match.start(), end, kind)
+                else:
+                    values[match.group(0)] = kind
+                    yield Span(match.start(), match.end(), kind)
     # Every occurrence of a found value goes, wherever else it stands in the text.
-    yield from _occurrences(text, values, kind)
+    yield from _elsewhere(text, values)
+
+
+def _finditer(
+    plugin: BasePlugin, regex: re.Pattern[str], text: str, low: int, high: int
+) -> Iterator[re.Match[str]]:
+    """``regex.finditer(text, low, high)``, each run tried once where the plugin is
+    ``_ONCE_PER_RUN``."""
+    once = _ONCE_PER_RUN.get(type(plugin))
+    if once is None:
+        yield from regex.finditer(text, low, high)
+        return
+    word, run = once
+    position = low
+    while (start := text.find(word, position, high)) >= 0:
+        match = regex.match(text, start, high)
+        if match is not None:
+            yield match
+            position = max(match.end(), start + 1)
+        else:
+            after = run.match(text, start + len(word), high)
+            position = after.end() if after is not None else start + 1
 
 
 def _is_digest(value: str, line: str) -> bool:
@@ -375,8 +431,12 @@ def _is_digest(value: str, line: str) -> bool:
     return _SECRET_WORD.search(before) is None
 
 
-def _occurrences(text: str, values: Iterable[str], kind: str) -> Iterator[Span]:
-    for value in values:
+def _elsewhere(text: str, found: dict[str, str]) -> Iterator[Span]:
+    """Every other occurrence of the first ``_MAX_SEARCHED_VALUES`` found values (value ->
+    kind), wherever it stands: one search of the whole text per value, so a text holding
+    thousands of tokens (each already cut where it was matched) is not searched thousands
+    of times (quadratic)."""
+    for value, kind in itertools.islice(found.items(), _MAX_SEARCHED_VALUES):
         if not value:
             continue
         start = text.find(value)

@@ -14,7 +14,9 @@ layer sends it as the envelope of a ``resources/read`` (``envelope.to_request_er
 
 A content is the file's bytes as stored: text when they are UTF-8 (so its UTF-8 encoding is
 those bytes), else a blob; ``mimeType`` is ``text/markdown`` and ``_meta["nexus/sha256"]``
-the sha256 of those bytes.
+the sha256 of those bytes. A text is scanned for secrets first, as the notes tools' results
+are (output scanning, server ``nexus``): redacted (the hash then of the text delivered),
+refused (``OUTPUT_DENIED``) or audited.
 
 No listing: ``resources/list`` would walk a whole vault on every page (FastMCP pages after
 listing everything), per principal, for vaults of tens of thousands of notes; the file
@@ -35,12 +37,14 @@ from fastmcp.exceptions import ResourceError
 from fastmcp.resources import ResourceContent, ResourceResult, ResourceTemplate
 
 from nexus_mcp.calls import current_principal
+from nexus_mcp.connector import ResultScanner
 from nexus_mcp.errors import NexusError, UpstreamError
 from nexus_mcp.notes.backends import NOT_FOUND_STATUS, NoteFileReader
 from nexus_mcp.notes.paths import PATH_SEPARATOR, normalize_note_path
 from nexus_mcp.notes.vaults import VaultRouter
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.hashing import sha256_hex
+from nexus_mcp.policy.output_scanning import NATIVE_SERVER_ID
 
 TOOLSET = "notes"
 NOTES_URI_PREFIX = "nexus://notes/"
@@ -63,9 +67,12 @@ class NoteResourceTemplate(ResourceTemplate):
 
     _vaults: VaultRouter | None = None
     _max_bytes: int = 0
+    _scanner: ResultScanner | None = None
 
     @classmethod
-    def build(cls, vaults: VaultRouter, *, max_bytes: int) -> NoteResourceTemplate:
+    def build(
+        cls, vaults: VaultRouter, *, max_bytes: int, scanner: ResultScanner | None = None
+    ) -> NoteResourceTemplate:
         template = cls(
             uri_template=NOTES_URI_TEMPLATE,
             name="note",
@@ -86,6 +93,7 @@ class NoteResourceTemplate(ResourceTemplate):
         )
         template._vaults = vaults
         template._max_bytes = max_bytes
+        template._scanner = scanner
         return template
 
     def matches(self, uri: str) -> dict[str, Any] | None:
@@ -102,7 +110,13 @@ class NoteResourceTemplate(ResourceTemplate):
         try:
             data = await self._read_note(params.get("path"))
             size = len(data)
-            return ResourceResult([to_note_content(data)])
+            content = to_note_content(data)
+            if self._scanner is not None and isinstance(content.content, str):
+                # The same note through a notes tool is scanned: so is it here.
+                (text,) = self._scanner.texts(NATIVE_SERVER_ID, self.name, [content.content])
+                if text is not content.content:
+                    content = to_note_content(text.encode("utf-8", "surrogatepass"))
+            return ResourceResult([content])
         except NexusError as exc:
             error = exc
             # FastMCP logs a resource's own exception as an error with its traceback; a
@@ -168,9 +182,9 @@ def to_log_record(elapsed_s: float, size: int | None, error: NexusError | None) 
 
 
 def register_note_resources(
-    mcp: FastMCP[Any], vaults: VaultRouter, *, max_bytes: int
+    mcp: FastMCP[Any], vaults: VaultRouter, *, max_bytes: int, scanner: ResultScanner | None = None
 ) -> NoteResourceTemplate:
-    template = NoteResourceTemplate.build(vaults, max_bytes=max_bytes)
+    template = NoteResourceTemplate.build(vaults, max_bytes=max_bytes, scanner=scanner)
     mcp.add_template(template)
     return template
 

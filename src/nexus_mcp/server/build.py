@@ -309,6 +309,7 @@ def _build_server(
         mode=settings.mode,
         native_tools=native_contracts,
         upstream_ids=[server.server_id for server in upstream_config.servers],
+        upstream_tools=registry.tool_names(s.server_id for s in upstream_config.servers),
         source=config_file,
     )
     state = measure_state(
@@ -457,7 +458,9 @@ def _build_server(
         if settings.notes.backend == "local":
             # The notes as resources, read through the notes rules (providers/note_resources.py);
             # the canister hands over parsed notes, not files, so it serves none.
-            register_note_resources(mcp, vaults, max_bytes=settings.limits.max_read_bytes)
+            register_note_resources(
+                mcp, vaults, max_bytes=settings.limits.max_read_bytes, scanner=connector.scanner
+            )
     subscriptions: Subscriptions | None = None
     if upstreams is not None:
         upstreams.bind(book, runtime.access, runtime.targets)

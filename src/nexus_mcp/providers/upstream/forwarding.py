@@ -26,9 +26,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 
 from nexus_mcp.calls import CallState
+from nexus_mcp.connector import Connector
+from nexus_mcp.errors import OutputDeniedError
 from nexus_mcp.policy.upstreams import UpstreamConfig
 from nexus_mcp.principal import Principal
-from nexus_mcp.providers.upstream.progress import ProgressRelay, ignore_progress, progress_relay
+from nexus_mcp.providers.upstream.progress import (
+    MessageScan,
+    ProgressRelay,
+    ignore_progress,
+    progress_relay,
+)
 from nexus_mcp.providers.upstream.relay import (
     Caller,
     caller_context,
@@ -53,6 +60,7 @@ class Forwarding:
     state: str
     _reconnect: asyncio.Task[None] | None
     _sessions: dict[SessionKey, UpstreamSession]
+    connector: Connector | None
 
     if TYPE_CHECKING:  # defined by ``UpstreamServer`` and ``CallerCredentials``
 
@@ -99,7 +107,9 @@ class Forwarding:
         credential = await self.caller_credential(key, principal)  # never the caller's own
         caller = caller_context()
         # One relay across retries: a retry's progress must still increase for the caller.
-        progress = progress_relay(caller, self.server_id, self.config.forward.progress)
+        progress = progress_relay(
+            caller, self.server_id, self.config.forward.progress, self._message_scan(state)
+        )
         try:
             for attempt in range(1, attempts + 1):
                 try:
@@ -117,6 +127,23 @@ class Forwarding:
         finally:
             if progress is not None:
                 progress.close()  # the call has finished: nothing more reaches the caller
+
+    def _message_scan(self, state: CallState) -> MessageScan | None:
+        """Output scanning of this call's progress messages, as of its result (by the tool's
+        name as the caller calls it): redacted, or withheld (None) where it refuses."""
+        connector = self.connector
+        scanner = connector.scanner if connector is not None else None
+        if scanner is None:
+            return None
+
+        def scan(text: str) -> str | None:
+            try:
+                (out,) = scanner.texts(self.server_id, state.tool_name, [text])
+            except OutputDeniedError:
+                return None
+            return out
+
+        return scan
 
     def refuse_while_down(self) -> None:
         """Known down and waiting to reconnect: refuse at once, block nobody."""

@@ -75,6 +75,10 @@ LOG_LEVELS = frozenset(
 )
 
 ProgressMode = Literal["off", "numbers", "messages"]
+# A progress message as output scanning lets it leave (redacted), or None (withheld).
+MessageScan = Callable[[str], str | None]
+# What of a message is scanned: more than is relayed, so a token across the cut is whole.
+_SCANNED_CHARS = 4 * MAX_MESSAGE_CHARS
 
 
 async def ignore_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -93,10 +97,13 @@ class ProgressRelay:
         *,
         messages: bool,
         clock: Callable[[], float] = time.monotonic,
+        scan: MessageScan | None = None,
     ) -> None:
         self._caller = caller
         self._server_id = server_id
         self._messages = messages
+        # Output scanning of a message's text: what may leave (redacted), None if withheld.
+        self._scan = scan
         self._clock = clock
         self._last: float | None = None
         self._sent_at: float | None = None
@@ -126,7 +133,14 @@ class ProgressRelay:
         if reason is not None:
             self.dropped[reason] += 1
             return
-        text = safe_line(message, MAX_MESSAGE_CHARS) if self._messages and message else None
+        text = None
+        if self._messages and message:
+            # Scanned before it is cut, so a token the cut splits is still found whole.
+            # Only its head is ever shown; the rest keeps the length the cut reports.
+            head = message[:_SCANNED_CHARS]
+            scanned = self._scan(head) if self._scan is not None else head
+            if scanned is not None:
+                text = safe_line(scanned + message[_SCANNED_CHARS:], MAX_MESSAGE_CHARS)
         async with self._lock:
             if self.closed:  # finished while this one waited its turn
                 self.dropped["finished"] += 1
@@ -159,13 +173,13 @@ class ProgressRelay:
 
 
 def progress_relay(
-    caller: Caller | None, server_id: str, mode: ProgressMode
+    caller: Caller | None, server_id: str, mode: ProgressMode, scan: MessageScan | None = None
 ) -> ProgressRelay | None:
     """The relay of one call, when the caller asked for progress and the upstream's
-    ``forward.progress`` is not ``off``."""
+    ``forward.progress`` is not ``off``; ``scan``: output scanning of its messages."""
     if mode == "off" or caller is None or caller.progress_token is None:
         return None
-    return ProgressRelay(caller, server_id, messages=mode == "messages")
+    return ProgressRelay(caller, server_id, messages=mode == "messages", scan=scan)
 
 
 def upstream_log(server_id: str) -> Callable[[Any], Awaitable[None]]:
