@@ -29,6 +29,7 @@ it, and providers hold a connector, not the server that built it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -66,6 +67,11 @@ FinishedHook = Callable[
 ]
 
 
+# Results with more text than this are scanned off the event loop (a small one costs less
+# than the hop to a thread).
+SCAN_OFF_LOOP_CHARS = 64 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What a tool produced, before the connector adds its effect."""
@@ -75,6 +81,16 @@ class Outcome:
     # What the checks after the call hash; None skips them (an upstream's error result).
     document: dict[str, Any] | None
     is_error: bool = False
+
+
+def _text_size(outcome: Outcome) -> int:
+    """The characters of text the outcome's content blocks carry (its structured value is
+    the same data, for a native tool)."""
+    return sum(
+        len(text)
+        for block in outcome.content
+        if isinstance(text := getattr(block, "text", None), str)
+    )
 
 
 class ResultScanner(Protocol):
@@ -154,7 +170,14 @@ class Connector:
             self._started(contract, state)
             outcome = await execute()
             if self.scanner is not None:
-                outcome = self.scanner.outcome(contract, state, outcome)
+                if _text_size(outcome) > SCAN_OFF_LOOP_CHARS:
+                    # A large result is scanned in a worker thread: linear, but about 0.1 s
+                    # per MiB, which on the loop would hold up every other caller.
+                    outcome = await asyncio.to_thread(
+                        self.scanner.outcome, contract, state, outcome
+                    )
+                else:
+                    outcome = self.scanner.outcome(contract, state, outcome)
             document = outcome.document
             if document is not None:
                 for check in checks:

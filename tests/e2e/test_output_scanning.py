@@ -366,3 +366,41 @@ async def test_upstream_resource_reads_and_prompts_are_scanned_and_hashed_as_del
         ("prompt_get_finished", "refused"),
     ]
     assert GITHUB_TOKEN not in json.dumps(gw.events()) and AWS_KEY not in json.dumps(gw.events())
+
+
+async def test_a_large_result_is_scanned_off_the_event_loop(tmp_path: Path, files: Path) -> None:
+    """About 0.1 s per MiB of text: a large result is scanned in a worker thread, so the
+    loop keeps serving others (its thread's CPU between two 10 ms ticks stays small), and
+    what leaves is still redacted."""
+    import asyncio
+    import time
+
+    body = (ORDINARY + f'token = "{HIGH_ENTROPY}"\n' + "plain prose line\n" * 40) * 4000
+    (files / "big.md").write_text(body + LEAKY, encoding="utf-8")
+    audit = MemoryAuditSink()
+    server = build(tmp_path, audit, limits={"max_read_bytes": 16 * 1024 * 1024})
+    worst = 0.0
+
+    async def tick() -> None:
+        nonlocal worst
+        while True:
+            before = time.thread_time()
+            await asyncio.sleep(0.01)
+            worst = max(worst, time.thread_time() - before)
+
+    async with Client(server.mcp) as client:
+        await client.call_tool_mcp("nexus_read_file", {"path": "checklist.md"})  # warm
+        ticker = asyncio.ensure_future(tick())
+        try:
+            result = wire(await client.call_tool_mcp("nexus_read_file", {"path": "big.md"}))
+        finally:
+            ticker.cancel()
+    assert result["isError"] is False
+    assert leaked(result) == []
+    big = [
+        r
+        for r in audit.records()
+        if r["event"] == TOOL_CALL_FINISHED and r["tool"] == "nexus_read_file"
+    ][-1]
+    assert big["output_scan"]["action"] == "redacted"
+    assert worst < 0.15, worst  # the scan (several tenths of a second) ran off the loop
