@@ -43,6 +43,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # Real PostgreSQL and Redis (tests/support/shared_state.py): a database and a key prefix
 # per test, private servers for the outage tests, one summary line for what was skipped.
 from tests.support.shared_state import (  # noqa: E402
+    migrated_postgres,
     postgres_url,
     private_postgres,
     private_redis,
@@ -51,7 +52,14 @@ from tests.support.shared_state import (  # noqa: E402
     state_prefix,
 )
 
-__all__ = ["postgres_url", "private_postgres", "private_redis", "redis_url", "state_prefix"]
+__all__ = [
+    "migrated_postgres",
+    "postgres_url",
+    "private_postgres",
+    "private_redis",
+    "redis_url",
+    "state_prefix",
+]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

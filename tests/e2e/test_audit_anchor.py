@@ -23,23 +23,13 @@ from nexus_mcp.observability.audit import AuditEvent, JsonlAuditSink, read_audit
 from nexus_mcp.observability.audit_chain import ANCHOR_MISSING, heads_path
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
-from nexus_mcp.stores.postgres import PostgresPool, migrate
+from nexus_mcp.stores.postgres import PostgresPool
 from nexus_mcp.stores.postgres_audit import PostgresAuditHeads
 
 pytestmark = pytest.mark.slow
 
 STATE_KEY = "request-state-key-CANARY-0123456789abcdef"
 CANARY = "CANARY-anchor-note-body"
-
-
-@pytest.fixture
-def migrated(postgres_url: str) -> str:
-    pool = PostgresPool(postgres_url, pool_size=2)
-    try:
-        migrate(pool)
-    finally:
-        pool.close()
-    return postgres_url
 
 
 def state_section(prefix: str, instance: str) -> dict[str, Any]:
@@ -58,7 +48,7 @@ Replica = Callable[[str], NexusServer]
 
 @pytest.fixture
 def replica(
-    tmp_path: Path, workspace: Path, migrated: str, redis_url: str, state_prefix: str
+    tmp_path: Path, workspace: Path, migrated_postgres: str, redis_url: str, state_prefix: str
 ) -> Iterator[Replica]:
     built: list[NexusServer] = []
 
@@ -69,7 +59,7 @@ def replica(
             data_dir=tmp_path / f"data-{instance}",
             state=state_section(state_prefix, instance),
         )
-        env = {"PG": migrated, "RD": redis_url, "RSK": STATE_KEY}
+        env = {"PG": migrated_postgres, "RD": redis_url, "RSK": STATE_KEY}
         server = build_server(settings, env=env)  # the real audit file in its data dir
         built.append(server)
         return server
@@ -123,7 +113,7 @@ def run_verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str
 async def test_each_replica_anchors_its_head_and_a_rewritten_log_is_caught(
     tmp_path: Path,
     replica: Replica,
-    migrated: str,
+    migrated_postgres: str,
     redis_url: str,
     state_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -136,7 +126,7 @@ async def test_each_replica_anchors_its_head_and_a_rewritten_log_is_caught(
     log_two = two.runtime.settings.audit_path
     one.close()
     two.close()  # the last heads are anchored at shutdown
-    pool = PostgresPool(migrated, pool_size=1)
+    pool = PostgresPool(migrated_postgres, pool_size=1)
     try:
         heads = PostgresAuditHeads(pool, state_prefix)
         anchored_one = heads.head("r1", log_one.name)
@@ -147,7 +137,7 @@ async def test_each_replica_anchors_its_head_and_a_rewritten_log_is_caught(
     assert anchored_two is not None and anchored_two[0] == last_hash(log_two)
     assert anchored_one[0] != anchored_two[0]  # one chain per replica, each recorded
 
-    config = verify_config(tmp_path, state_prefix, "r1", monkeypatch, migrated, redis_url)
+    config = verify_config(tmp_path, state_prefix, "r1", monkeypatch, migrated_postgres, redis_url)
     data_one = str(log_one.parent)
     code, out = run_verify(capsys, "--config", str(config), "--data-dir", data_one)
     assert code == 0, out
@@ -166,15 +156,15 @@ async def test_each_replica_anchors_its_head_and_a_rewritten_log_is_caught(
     code, out = run_verify(capsys, "--config", str(config), "--data-dir", data_one)
     assert code == 1
     assert ANCHOR_MISSING in out
-    assert migrated not in out and CANARY not in out
+    assert migrated_postgres not in out and CANARY not in out
 
 
 async def test_the_anchor_follows_a_running_replica_within_its_interval(
-    replica: Replica, migrated: str, state_prefix: str
+    replica: Replica, migrated_postgres: str, state_prefix: str
 ) -> None:
     server = replica("live")
     log = server.runtime.settings.audit_path
-    pool = PostgresPool(migrated, pool_size=1)
+    pool = PostgresPool(migrated_postgres, pool_size=1)
     try:
         heads = PostgresAuditHeads(pool, state_prefix)
         await traffic(server, 2)

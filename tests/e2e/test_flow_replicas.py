@@ -21,7 +21,6 @@ from fastmcp import Client
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server import NexusServer, build_server
 from nexus_mcp.settings import Settings
-from nexus_mcp.stores.postgres import PostgresPool, migrate
 
 from .conftest import snapshot, wire
 
@@ -34,18 +33,8 @@ OUTBOX_CANARY = "OUTBOX-CANARY-the notes"
 
 
 @pytest.fixture
-def migrated(postgres_url: str) -> str:
-    pool = PostgresPool(postgres_url, pool_size=2)
-    try:
-        migrate(pool)
-    finally:
-        pool.close()
-    return postgres_url
-
-
-@pytest.fixture
 def replicas(
-    tmp_path: Path, workspace: Path, migrated: str, redis_url: str, state_prefix: str
+    tmp_path: Path, workspace: Path, migrated_postgres: str, redis_url: str, state_prefix: str
 ) -> Iterator[Any]:
     built: list[NexusServer] = []
     (workspace / "downloads").mkdir()
@@ -96,7 +85,7 @@ def replicas(
             audit_sinks=[MemoryAuditSink()],
             env={
                 "NEXUS_MCP_APPROVAL_SECRET": SECRET,
-                "PG": migrated,
+                "PG": migrated_postgres,
                 "RD": redis_url,
                 "RSK": STATE_KEY,
             },

@@ -119,6 +119,19 @@ def postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture
+def migrated_postgres(postgres_url: str) -> str:
+    """``postgres_url`` with this build's schema applied (``nexus-mcp state migrate``)."""
+    from nexus_mcp.stores.postgres import PostgresPool, migrate
+
+    pool = PostgresPool(postgres_url, pool_size=2)
+    try:
+        migrate(pool)
+    finally:
+        pool.close()
+    return postgres_url
+
+
+@pytest.fixture
 def redis_url(request: pytest.FixtureRequest) -> str:
     why = redis_reachable()
     if why is not None:
