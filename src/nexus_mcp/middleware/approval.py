@@ -137,26 +137,29 @@ class ApprovalMiddleware(Middleware):
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
         await self.check_resource_access(context)
-        flow, state = self.flow, current_call()
-        if flow is None or state is None:
-            return await call_next(context)
-        try:
-            return await call_next(context)
-        finally:
-            if state.executed:  # past the grants: the read reached the resource
-                flow.record(state, flow.resource_labels(state))
+        return await self._tainting(context, call_next, FlowGuard.resource_labels)
 
     async def on_get_prompt(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
+        return await self._tainting(context, call_next, FlowGuard.prompt_labels)
+
+    async def _tainting(
+        self,
+        context: MiddlewareContext[Any],
+        call_next: CallNext[Any, Any],
+        labels_of: Callable[[FlowGuard, CallState], frozenset[str]],
+    ) -> Any:
+        """A resources/read or prompts/get: never judged, but once past the grants (it
+        reached the resource or the upstream's prompt) it taints the session."""
         flow, state = self.flow, current_call()
         if flow is None or state is None:
             return await call_next(context)
         try:
             return await call_next(context)
         finally:
-            if state.executed:  # past the grants: the get reached the upstream's prompt
-                flow.record(state, flow.prompt_labels(state))
+            if state.executed:
+                flow.record(state, labels_of(flow, state))
 
     async def _judged(
         self,

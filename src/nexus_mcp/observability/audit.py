@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from nexus_mcp.ids import new_id
 from nexus_mcp.json_text import compact_json
 from nexus_mcp.observability.audit_anchor import HeadAnchor
 from nexus_mcp.observability.audit_chain import ChainedJsonlWriter
@@ -245,6 +246,22 @@ class JsonlAuditSink:
         self._writer.close()
         if self._anchor is not None:
             self._anchor.close()
+
+
+def caller_event(event: str, tool: str, principal: Any, **fields: Any) -> AuditEvent:
+    """A record of what a caller did outside a tool call (a resource subscription, a listen
+    stream): an id of its own, and the caller's subject and role (``principal`` may be
+    None: no caller)."""
+    call_id = new_id()
+    return AuditEvent(
+        event=event,
+        tool_call_id=call_id,
+        correlation_id=call_id,
+        tool=tool,
+        subject=principal.log_subject if principal is not None else None,
+        role=principal.effective_role if principal is not None else None,
+        **fields,
+    )
 
 
 class AuditLog:

@@ -59,8 +59,7 @@ from mcp_types import (
 from nexus_mcp.calls import current_principal, current_subject_token
 from nexus_mcp.envelope import to_request_error
 from nexus_mcp.errors import RateLimitedError
-from nexus_mcp.ids import new_id
-from nexus_mcp.observability.audit import AuditEvent, AuditLog
+from nexus_mcp.observability.audit import AuditLog, caller_event
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.principal import Principal
 from nexus_mcp.server.notify import ChangeNotifier
@@ -165,18 +164,7 @@ class ListenService:
         return len(self._open)
 
     def _audit(self, event: str, principal: Principal | None, **fields: Any) -> None:
-        call_id = new_id()
-        self.audit.emit(
-            AuditEvent(
-                event=event,
-                tool_call_id=call_id,
-                correlation_id=call_id,
-                tool=LISTEN,
-                subject=principal.log_subject if principal is not None else None,
-                role=principal.effective_role if principal is not None else None,
-                **fields,
-            )
-        )
+        self.audit.emit(caller_event(event, LISTEN, principal, **fields))
 
     async def __call__(
         self, ctx: Any, params: SubscriptionsListenRequestParams

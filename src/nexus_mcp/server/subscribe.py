@@ -31,8 +31,7 @@ from nexus_mcp.calls import current_principal
 from nexus_mcp.envelope import not_found_error, to_request_error
 from nexus_mcp.errors import NexusError
 from nexus_mcp.identity.access import GrantedTools
-from nexus_mcp.ids import new_id
-from nexus_mcp.observability.audit import AuditEvent, AuditLog
+from nexus_mcp.observability.audit import AuditLog, caller_event
 from nexus_mcp.policy.resources import resource_source, uri_sha256
 from nexus_mcp.principal import Principal
 from nexus_mcp.providers.upstream.subscriptions import NotExposed, NotSupported, SubscriptionRelay
@@ -62,18 +61,10 @@ class Subscriptions:
         self.audit = audit
 
     def _audited(self, principal: Principal | None, uri: str, event: str, **fields: Any) -> None:
-        call_id = new_id()
+        source, digest = resource_source(uri), uri_sha256(uri)
         self.audit.emit(
-            AuditEvent(
-                event=event,
-                tool_call_id=call_id,
-                correlation_id=call_id,
-                tool=SUBSCRIBE,
-                resource_source=resource_source(uri),
-                uri_sha256=uri_sha256(uri),
-                subject=principal.log_subject if principal is not None else None,
-                role=principal.effective_role if principal is not None else None,
-                **fields,
+            caller_event(
+                event, SUBSCRIBE, principal, resource_source=source, uri_sha256=digest, **fields
             )
         )
 
