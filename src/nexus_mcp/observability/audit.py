@@ -364,6 +364,7 @@ __all__ = [
     "AuditSink",
     "JsonlAuditSink",
     "MemoryAuditSink",
+    "caller_event",
     "check_audit_record",
     "encode_record",
     "read_audit_file",
