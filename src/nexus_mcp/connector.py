@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fastmcp.tools import ToolResult
-from mcp_types import ContentBlock
+from mcp_types import ContentBlock, EmbeddedResource, TextContent, TextResourceContents
 
 from nexus_mcp.calls import META_TOOL_EFFECT, CallState, current_call
 from nexus_mcp.contracts import ToolContract
@@ -83,14 +83,20 @@ class Outcome:
     is_error: bool = False
 
 
+def block_text(block: object) -> str | None:
+    """The text a content block carries: a text block's, or an embedded text resource's;
+    None for any other block (images, audio, blobs, links)."""
+    if isinstance(block, TextContent):
+        return block.text
+    if isinstance(block, EmbeddedResource) and isinstance(block.resource, TextResourceContents):
+        return block.resource.text
+    return None
+
+
 def _text_size(outcome: Outcome) -> int:
     """The characters of text the outcome's content blocks carry (its structured value is
     the same data, for a native tool)."""
-    return sum(
-        len(text)
-        for block in outcome.content
-        if isinstance(text := getattr(block, "text", None), str)
-    )
+    return sum(len(text) for block in outcome.content if (text := block_text(block)) is not None)
 
 
 class ResultScanner(Protocol):
@@ -211,5 +217,6 @@ __all__ = [
     "Outcome",
     "ResultScanner",
     "StartedHook",
+    "block_text",
     "chained_call",
 ]

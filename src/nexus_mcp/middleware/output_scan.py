@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_types import ContentBlock, EmbeddedResource, TextContent, TextResourceContents
+from mcp_types import ContentBlock, EmbeddedResource, TextContent
 
 from nexus_mcp.calls import CallState, current_call
-from nexus_mcp.connector import Outcome
+from nexus_mcp.connector import Outcome, block_text
 from nexus_mcp.contracts import ToolContract
 from nexus_mcp.json_text import to_result_json
 from nexus_mcp.policy.output_scanning import (
@@ -96,7 +96,7 @@ class OutputScan:
         places: list[int] = []
         texts: list[str] = []
         for index, block in enumerate(blocks):
-            text = _text_of(block)
+            text = block_text(block)
             if text is not None:
                 places.append(index)
                 texts.append(text)
@@ -139,14 +139,6 @@ def _without_payload(dumped: dict[str, Any]) -> dict[str, Any]:
     if isinstance(resource, dict):
         held["resource"] = {k: v for k, v in resource.items() if k not in _PAYLOAD}
     return held
-
-
-def _text_of(block: ContentBlock) -> str | None:
-    if isinstance(block, TextContent):
-        return block.text
-    if isinstance(block, EmbeddedResource) and isinstance(block.resource, TextResourceContents):
-        return block.resource.text
-    return None
 
 
 def _with_text(block: ContentBlock, text: str) -> ContentBlock:

@@ -36,6 +36,7 @@ from mcp_types import (
 )
 from pydantic import AnyUrl
 
+from nexus_mcp.connector import block_text
 from nexus_mcp.errors import DocSizeExceededError
 from nexus_mcp.policy.catalog import Kind, backend_uri, key_ok
 from nexus_mcp.policy.documents import MAX_READ_LIMIT_NAME
@@ -229,7 +230,7 @@ def scanned_prompt(result: PromptResult, scan: TextScan) -> PromptResult:
     description as output scanning lets them leave; images, audio and blobs pass."""
     texts: list[str] = []
     for message in result.messages:
-        text = _message_text(message.content)
+        text = block_text(message.content)
         if text is not None:
             texts.append(text)
     if result.description is not None:
@@ -251,14 +252,6 @@ def scanned_prompt(result: PromptResult, scan: TextScan) -> PromptResult:
         messages.append(Message(content=content, role=message.role))
     description = next(given) if result.description is not None else None
     return PromptResult(messages=messages, description=description)
-
-
-def _message_text(content: Any) -> str | None:
-    if isinstance(content, TextContent):
-        return content.text
-    if isinstance(content, EmbeddedResource) and isinstance(content.resource, TextResourceContents):
-        return content.resource.text
-    return None
 
 
 def to_prompt_result(raw: Any, max_bytes: int) -> PromptResult:
