@@ -1,9 +1,11 @@
 """Server-side tools/list with 1,000 registered tools and a 30-tool profile: cold and cached.
 
 The nexus server (namespace middleware, profiles, SQLite grants, visible-tools cache) and a
-bare FastMCP server with the same 1,000 tools answer ``list_tools`` in the same run; the
-difference is the cost of filtering. "cold" forgets the caller's cached visible set before
-each call (grants are read from SQLite again); "cached" is the steady state.
+bare FastMCP server with the same 1,000 tools answer ``list_tools`` in the same run. Issue
+29's target: the caller's listing at most 0.5x bare FastMCP listing all (FastMCP's per-tool
+checks run over the caller's 30 tools only: ``ToolIndex.list_tools``). "cold" forgets the
+caller's cached visible set before each call (grants are read from SQLite again); "cached"
+is the steady state.
 
     python benchmarks/bench_list_tools.py
 """
@@ -37,6 +39,7 @@ PROFILE_TOOLS = 30
 ROUNDS = 300
 CACHED_TARGET_US = 100.0
 COLD_TARGET_US = 2_000.0
+LIST_TARGET_RATIO = 0.5  # issue 29: the caller's 30 tools at most half of bare listing all
 
 
 class Out(BaseModel):
@@ -118,8 +121,24 @@ async def run() -> None:
     report(
         NAME,
         [
-            Row(f"{listing}, cached visible set", bare, bare_us, cached_us, "µs"),
-            Row(f"{listing}, cold (grants from SQLite)", bare, bare_us, cold_us, "µs"),
+            Row(
+                f"{listing}, cached visible set",
+                bare,
+                bare_us,
+                cached_us,
+                "µs",
+                target_kind="ratio_max",
+                target=LIST_TARGET_RATIO,
+            ),
+            Row(
+                f"{listing}, cold (grants from SQLite)",
+                bare,
+                bare_us,
+                cold_us,
+                "µs",
+                target_kind="ratio_max",
+                target=LIST_TARGET_RATIO,
+            ),
             Row(
                 "namespace step over the real tool objects, cached",
                 "-",

@@ -190,6 +190,30 @@ def bind_subject_token(token: SubjectToken | None) -> AbstractContextManager[Sub
     return _Bound[SubjectToken | None](_subject_token, token)
 
 
+@dataclass(slots=True)
+class ListingFilter:
+    """The tool names a ``tools/list`` in progress may show, bound by the namespace around
+    its own listing only, so FastMCP's per-tool work (enabled and auth checks, app URIs)
+    runs over the caller's tools, not every registered one (``ToolIndex.list_tools``);
+    ``dropped`` counts what that narrowing left out, for the namespace's metric.
+
+    ``task`` is the listing's own task: a task started meanwhile inherits the context
+    variable, and its listings (the change notifier's full view, say) must not be narrowed.
+    """
+
+    names: frozenset[str]
+    task: object
+    dropped: int = 0
+
+
+_listing: ContextVar[ListingFilter | None] = ContextVar("nexus_listing", default=None)
+current_listing: Callable[[], ListingFilter | None] = _listing.get
+
+
+def bind_listing(listing: ListingFilter) -> AbstractContextManager[ListingFilter | None]:
+    return _Bound[ListingFilter | None](_listing, listing)
+
+
 def nexus_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
     """Only the ``nexus.mcp/*`` keys of a request's ``_meta``."""
     if not meta:
@@ -211,10 +235,13 @@ __all__ = [
     "RESOURCE_READ",
     "CallState",
     "ClaimHold",
+    "ListingFilter",
     "SubjectToken",
+    "bind_listing",
     "bind_principal",
     "bind_subject_token",
     "current_call",
+    "current_listing",
     "current_principal",
     "current_subject_token",
     "nexus_meta",

@@ -18,13 +18,14 @@ store is down, a read or get is refused ``UNAVAILABLE`` and a listing is empty.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from fastmcp.exceptions import NotFoundError as FastMCPNotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
-from nexus_mcp.calls import current_call, current_principal
+from nexus_mcp.calls import ListingFilter, bind_listing, current_call, current_principal
 from nexus_mcp.envelope import unknown_tool
 from nexus_mcp.errors import UnavailableError
 from nexus_mcp.observability.logs import get_logger
@@ -114,10 +115,20 @@ class ToolNamespaceMiddleware(Middleware):
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
     ) -> Any:
         await self._settle()
-        tools: Sequence[Any] = await call_next(context)
-        visible = self._visible(current_principal())
+        principal = current_principal()
+        listing = ListingFilter(self._visible(principal), asyncio.current_task())
+        # FastMCP lists only these names (ToolIndex.list_tools): its per-tool work then
+        # runs over the caller's few tools, not over every registered one.
+        with bind_listing(listing):
+            tools: Sequence[Any] = await call_next(context)
+        visible = self._visible(principal)
+        if not visible <= listing.names:
+            # What the caller may see grew while listing (an upstream's tools arrived):
+            # list again in full rather than miss them.
+            listing.dropped = 0
+            tools = await call_next(context)
         kept = [tool for tool in tools if tool.name in visible]
-        self.namespace.record_filtered(len(tools) - len(kept))
+        self.namespace.record_filtered(listing.dropped + len(tools) - len(kept))
         return kept
 
     async def on_call_tool(

@@ -16,6 +16,10 @@ It answers only what FastMCP would answer, and passes everything else on unchang
 - only a plain lookup: no version constraint, no hashed app-tool lookup in progress, no
   provider beside the local one but providers whose names are disjoint from it, no
   transform on the local provider;
+- a ``tools/list`` the namespace narrowed (``calls.current_listing``) keeps only the names
+  the caller may see before FastMCP's per-tool checks run over them (its enabled check,
+  component auth, app URI rewrite: about two thirds of listing 1,000 tools); the
+  namespace still filters what comes back, so this only saves work, it never shows more;
 - it is the server's innermost transform (added before any other), so transforms added
   later still see its answer, and FastMCP's ``get_tool`` still applies session
   transforms, the enabled check and component auth after it, as for any lookup.
@@ -23,6 +27,8 @@ It answers only what FastMCP would answer, and passes everything else on unchang
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from fastmcp import FastMCP
@@ -30,6 +36,8 @@ from fastmcp.server.providers.base import hashed_lookup_target
 from fastmcp.server.transforms import GetToolNext, Transform
 from fastmcp.tools import Tool
 from fastmcp.utilities.versions import VersionSpec
+
+from nexus_mcp.calls import current_listing
 
 
 class ToolIndex(Transform):
@@ -58,6 +66,15 @@ class ToolIndex(Transform):
             and not self._local.transforms
             and hashed_lookup_target(server) is None
         )
+
+    async def list_tools(self, tools: Sequence[Tool]) -> Sequence[Tool]:
+        listing = current_listing()
+        if listing is None or listing.task is not asyncio.current_task():
+            return tools
+        names = listing.names
+        kept = [tool for tool in tools if tool.name in names]
+        listing.dropped += len(tools) - len(kept)
+        return kept
 
     async def get_tool(
         self, name: str, call_next: GetToolNext, *, version: VersionSpec | None = None
