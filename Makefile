@@ -6,6 +6,8 @@ DEMO   := .nexus-data/demo-workspace
 PORT   ?= 8765
 CLIENTS := tests/clients
 NPM    ?= npm
+# Parallel test workers (pytest-xdist): one per core; TEST_WORKERS=0 runs the suite serially.
+TEST_WORKERS ?= auto
 
 .PHONY: run test clients check lint typecheck imports docs bench clean
 
@@ -50,7 +52,7 @@ test: $(VENV)/.installed-test
 		echo "==> npm not found: the TypeScript SDK, MCP Inspector and npm reference-server tests will be skipped"; \
 	elif ! $(MAKE) --no-print-directory clients; then \
 		echo "==> npm ci failed: the TypeScript SDK, MCP Inspector and npm reference-server tests will be skipped"; fi
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 ## check: lint, format check, strict type check, the package's import contracts and the docs
 check: lint typecheck imports docs

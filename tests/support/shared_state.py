@@ -16,6 +16,7 @@ the machine's own servers are never stopped.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import secrets
@@ -35,7 +36,7 @@ PG_ADMIN_URL = os.environ.get(
 )
 REDIS_URL = os.environ.get("NEXUS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PG_BIN = Path("/usr/lib/postgresql")
-SKIPPED: dict[str, set[str]] = {}
+SKIP_MARK = " not reachable: "
 
 
 def in_ci() -> bool:
@@ -45,8 +46,7 @@ def in_ci() -> bool:
 def _unavailable(service: str, why: str, request: pytest.FixtureRequest) -> None:
     if in_ci():
         pytest.fail(f"{service} is required under CI and is not reachable: {why}")
-    SKIPPED.setdefault(f"{service} ({why})", set()).add(request.node.nodeid)
-    pytest.skip(f"{service} not reachable: {why}")
+    pytest.skip(f"{service}{SKIP_MARK}{why}")
 
 
 def postgres_reachable(admin_url: str = PG_ADMIN_URL) -> str | None:
@@ -307,10 +307,18 @@ def private_postgres(request: pytest.FixtureRequest) -> Iterator[PrivatePostgres
 
 
 def report_skips(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line saying which shared-state tests were skipped and why."""
-    if not SKIPPED:
+    """One line saying which shared-state tests were skipped and why. Read from the skip
+    reports themselves, so it also counts what parallel workers (pytest-xdist) skipped."""
+    counts: collections.Counter[str] = collections.Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
+        service, mark, why = str(text).removeprefix("Skipped: ").partition(SKIP_MARK)
+        if mark:
+            counts[f"{service} ({why})"] += 1
+    if not counts:
         return
-    parts = [f"{len(ids)} test(s) need {service}" for service, ids in sorted(SKIPPED.items())]
+    parts = [f"{count} test(s) need {service}" for service, count in sorted(counts.items())]
     terminalreporter.write_line(
         "shared-state tests skipped: " + "; ".join(parts) + " (.ci/run requires them)",
         yellow=True,
