@@ -11,7 +11,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastmcp import FastMCP
 from pydantic import BaseModel
@@ -64,9 +64,6 @@ from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.providers.note_resources import register_note_resources
 from nexus_mcp.providers.recording import Recorder
 from nexus_mcp.providers.tool_index import ToolIndex
-from nexus_mcp.providers.upstream.gateway import UpstreamGateway
-from nexus_mcp.providers.upstream.subscriptions import SubscriptionRelay
-from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
 from nexus_mcp.repos.catalog import RepoCatalog
 from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
 from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
@@ -99,7 +96,6 @@ from nexus_mcp.server.startup import (
     sealing,
     warn_about_replicas,
 )
-from nexus_mcp.server.subscribe import Subscriptions, add_subscription_handlers
 from nexus_mcp.settings import Settings, config_sections, trust_files
 from nexus_mcp.stores.backends import StateStores, audit_replica, open_state
 from nexus_mcp.stores.locations import (
@@ -115,6 +111,12 @@ from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
 from nexus_mcp.tools.repo import build_repo_tools
 from nexus_mcp.workspace.files import Workspace
 from nexus_mcp.workspace.replay import LexicalPaths
+
+if TYPE_CHECKING:
+    # The upstream stack (FastMCP's client, its transports) is imported where an upstream
+    # is configured or replayed, not by every server (issue 29: a stdio start without one).
+    from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+    from nexus_mcp.server.subscribe import Subscriptions
 
 log = get_logger(__name__)
 
@@ -264,8 +266,11 @@ def _build_server(
         sections, environ, settings, write_policies, repos_config
     )
     # Checked before any state is opened, as the rest of the configuration.
+    gateway: type[UpstreamGateway] | None = None
+    if upstream_config.servers and replay is None:
+        from nexus_mcp.providers.upstream.gateway import UpstreamGateway as gateway
     upstream_plan = (
-        UpstreamGateway.plan(
+        gateway.plan(
             upstream_config,
             settings=settings,
             registry=registry,
@@ -275,7 +280,7 @@ def _build_server(
             native_tools=native_catalog(settings, registry, native_contracts),
             environ=environ,
         )
-        if upstream_config.servers and replay is None
+        if gateway is not None
         else None
     )
     recorder = (
@@ -330,14 +335,14 @@ def _build_server(
             scanner=OutputScan(settings.output_scanning),
         )
         upstreams = (
-            UpstreamGateway.build(
+            gateway.build(
                 upstream_plan,
                 connector=connector,
                 audit=audit_log,
                 recorder=recorder,
                 **quarantine_evidence(settings, state),
             )
-            if upstream_plan is not None
+            if gateway is not None and upstream_plan is not None
             else None
         )
         profiles = load_profiles(
@@ -463,6 +468,9 @@ def _build_server(
             )
     subscriptions: Subscriptions | None = None
     if upstreams is not None:
+        from nexus_mcp.providers.upstream.subscriptions import SubscriptionRelay
+        from nexus_mcp.server.subscribe import add_subscription_handlers
+
         upstreams.bind(book, runtime.access, runtime.targets)
         upstreams.on_published = runtime.notifier.changed
         mcp.add_provider(upstreams.provider)
@@ -649,6 +657,8 @@ def enter_tools(
         check: Callable[[Mapping[str, Any]], None] | None = None
         route = None
         if record.upstream_tool is not None:
+            from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
+
             route = (record.server_id, record.upstream_tool)
             view = ToolView(
                 upstream_name=record.upstream_tool,
