@@ -24,7 +24,6 @@ a new stamp (a running server forgets its own copy when it reads the new lock fi
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,6 +86,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_list(args: argparse.Namespace) -> int:
+    import asyncio
+
     from nexus_mcp.providers.upstream.review import inspect
 
     rows: list[Sequence[str]] = []
@@ -236,6 +237,8 @@ def _keep_definitions(
 
 def _connect(args: argparse.Namespace) -> tuple[ReviewContext, dict[str, Any]]:
     """The configuration, and what connecting to ``args.server`` as the gateway finds."""
+    import asyncio
+
     from nexus_mcp.providers.upstream.review import inspect
 
     context = _load(args, server_id=args.server)
