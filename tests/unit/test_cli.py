@@ -171,13 +171,31 @@ def modules_loaded_by(*argv: str) -> set[str]:
         ["--help"], ["--version"], ["call", "--help"], ["audit", "--help"], ["audit", "tail", "-h"],
         ["console", "--help"], ["state", "--help"], ["state", "import", "-h"], ["init", "--help"],
         ["install", "--help"], ["serve", "--help"], ["fixtures", "--help"],
-        ["fixtures", "list", "-h"],
+        ["fixtures", "list", "-h"], ["profiles", "--help"], ["profiles", "grant", "-h"],
+        ["upstream", "--help"], ["upstream", "pin", "-h"],
     ],
 )  # fmt: skip
 def test_help_imports_no_server_stack(argv: list[str]) -> None:
     loaded = {name.split(".")[0] for name in modules_loaded_by(*argv)}
     assert "nexus_mcp" in loaded  # the probe did run the command line
     assert sorted(loaded.intersection(HEAVY_MODULES)) == []
+
+
+# What only a server (or one action of a command) uses: no command's --help loads any.
+SERVER_STACK = (
+    "fastmcp", "mcp", "mcp_types", "starlette", "uvicorn", "psycopg", "redis", "jinja2",
+    "structlog", "httpx", "httpx2", "pydantic_settings", "detect_secrets", "jwt",
+    "cryptography",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_no_command_help_loads_the_server_stack(command: str) -> None:
+    """Issue 29: each command's --help within half a second of CPU; these are the
+    modules that cost it (approvals, profiles and upstream --help took 0.5-0.8 s)."""
+    loaded = {name.split(".")[0] for name in modules_loaded_by(command, "--help")}
+    assert "nexus_mcp" in loaded
+    assert sorted(loaded.intersection(SERVER_STACK)) == []
 
 
 def test_a_one_shot_call_runs_without_the_mcp_sdk_or_fastmcp() -> None:
@@ -197,10 +215,23 @@ def test_a_command_loads_only_its_own_module() -> None:
     assert sorted(modules & others) == []
 
 
+# What a stdio server without upstreams, repositories, a hosted vault, a replay or a
+# recording never uses (issue 29: the upstream client stack alone was 0.3 s of its start).
+# A module here after such a start is a start-up regression.
+NOT_FOR_A_PLAIN_STDIO_SERVER = (
+    "nexus_mcp.identity.oauth", "nexus_mcp.console", "jinja2",
+    "fastmcp.client", "fastmcp.server.auth.oauth_proxy", "key_value", "authlib", "httpx",
+    "redis", "psycopg", "jwt", "nexus_mcp.providers.upstream", "nexus_mcp.providers.fixtures",
+    "nexus_mcp.repos", "nexus_mcp.tools.repo", "nexus_mcp.notes.canister",
+)  # fmt: skip
+
+
 def test_a_stdio_server_starts_without_the_http_front_door_or_the_console(
     tmp_path: Path,
 ) -> None:
-    """OAuth (FastMCP's proxies and their stores) and the console serve HTTP only."""
+    """OAuth (FastMCP's proxies and their stores) and the console serve HTTP only; the
+    upstream client stack, the repositories, the hosted vault's client, the fixtures and
+    the shared stores load only where configured."""
     workspace = tmp_path / "ws"
     workspace.mkdir()
     modules = modules_loaded_by(
@@ -210,7 +241,7 @@ def test_a_stdio_server_starts_without_the_http_front_door_or_the_console(
     assert "nexus_mcp.server.build" in modules  # the server was built (and stdin's EOF ended it)
     loaded = sorted(
         name for name in modules
-        if name.startswith(("nexus_mcp.identity.oauth", "nexus_mcp.console", "jinja2"))
+        if any(name == lazy or name.startswith(f"{lazy}.") for lazy in NOT_FOR_A_PLAIN_STDIO_SERVER)
     )  # fmt: skip
     assert loaded == []
 

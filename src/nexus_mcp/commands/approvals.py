@@ -42,11 +42,6 @@ from nexus_mcp.policy.approvals import (
     verify_approval_token,
 )
 from nexus_mcp.policy.hashing import first_unrepresentable
-from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
-from nexus_mcp.policy.repos import load_repos_config
-from nexus_mcp.policy.upstreams import load_upstreams
-from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
-from nexus_mcp.settings import config_sections, load_settings
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -161,6 +156,13 @@ def registry_tool_class(config: str | None, tool: str) -> str | None:
     ``registry.server_id``); start-up refuses a native tool whose class disagrees with it,
     so this is the class the server's own mint endpoint checks.
     """
+    # Imported here: `approvals --help` needs none of them (issue 29).
+    from nexus_mcp.policy.registry import default_registry_dir, load_registry_dir
+    from nexus_mcp.policy.repos import load_repos_config
+    from nexus_mcp.policy.upstreams import load_upstreams
+    from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
+    from nexus_mcp.settings import config_sections, load_settings
+
     settings = load_settings(Path(config) if config else None)
     registries = load_registry_dir(
         settings.registry.directory or default_registry_dir(),

@@ -29,20 +29,18 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.errors import ConfigError
-from nexus_mcp.observability.audit import AuditEvent, JsonlAuditSink
 from nexus_mcp.policy.approval_requests import span_text
-from nexus_mcp.policy.approvals import load_approval_settings
-from nexus_mcp.policy.console import self_approval_refused
 from nexus_mcp.policy.definition_diff import escape, safe_line
-from nexus_mcp.settings import Settings, config_sections, load_settings
-from nexus_mcp.stores.approval_requests import (
-    ApprovalDecisionError,
-    ApprovalRequest,
-    ApprovalRequestStore,
-)
+
+if TYPE_CHECKING:
+    from nexus_mcp.settings import Settings
+    from nexus_mcp.stores.approval_requests import ApprovalRequest, ApprovalRequestStore
+
+# What a decision reads and writes (the settings, the state backend, the audit) is
+# imported by the command that runs: `approvals --help` loads none of it (issue 29).
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 MAX_REASON_CHARS = 500
@@ -74,6 +72,7 @@ def _add_state_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace) -> tuple[Settings, ApprovalRequestStore, Any]:
+    from nexus_mcp.settings import load_settings
     from nexus_mcp.stores.backends import open_state
 
     config = args.config or os.environ.get("NEXUS_MCP_CONFIG")
@@ -150,6 +149,11 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_decide(args: argparse.Namespace) -> int:
+    from nexus_mcp.policy.approvals import load_approval_settings
+    from nexus_mcp.policy.console import self_approval_refused
+    from nexus_mcp.settings import config_sections
+    from nexus_mcp.stores.approval_requests import ApprovalDecisionError
+
     approver = args.approver or f"local:{getpass.getuser()}"
     if not approver.strip() or len(approver) > 256:
         return _usage("--approver should be 1 to 256 characters")
@@ -198,6 +202,8 @@ def run_decide(args: argparse.Namespace) -> int:
 
 
 def _audit(settings: Settings, request: ApprovalRequest, approver: str) -> None:
+    from nexus_mcp.observability.audit import AuditEvent, JsonlAuditSink
+
     sink = JsonlAuditSink(settings.audit_path, max_bytes=settings.audit_max_bytes)
     try:
         sink.emit(

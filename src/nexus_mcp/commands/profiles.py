@@ -29,55 +29,24 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nexus_mcp.commands import print_table
 from nexus_mcp.errors import ConfigError, NexusError, NotFoundError
-from nexus_mcp.identity.access import PROFILE_SUBJECT_PREFIX, profile_subject
-from nexus_mcp.policy.classification import DEV_MODE
-from nexus_mcp.policy.grant_admin import (
-    UNKNOWN_PROFILE,
-    ItemKind,
-    assign,
-    grant_item,
-    item_object,
-    known_item,
-    revoke_direct,
-    revoke_item,
-    revoke_profile,
-)
-from nexus_mcp.policy.grants import (
-    DIRECT_RELATION,
-    PROFILE_RELATION,
-    grant_tool,
-    to_tool_name,
-    to_tool_object,
-)
-from nexus_mcp.policy.pins import PinFile, load_pins
-from nexus_mcp.policy.profiles import (
-    ToolProfile,
-    ToolProfileConfig,
-    default_profiles_path,
-    load_profiles,
-    select_profile,
-)
-from nexus_mcp.policy.registry import (
-    RegistrySet,
-    upstream_registry_dir,
-)
 from nexus_mcp.policy.resources import NOTES_SOURCE
 from nexus_mcp.policy.tuples import PROMPTS_PREFIX, RESOURCES_PREFIX
-from nexus_mcp.policy.upstreams import UpstreamConfig, load_upstreams
 from nexus_mcp.principal import ROLE_FALLBACK, to_log_subject
-from nexus_mcp.settings import Settings, config_sections, load_settings
 from nexus_mcp.stores.grants import DEFAULT_ZONE, TOOLS_PREFIX, SqliteTupleStore, TupleStore
-from nexus_mcp.stores.locations import (
-    CONFIG_ENV,
-    DATA_DIR_SETTING,
-    GRANTS_DB_SETTING,
-    grants_path,
-    load_state_settings,
-    prepare_folder,
-)
+
+# The settings, profiles, registry and grants logic are imported by each action that uses
+# them: `profiles --help` builds its parser without loading any (issue 29).
+if TYPE_CHECKING:
+    from nexus_mcp.policy.grant_admin import ItemKind
+    from nexus_mcp.policy.pins import PinFile
+    from nexus_mcp.policy.profiles import ToolProfile, ToolProfileConfig
+    from nexus_mcp.policy.registry import RegistrySet
+    from nexus_mcp.policy.upstreams import UpstreamConfig
+    from nexus_mcp.settings import Settings
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -108,6 +77,8 @@ def default_grants_path(data_dir: Path | None = None) -> Path:
     """The grants database ``serve`` uses: ``profiles.grants_db``, else
     ``<data dir>/grants.sqlite3`` (``--data-dir``, ``NEXUS_MCP_DATA_DIR``, else the per-user
     data directory). Raises ``ConfigError`` naming the setting when there is none."""
+    from nexus_mcp.stores.locations import grants_path, load_state_settings
+
     return grants_path(load_state_settings(data_dir))
 
 
@@ -194,6 +165,8 @@ def list_profiles(args: argparse.Namespace) -> int:
 
 
 def show_profile(args: argparse.Namespace) -> int:
+    from nexus_mcp.policy.grant_admin import UNKNOWN_PROFILE
+
     config = _load_config(args)
     if config is None:
         return EXIT_CONFIG
@@ -220,6 +193,8 @@ def show_profile(args: argparse.Namespace) -> int:
 
 
 def assign_subject(args: argparse.Namespace) -> int:
+    from nexus_mcp.policy.grant_admin import assign
+
     def act(config: ToolProfileConfig, store: TupleStore) -> str:
         revision = assign(store, config, args.subject, args.profile, args.zone)
         return f"assigned profile '{args.profile}' (revision {revision})"
@@ -228,6 +203,8 @@ def assign_subject(args: argparse.Namespace) -> int:
 
 
 def grant_subject(args: argparse.Namespace) -> int:
+    from nexus_mcp.policy.grants import grant_tool, to_tool_object
+
     # Checked before the database is opened: a refused grant creates nothing.
     config = _load_config(args)
     if config is None:
@@ -256,6 +233,8 @@ def grant_subject(args: argparse.Namespace) -> int:
 def _grant_resource_or_prompt(args: argparse.Namespace, config: ToolProfileConfig) -> int:
     """``grant --resource SOURCE`` or ``grant --prompt NAME``, checked as a tool grant is
     (``grant_admin``: the console's Access page grants them on the same code)."""
+    from nexus_mcp.policy.grant_admin import grant_item, item_object, known_item
+
     kind: ItemKind = "prompt" if args.prompt is not None else "resource"
     name = args.prompt if kind == "prompt" else args.resource
     try:
@@ -286,6 +265,8 @@ def _grant_resource_or_prompt(args: argparse.Namespace, config: ToolProfileConfi
 
 
 def revoke_subject(args: argparse.Namespace) -> int:
+    from nexus_mcp.policy.grant_admin import revoke_direct, revoke_profile
+
     def act(config: ToolProfileConfig, store: TupleStore) -> str:
         if args.profile:
             revision = revoke_profile(store, args.subject, args.zone)
@@ -304,6 +285,8 @@ def revoke_subject(args: argparse.Namespace) -> int:
 def _revoke_resource_or_prompt(
     args: argparse.Namespace, config: ToolProfileConfig, store: TupleStore
 ) -> str:
+    from nexus_mcp.policy.grant_admin import revoke_item
+
     kind: ItemKind = "prompt" if args.prompt is not None else "resource"
     name = args.prompt if kind == "prompt" else args.resource
     revoked = revoke_item(store, args.subject, kind, name, args.zone)
@@ -344,6 +327,8 @@ def known_tools(
     ``serve`` loads: ``registry.directory``, else the shipped one, and
     ``registry.upstream_directory``), and every name a configured upstream's classified
     tool is exposed under (as ``serve`` counts them)."""
+    from nexus_mcp.stores.locations import load_state_settings
+
     settings = settings or load_state_settings()
     from nexus_mcp.server.startup import load_served_registry  # serve's own loading
 
@@ -365,6 +350,9 @@ def configured_upstreams(
     settings: Settings, config_file: Path | None
 ) -> tuple[UpstreamConfig, ...]:
     """The configuration's ``upstreams:`` (none without a configuration file)."""
+    from nexus_mcp.policy.upstreams import load_upstreams
+    from nexus_mcp.settings import config_sections
+
     if config_file is None:
         return ()
     raw = config_sections(config_file).get("upstreams")
@@ -380,6 +368,9 @@ def upstream_states(
     exposes it now, from the configuration, the registry and the lock file (the upstream
     is not started: a tool it no longer lists, or whose definition changed, is known
     only to ``nexus-mcp upstream check``)."""
+    from nexus_mcp.policy.pins import load_pins
+    from nexus_mcp.policy.registry import upstream_registry_dir
+
     upstreams = configured_upstreams(settings, config_file)
     if not upstreams:
         return {}
@@ -407,6 +398,8 @@ def upstream_states(
 def _upstream_state(
     upstream: UpstreamConfig, name: str, registries: RegistrySet, pins: PinFile, mode: str
 ) -> str:
+    from nexus_mcp.policy.classification import DEV_MODE
+
     where = f"upstream {upstream.server_id}"
     if not upstream.allows(name):
         return f"{where}: not in its tools: allowlist, never exposed"
@@ -429,6 +422,9 @@ def _upstream_state(
 def _print_inspection(
     args: argparse.Namespace, config: ToolProfileConfig, store: TupleStore | None
 ) -> None:
+    from nexus_mcp.policy.grants import DIRECT_RELATION, to_tool_name
+    from nexus_mcp.policy.profiles import select_profile
+
     assignment = store.get_assignment(args.subject, args.zone) if store is not None else None
     direct = (
         {
@@ -472,6 +468,8 @@ def _print_resources_and_prompts(
     args: argparse.Namespace, profile: ToolProfile, store: TupleStore | None
 ) -> None:
     """The resource sources and prompts the subject gets: its profile's and direct ones."""
+    from nexus_mcp.policy.grants import DIRECT_RELATION
+
     for label, granted, prefix in (
         ("RESOURCE SOURCE", profile.resources, RESOURCES_PREFIX),
         ("PROMPT", profile.prompts, PROMPTS_PREFIX),
@@ -494,6 +492,9 @@ def _served_profile_tools(
 ) -> frozenset[str] | None:
     """The tools a server wrote for ``profile`` when it started (``None``: no server has
     started with this database and zone, so there is nothing to differ from)."""
+    from nexus_mcp.identity.access import PROFILE_SUBJECT_PREFIX, profile_subject
+    from nexus_mcp.policy.grants import PROFILE_RELATION, to_tool_name
+
     if store is None:
         return None
     if not any(s.startswith(PROFILE_SUBJECT_PREFIX) for s in store.list_subjects(zone)):
@@ -507,6 +508,8 @@ def _open_for_reading(
 ) -> tuple[TupleStore | None, Callable[[], None]]:
     """The grants store ``serve`` uses (or ``--db``) and how to close it: the shared one
     when configured, else the SQLite file read-only; ``None`` if that file is absent."""
+    from nexus_mcp.stores.locations import grants_path
+
     settings = args.settings if args.db is None else None
     if settings is not None and settings.state.backend == "shared":
         from nexus_mcp.stores.backends import open_shared_grants
@@ -541,6 +544,8 @@ def _add(
 def _load_config(args: argparse.Namespace) -> ToolProfileConfig | None:
     """The profiles file, after the settings ``serve`` would run with (``args.settings``;
     the zone, when ``--zone`` is not given)."""
+    from nexus_mcp.policy.profiles import default_profiles_path, load_profiles
+
     try:
         args.settings = _settings(args)
         if args.zone is None:
@@ -555,12 +560,16 @@ def _load_config(args: argparse.Namespace) -> ToolProfileConfig | None:
 def _settings(args: argparse.Namespace) -> Settings:
     """The settings ``serve`` would run with: ``--config``, else ``NEXUS_MCP_CONFIG``;
     ``--data-dir`` wins over both."""
+    from nexus_mcp.settings import load_settings
+
     return load_settings(
         _config_path(args), {"data_dir": args.data_dir}, flags={"data_dir": "--data-dir"}
     )
 
 
 def _config_path(args: argparse.Namespace) -> Path | None:
+    from nexus_mcp.stores.locations import CONFIG_ENV
+
     if args.config is not None:
         return Path(args.config)
     return Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None
@@ -596,6 +605,13 @@ def _open_store(args: argparse.Namespace) -> tuple[TupleStore, Callable[[], None
     change is announced to all of them at once; otherwise the SQLite file, its folder made
     and writable.
     """
+    from nexus_mcp.stores.locations import (
+        DATA_DIR_SETTING,
+        GRANTS_DB_SETTING,
+        grants_path,
+        prepare_folder,
+    )
+
     if args.db is not None:
         store = SqliteTupleStore(args.db)  # its own error names the file given
         return store, store.close

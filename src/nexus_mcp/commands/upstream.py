@@ -24,36 +24,21 @@ a new stamp (a running server forgets its own copy when it reads the new lock fi
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.commands import print_table, upstream_items
 from nexus_mcp.errors import ConfigError, UnavailableError
-from nexus_mcp.observability.logs import ensure_logging
-from nexus_mcp.policy.pins import PinnedDefinitions, PinState
-from nexus_mcp.policy.registry import (
-    RegistrySet,
-    load_registry_dir,
-    upstream_registry_dir,
-)
-from nexus_mcp.policy.upstreams import load_upstreams
-from nexus_mcp.providers.upstream.review import (
-    CHANGED,
-    REMOVED_UPSTREAM,
-    ReviewContext,
-    change_lines,
-    inspect,
-    items_to_pin,
-    keep_definitions,
-    pin_items,
-    pin_reviewed,
-    to_pin,
-    verdict,
-)
-from nexus_mcp.settings import Settings, config_sections, load_settings
+
+# The settings, registries and the review (which loads the upstream client stack) are
+# imported by each action that uses them: `upstream --help` loads none (issue 29).
+if TYPE_CHECKING:
+    from nexus_mcp.policy.pins import PinnedDefinitions
+    from nexus_mcp.policy.registry import RegistrySet
+    from nexus_mcp.providers.upstream.review import ReviewContext
+    from nexus_mcp.settings import Settings
 
 EXIT_OK = 0
 EXIT_DRIFT = 1
@@ -101,6 +86,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_list(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from nexus_mcp.providers.upstream.review import inspect
+
     rows: list[Sequence[str]] = []
     try:
         context = _load(args)
@@ -119,6 +108,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from nexus_mcp.providers.upstream.review import CHANGED, change_lines, verdict
+
     try:
         _context, report = _connect(args)
     except ConfigError as exc:
@@ -148,6 +139,15 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_pin(args: argparse.Namespace) -> int:
+    from nexus_mcp.providers.upstream.review import (
+        change_lines,
+        items_to_pin,
+        pin_items,
+        pin_reviewed,
+        to_pin,
+        verdict,
+    )
+
     try:
         context, report = _connect(args)
     except ConfigError as exc:
@@ -220,6 +220,8 @@ def _keep_definitions(
     """Keep the listed definitions of the pinned tools beside the lock file, for the next
     diff (``review.keep_definitions``). The pins are written whatever happens here: a
     failure is one line on stderr."""
+    from nexus_mcp.providers.upstream.review import keep_definitions
+
     try:
         path = keep_definitions(context, server_id, tools, kept, always=quiet)
     except OSError as exc:
@@ -235,6 +237,10 @@ def _keep_definitions(
 
 def _connect(args: argparse.Namespace) -> tuple[ReviewContext, dict[str, Any]]:
     """The configuration, and what connecting to ``args.server`` as the gateway finds."""
+    import asyncio
+
+    from nexus_mcp.providers.upstream.review import inspect
+
     context = _load(args, server_id=args.server)
     return context, asyncio.run(inspect(context, args.server))
 
@@ -248,6 +254,9 @@ def served_registry(settings: Any) -> RegistrySet:
 def _load(args: argparse.Namespace, server_id: str | None = None) -> ReviewContext:
     # What connecting logs (quarantine warnings, an upstream's library records) goes to
     # stderr as JSON lines; stdout is the table.
+    from nexus_mcp.observability.logs import ensure_logging
+    from nexus_mcp.settings import load_settings
+
     ensure_logging()
     overrides: dict[str, Any] = {"mode": args.mode, "data_dir": args.data_dir}
     settings = load_settings(args.config, overrides)
@@ -262,6 +271,11 @@ def review_context(
 ) -> ReviewContext:
     """The upstreams of ``config`` as ``serve`` would load them (``upstream`` commands and
     ``nexus-mcp console``, which have no running gateway)."""
+    from nexus_mcp.policy.registry import load_registry_dir, upstream_registry_dir
+    from nexus_mcp.policy.upstreams import load_upstreams
+    from nexus_mcp.providers.upstream.review import ReviewContext
+    from nexus_mcp.settings import config_sections
+
     upstreams = load_upstreams(
         config_sections(config).get("upstreams") if config is not None else None,
         mode=settings.mode,
@@ -298,6 +312,8 @@ def _print_unusable(report: dict[str, Any]) -> int:
 
 
 def _drift(report: dict[str, Any]) -> list[str]:
+    from nexus_mcp.policy.pins import PinState
+
     drifted = [
         name
         for name, tool in report["tools"].items()
@@ -309,6 +325,8 @@ def _drift(report: dict[str, Any]) -> list[str]:
 def _rows(
     report: dict[str, Any], only: set[str] | None = None, *, verdicts: bool = False
 ) -> list[Sequence[str]]:
+    from nexus_mcp.providers.upstream.review import REMOVED_UPSTREAM, verdict
+
     rows: list[Sequence[str]] = []
     for name, tool in report["tools"].items():
         if only is not None and name not in only:

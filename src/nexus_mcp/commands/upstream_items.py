@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nexus_mcp.commands import print_table
-from nexus_mcp.policy.catalog import SINGULAR, Kind
 from nexus_mcp.policy.definition_diff import INDENT, MAX_LINE_CHARS, escape
-from nexus_mcp.policy.pins import PinState
-from nexus_mcp.providers.upstream.review import verdict
+
+if TYPE_CHECKING:
+    from nexus_mcp.policy.catalog import Kind
 
 ITEM_COLUMNS = ("server", "kind", "item", "exposed as", "pin", "status")
 MAX_SHOWN_LINES = 40  # lines of one item's definition shown before it is pinned
@@ -38,6 +38,8 @@ def add_arguments(pin: argparse.ArgumentParser) -> None:
 def wanted_items(args: argparse.Namespace) -> dict[Kind, set[str]] | None:
     """What ``--prompt``/``--resource`` select; None: every allowed item (no selector at
     all); nothing when only ``--tool`` is given."""
+    from nexus_mcp.policy.catalog import Kind
+
     prompts, resources = args.prompt or [], args.resource or []
     if not prompts and not resources:
         return None if not args.tool else {}
@@ -51,6 +53,8 @@ def wanted_items(args: argparse.Namespace) -> dict[Kind, set[str]] | None:
 def unknown_items(report: Mapping[str, Any], wanted: Mapping[Kind, set[str]] | None) -> int:
     """How many selected keys the upstream does not list (never echoed: hostile or not,
     a key the operator typed is theirs, but one count is enough)."""
+    from nexus_mcp.policy.catalog import Kind
+
     if not wanted:
         return 0
     listed = {(item["kind"], item["key"]) for item in report.get("items", ())}
@@ -71,6 +75,9 @@ def item_rows(
     *,
     verdicts: bool = False,
 ) -> list[Sequence[str]]:
+    from nexus_mcp.policy.catalog import SINGULAR
+    from nexus_mcp.providers.upstream.review import verdict
+
     rows: list[Sequence[str]] = []
     for item in report.get("items", ()):
         if wanted is not None and item["key"] not in wanted.get(item["kind"], ()):
@@ -98,6 +105,9 @@ def print_items(report: Mapping[str, Any], wanted: Mapping[Kind, set[str]] | Non
 
 def item_drift(report: Mapping[str, Any]) -> list[str]:
     """Allowed items not pinned as listed (their kind and position, never their text)."""
+    from nexus_mcp.policy.catalog import SINGULAR
+    from nexus_mcp.policy.pins import PinState
+
     return [
         f"{SINGULAR[item['kind']]} #{position}"
         for position, item in enumerate(report.get("items", ()))
@@ -107,6 +117,9 @@ def item_drift(report: Mapping[str, Any]) -> list[str]:
 
 def print_changes(report: Mapping[str, Any], changes: Mapping[Kind, Mapping[str, str]]) -> None:
     """Each item about to be pinned: its verdict, its digests and its definition."""
+    from nexus_mcp.policy.catalog import SINGULAR
+    from nexus_mcp.providers.upstream.review import verdict
+
     by_key = {(item["kind"], item["key"]): item for item in report.get("items", ())}
     for kind, digests in changes.items():
         for key, digest in digests.items():

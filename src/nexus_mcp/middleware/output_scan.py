@@ -14,7 +14,7 @@ apart and puts it together again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp_types import ContentBlock, EmbeddedResource, TextContent
 
@@ -30,13 +30,25 @@ from nexus_mcp.policy.output_scanning import (
     scan_texts,
 )
 
+if TYPE_CHECKING:
+    from nexus_mcp.policy.secret_scan import SecretScanner
+
 
 class OutputScan:
     """The deployment's output scanning: its settings and one detector set."""
 
     def __init__(self, settings: OutputScanSettings) -> None:
         self.settings = settings
-        self.scanner = settings.scanner()
+        modes = {settings.mode, *settings.tools.values(), *settings.servers.values()}
+        # Built now, so detectors that cannot load stop the start, never a call; unless no
+        # result is ever scanned, and then detect-secrets is not loaded at all.
+        self._scanner = settings.scanner() if modes != {"off"} else None
+
+    @property
+    def scanner(self) -> SecretScanner:
+        if self._scanner is None:  # every mode is off: only reached by a direct call
+            self._scanner = self.settings.scanner()
+        return self._scanner
 
     def outcome(self, contract: ToolContract, state: CallState, outcome: Outcome) -> Outcome:
         """``outcome`` as policy lets it leave: as it is, redacted, or refused

@@ -4,6 +4,8 @@ The tool layer calls ``read_note_view(backend, kind, raw_path, caller)`` and reg
 tool per entry of ``TOOL_VIEWS``; everything here is plain Python without FastMCP.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from nexus_mcp.notes.backends import LocalVaultBackend, NoteBackend
 from nexus_mcp.notes.builders import (
     DOCUMENT_TREE_SCHEMA,
@@ -19,10 +21,23 @@ from nexus_mcp.notes.builders import (
     build_note_outline,
     build_section_source,
 )
-from nexus_mcp.notes.canister import CanisterBackend
 from nexus_mcp.notes.paths import normalize_note_path
 from nexus_mcp.notes.source import NoteSource
 from nexus_mcp.notes.views import TOOL_VIEWS, VIEW_KINDS, ViewKind, read_note_view, to_log_record
+
+if TYPE_CHECKING:
+    from nexus_mcp.notes.canister import CanisterBackend
+
+
+def __getattr__(name: str) -> Any:
+    # The hosted backend (and the HTTP client it is built on) loads when it is asked for:
+    # a local vault never needs it (issue 29).
+    if name == "CanisterBackend":
+        from nexus_mcp.notes.canister import CanisterBackend
+
+        return CanisterBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DOCUMENT_TREE_SCHEMA",

@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nexus_mcp.errors import ConfigError, UpstreamError
-from nexus_mcp.notes import CanisterBackend, LocalVaultBackend, NoteBackend
+from nexus_mcp.notes import LocalVaultBackend, NoteBackend
 from nexus_mcp.policy.targets import (
     identify_canister_vault,
     identify_folder,
@@ -26,6 +27,9 @@ from nexus_mcp.policy.targets import (
 from nexus_mcp.principal import Principal
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.locations import server_state_paths
+
+if TYPE_CHECKING:
+    from nexus_mcp.notes.canister import CanisterBackend
 
 _VAULT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # The tool timeout starts before the canister request does (chain checks, token, connect
@@ -83,6 +87,8 @@ class VaultRouter:
         self.settings = settings
         self._canister: CanisterBackend | None = None
         if notes.backend == "canister":
+            from nexus_mcp.notes.canister import CanisterBackend  # hosted vaults only
+
             assert notes.canister_url is not None  # settings validation guarantees it
             self._canister = CanisterBackend(
                 notes.canister_url,

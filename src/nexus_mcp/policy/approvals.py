@@ -28,8 +28,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-import jwt
-
 from nexus_mcp.errors import (
     ApprovalExpiredError,
     ApprovalInvalidError,
@@ -290,6 +288,8 @@ def mint_approval_token(
     kid = keys.active_kid
     secret = keys.secret_for(kid)
     assert secret is not None  # ApprovalKeys guarantees the active kid has a secret
+    import jwt  # here: a server or command that never mints or verifies does not load it
+
     return jwt.encode(
         payload,
         secret,
@@ -480,6 +480,10 @@ def load_approval_settings(
 def _decode_signed_payload(keys: ApprovalKeys, token: str) -> dict[str, Any]:
     if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
         raise ApprovalInvalidError(reason="malformed")
+    # Here, not at the top: only a token checked needs PyJWT (and the cryptography it
+    # loads). A failed import raises here, before any claim is trusted: the call fails.
+    import jwt
+
     try:
         header = jwt.get_unverified_header(token)
     except jwt.PyJWTError:

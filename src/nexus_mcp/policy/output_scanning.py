@@ -29,18 +29,17 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from nexus_mcp.errors import OutputDeniedError
-from nexus_mcp.policy.secret_scan import (
-    DEFAULT_BASE64_LIMIT,
-    DEFAULT_HEX_LIMIT,
-    SecretScanner,
-    Span,
-    cut,
-)
+from nexus_mcp.policy.redaction import DEFAULT_BASE64_LIMIT, DEFAULT_HEX_LIMIT, Span, cut
+
+if TYPE_CHECKING:
+    # The detectors (detect-secrets) load with the first scanner built, not with the
+    # configuration: every command reads this section, only a server scans (issue 29).
+    from nexus_mcp.policy.secret_scan import SecretScanner
 
 OutputScanMode = Literal["redact", "refuse", "audit", "off"]
 NATIVE_SERVER_ID = "nexus"
@@ -86,6 +85,8 @@ class OutputScanSettings(BaseModel):
         return self.servers.get(server_id or NATIVE_SERVER_ID, self.mode)
 
     def scanner(self) -> SecretScanner:
+        from nexus_mcp.policy.secret_scan import SecretScanner
+
         return SecretScanner(base64_limit=self.entropy_limit, hex_limit=self.hex_entropy_limit)
 
 

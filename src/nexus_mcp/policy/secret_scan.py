@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 from detect_secrets.filters.heuristic import (
     is_likely_id_string,
@@ -67,11 +66,18 @@ from detect_secrets.plugins.square_oauth import SquareOAuthDetector
 from detect_secrets.plugins.stripe import StripeDetector
 from detect_secrets.plugins.twilio import TwilioKeyDetector
 
-DEFAULT_BASE64_LIMIT = 4.5  # detect-secrets' own defaults
-DEFAULT_HEX_LIMIT = 3.0
+from nexus_mcp.policy.redaction import (
+    DEFAULT_BASE64_LIMIT,
+    DEFAULT_HEX_LIMIT,
+    REDACTED_PREFIX,
+    Span,
+    cut,
+    marker,
+    secret_slug,
+)
+
 MAX_ENTROPY_CHARS = 1024
 MIN_SCANNED_CHARS = 8  # no detector matches fewer characters
-REDACTED_PREFIX = "[REDACTED:"
 
 # Substrings one of which must be in the text for the plugin to run (None: always runs);
 # matched case-insensitively where the plugin's own expression is.
@@ -141,24 +147,6 @@ _LINE_LOOKBACK = 512
 # How many distinct found values of one detector are also searched for everywhere else in
 # the text (``_elsewhere``); the others are cut where they were matched.
 _MAX_SEARCHED_VALUES = 32
-
-
-def secret_slug(secret_type: str) -> str:
-    """detect-secrets' type name as a marker word: ``AWS Access Key`` -> ``aws_access_key``."""
-    return re.sub(r"[^a-z0-9]+", "_", secret_type.lower()).strip("_")
-
-
-def marker(slug: str) -> str:
-    return f"{REDACTED_PREFIX}{slug}]"
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One found secret: where it is in the text, and its kind (a ``secret_slug``)."""
-
-    start: int
-    end: int
-    kind: str
 
 
 class SecretScanner:
@@ -460,18 +448,6 @@ def _merge(spans: list[Span]) -> list[Span]:
         else:
             merged.append(span)
     return merged
-
-
-def cut(text: str, spans: Iterable[Span]) -> str:
-    """``text`` with each span replaced by its marker."""
-    parts: list[str] = []
-    position = 0
-    for span in spans:
-        parts.append(text[position : span.start])
-        parts.append(marker(span.kind))
-        position = span.end
-    parts.append(text[position:])
-    return "".join(parts)
 
 
 __all__ = [

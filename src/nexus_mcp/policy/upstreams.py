@@ -48,6 +48,8 @@ from nexus_mcp.policy.sandbox import SandboxConfig, SandboxUpstream
 from nexus_mcp.policy.write_policy import WriteDecision
 
 CONFIG_LOCATION = "upstreams"
+# The toolset an upstream's tools are entered under (the server id follows it).
+UPSTREAM_TOOLSET_PREFIX = "upstream:"
 # MCP's tool-name rule (DESIGN.md, Registry): the exposed name must satisfy it too.
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 SERVER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -640,6 +642,7 @@ __all__ = [
     "RULE_UPSTREAM_NO_POLICY",
     "RULE_UPSTREAM_TOOL_NOT_ALLOWED",
     "TOOL_NAME_RE",
+    "UPSTREAM_TOOLSET_PREFIX",
     "Credentials",
     "Forwarding",
     "IdentityMeta",

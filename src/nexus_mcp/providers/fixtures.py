@@ -52,7 +52,7 @@ from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.documents import check_read_documents
 from nexus_mcp.policy.pins import definition_digest as pinned_digest
 from nexus_mcp.policy.registry import DocumentSpec
-from nexus_mcp.providers.upstream.tools import UPSTREAM_TOOLSET_PREFIX
+from nexus_mcp.policy.upstreams import UPSTREAM_TOOLSET_PREFIX
 from nexus_mcp.workspace.replay import ReachedTheWorld
 
 log = get_logger(__name__)

@@ -11,7 +11,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastmcp import FastMCP
 from pydantic import BaseModel
@@ -54,22 +54,15 @@ from nexus_mcp.policy.registry import (
 )
 from nexus_mcp.policy.repos import ReposConfig, load_repos_config
 from nexus_mcp.policy.resources import NOTES_SOURCE
-from nexus_mcp.policy.targets import ToolTargets, identify_folder
+from nexus_mcp.policy.targets import TargetOf, ToolTargets, identify_folder
 from nexus_mcp.policy.upstreams import (
     UpstreamWrites,
     load_upstreams,
 )
-from nexus_mcp.providers.fixtures import FixtureProvider, ReplaySet
 from nexus_mcp.providers.native import ToolFunction, register_native_tools
 from nexus_mcp.providers.note_resources import register_note_resources
 from nexus_mcp.providers.recording import Recorder
 from nexus_mcp.providers.tool_index import ToolIndex
-from nexus_mcp.providers.upstream.gateway import UpstreamGateway
-from nexus_mcp.providers.upstream.subscriptions import SubscriptionRelay
-from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
-from nexus_mcp.repos.catalog import RepoCatalog
-from nexus_mcp.repos.writes import WRITE_OPERATIONS as REPO_WRITE_TOOLS
-from nexus_mcp.repos.writes import ConfiguredPolicyGate, RepoWrites
 from nexus_mcp.server.health import operator_token
 from nexus_mcp.server.listen import add_listen_handler
 from nexus_mcp.server.notify import ChangeNotifier
@@ -99,7 +92,6 @@ from nexus_mcp.server.startup import (
     sealing,
     warn_about_replicas,
 )
-from nexus_mcp.server.subscribe import Subscriptions, add_subscription_handlers
 from nexus_mcp.settings import Settings, config_sections, trust_files
 from nexus_mcp.stores.backends import StateStores, audit_replica, open_state
 from nexus_mcp.stores.locations import (
@@ -111,10 +103,16 @@ from nexus_mcp.tools.files import TOOLSET as FILES_TOOLSET
 from nexus_mcp.tools.files import build_files_tools
 from nexus_mcp.tools.notes import TOOLSET as NOTES_TOOLSET
 from nexus_mcp.tools.notes import build_notes_tools
-from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
-from nexus_mcp.tools.repo import build_repo_tools
 from nexus_mcp.workspace.files import Workspace
 from nexus_mcp.workspace.replay import LexicalPaths
+
+if TYPE_CHECKING:
+    # The upstream stack (FastMCP's client, its transports) is imported where an upstream
+    # is configured or replayed, not by every server (issue 29: a stdio start without one).
+    from nexus_mcp.providers.fixtures import ReplaySet  # serve --replay only
+    from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+    from nexus_mcp.repos.writes import RepoWrites  # the repositories' too, where configured
+    from nexus_mcp.server.subscribe import Subscriptions
 
 log = get_logger(__name__)
 
@@ -143,11 +141,12 @@ def build_server(
     repos_config = load_repos_config(sections.get("repos"), mode=settings.mode, source=config_file)
     # The repositories are opened (and checked) first; nothing else holds them if start-up
     # stops later, so they are closed here then. A replay opens none.
-    repos = (
-        RepoWrites(RepoCatalog.open(repos_config, mode=settings.mode), environ)
-        if repos_config.enabled and settings.replay is None
-        else None
-    )
+    repos = None
+    if repos_config.enabled and settings.replay is None:
+        from nexus_mcp.repos.catalog import RepoCatalog
+        from nexus_mcp.repos.writes import RepoWrites
+
+        repos = RepoWrites(RepoCatalog.open(repos_config, mode=settings.mode), environ)
     try:
         return _build_server(
             settings,
@@ -208,6 +207,8 @@ def _build_server(
     late: dict[str, GrantedTools] = {}
     visible = lambda principal: late["access"].visible_tools(principal)  # noqa: E731
     stand_ins: list[ToolFunction] = []
+    if repos is not None:
+        from nexus_mcp.tools.repo import build_repo_tools
     if isinstance(workspace, Workspace):
         functions: list[ToolFunction] = [
             *build_files_tools(workspace, settings),
@@ -264,8 +265,11 @@ def _build_server(
         sections, environ, settings, write_policies, repos_config
     )
     # Checked before any state is opened, as the rest of the configuration.
+    gateway: type[UpstreamGateway] | None = None
+    if upstream_config.servers and replay is None:
+        from nexus_mcp.providers.upstream.gateway import UpstreamGateway as gateway
     upstream_plan = (
-        UpstreamGateway.plan(
+        gateway.plan(
             upstream_config,
             settings=settings,
             registry=registry,
@@ -275,7 +279,7 @@ def _build_server(
             native_tools=native_catalog(settings, registry, native_contracts),
             environ=environ,
         )
-        if upstream_config.servers and replay is None
+        if gateway is not None
         else None
     )
     recorder = (
@@ -330,14 +334,14 @@ def _build_server(
             scanner=OutputScan(settings.output_scanning),
         )
         upstreams = (
-            UpstreamGateway.build(
+            gateway.build(
                 upstream_plan,
                 connector=connector,
                 audit=audit_log,
                 recorder=recorder,
                 **quarantine_evidence(settings, state),
             )
-            if upstream_plan is not None
+            if gateway is not None and upstream_plan is not None
             else None
         )
         profiles = load_profiles(
@@ -427,6 +431,8 @@ def _build_server(
     index = ToolIndex(mcp)  # by-name lookup for tools/call, FastMCP's innermost transform
     mcp.add_transform(index)
     if replay is not None:
+        from nexus_mcp.providers.fixtures import FixtureProvider
+
         provider = FixtureProvider(
             replay.records,
             replay.calls,
@@ -463,6 +469,9 @@ def _build_server(
             )
     subscriptions: Subscriptions | None = None
     if upstreams is not None:
+        from nexus_mcp.providers.upstream.subscriptions import SubscriptionRelay
+        from nexus_mcp.server.subscribe import add_subscription_handlers
+
         upstreams.bind(book, runtime.access, runtime.targets)
         upstreams.on_published = runtime.notifier.changed
         mcp.add_provider(upstreams.provider)
@@ -584,10 +593,15 @@ def prompt_server(runtime: Runtime, name: str) -> str | None:
 def repo_write_gates(runtime: Runtime) -> Mapping[str, WriteGate] | None:
     """The repository writes' gate: the repositories themselves, or in a replay (which
     opens none) their configured write policy alone (``repos/writes.py``)."""
+    # Without either, the repositories' modules are never loaded.
     if runtime.repos is not None:
-        return dict.fromkeys(REPO_WRITE_TOOLS, runtime.repos)
+        from nexus_mcp.repos.writes import WRITE_OPERATIONS
+
+        return dict.fromkeys(WRITE_OPERATIONS, runtime.repos)
     if runtime.settings.replay is not None and runtime.repos_config is not None:
-        return dict.fromkeys(REPO_WRITE_TOOLS, ConfiguredPolicyGate(runtime.repos_config))
+        from nexus_mcp.repos.writes import WRITE_OPERATIONS, ConfiguredPolicyGate
+
+        return dict.fromkeys(WRITE_OPERATIONS, ConfiguredPolicyGate(runtime.repos_config))
     return None
 
 
@@ -603,14 +617,15 @@ def build_targets(
     named here has no target, so a write through it is refused rather than made
     idempotent against an unknown target. Providers added later name their own.
     """
-    targets = ToolTargets(
-        {
-            FILES_TOOLSET: lambda principal, _arguments: identify_folder(workspace.root),
-            NOTES_TOOLSET: lambda principal, _arguments: vaults.target_for(principal),
-            **({REPO_TOOLSET: repos.catalog.target_of} if repos is not None else {}),
-        },
-        book.toolsets,
-    )
+    toolsets: dict[str, TargetOf] = {
+        FILES_TOOLSET: lambda principal, _arguments: identify_folder(workspace.root),
+        NOTES_TOOLSET: lambda principal, _arguments: vaults.target_for(principal),
+    }
+    if repos is not None:
+        from nexus_mcp.tools.repo import TOOLSET as REPO_TOOLSET
+
+        toolsets[REPO_TOOLSET] = repos.catalog.target_of
+    targets = ToolTargets(toolsets, book.toolsets)
     untargeted = sorted(
         name
         for name, contract in book.contracts.items()
@@ -649,6 +664,8 @@ def enter_tools(
         check: Callable[[Mapping[str, Any]], None] | None = None
         route = None
         if record.upstream_tool is not None:
+            from nexus_mcp.providers.upstream.tools import ToolView, check_arguments
+
             route = (record.server_id, record.upstream_tool)
             view = ToolView(
                 upstream_name=record.upstream_tool,

@@ -36,7 +36,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.shared.exceptions import MCPError
@@ -63,7 +63,9 @@ from nexus_mcp.observability.audit import AuditLog, caller_event
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.principal import Principal
 from nexus_mcp.server.notify import ChangeNotifier
-from nexus_mcp.server.subscribe import Subscriptions
+
+if TYPE_CHECKING:
+    from nexus_mcp.server.subscribe import Subscriptions  # with an upstream only
 
 log = get_logger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
@@ -28,14 +28,8 @@ from nexus_mcp.policy.upstreams import (
     UpstreamsConfig,
     load_upstreams,
 )
-from nexus_mcp.providers.fixtures import (
-    ReplaySet,
-    check_replay,
-    replay_refusal,
-)
 from nexus_mcp.providers.native import NexusTool, ToolFunction
 from nexus_mcp.providers.recording import listed_definition
-from nexus_mcp.repos.catalog import ARG_REPO
 from nexus_mcp.server.runtime import Runtime
 from nexus_mcp.server.startup import load_served_registry
 from nexus_mcp.settings import Settings
@@ -45,9 +39,11 @@ from nexus_mcp.stores.locations import (
 from nexus_mcp.tools.discovery import build_discovery_tools
 from nexus_mcp.tools.files import build_files_tools
 from nexus_mcp.tools.notes import build_notes_tools
-from nexus_mcp.tools.repo import build_repo_tools
 from nexus_mcp.workspace.files import Workspace
 from nexus_mcp.workspace.replay import LexicalPaths, ReachedTheWorld, ReplayWorkspace
+
+if TYPE_CHECKING:
+    from nexus_mcp.providers.fixtures import ReplaySet
 
 log = get_logger(__name__)
 
@@ -75,6 +71,8 @@ class _ReplayRepos:
         self._config = config
 
     def get(self, name: object) -> Any:
+        from nexus_mcp.repos.catalog import ARG_REPO
+
         if not is_safe_repo_name(name):
             raise InvalidInputError(field=ARG_REPO)
         config = self._config
@@ -97,6 +95,7 @@ def replay_stand_ins(
     """Every native toolset over stand-ins (``serve --replay`` answers every call from
     the recording): their contracts and argument models, and their bodies up to the
     first touch of a file, vault or repository (``workspace.replay.ReplayWorkspace``)."""
+    from nexus_mcp.tools.repo import build_repo_tools
 
     def no_vault(_principal: Any) -> Any:
         # A vault that is never read: the notes tools check the path before they read.
@@ -139,6 +138,8 @@ def load_replay_set(
 ) -> ReplaySet:
     """The recording in ``settings.replay``, checked against this build and configuration
     (``ConfigError`` listing every problem)."""
+    from nexus_mcp.providers.fixtures import replay_refusal
+
     assert settings.replay is not None
     replay, problems = _check_recording(
         settings, settings.replay, functions, contracts, argument_models, upstream_config, environ
@@ -185,6 +186,8 @@ def _check_recording(
     upstream_config: UpstreamsConfig,
     environ: Mapping[str, str],
 ) -> tuple[ReplaySet, list[str]]:
+    from nexus_mcp.providers.fixtures import check_replay
+
     key = resolve_fixture_key(
         settings.fixture_key, is_dev=settings.is_dev, environ=environ, folder=directory
     )

@@ -44,8 +44,6 @@ from nexus_mcp.policy.write_policy import (
     WritePolicyConfig,
 )
 from nexus_mcp.providers.recording import Recorder
-from nexus_mcp.providers.upstream.gateway import UpstreamGateway
-from nexus_mcp.repos.writes import RepoWrites
 from nexus_mcp.server.notify import ChangeNotifier
 from nexus_mcp.settings import Settings
 from nexus_mcp.stores.backends import StateStores
@@ -56,6 +54,8 @@ from nexus_mcp.workspace.replay import LexicalPaths
 
 if TYPE_CHECKING:
     from nexus_mcp.identity.oauth import FrontDoor  # HTTP only; imported there
+    from nexus_mcp.providers.upstream.gateway import UpstreamGateway  # with an upstream only
+    from nexus_mcp.repos.writes import RepoWrites  # with repositories only
 
 log = get_logger(__name__)
 # The audit outcome of a call the HTTP layer answered 403 insufficient_scope.

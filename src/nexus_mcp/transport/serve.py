@@ -37,7 +37,6 @@ from nexus_mcp._version import __version__
 from nexus_mcp.errors import ConfigError
 from nexus_mcp.observability.logs import enforce_one_handler, get_logger
 from nexus_mcp.server.build import NexusServer
-from nexus_mcp.server.oauth_errors import OAuthErrorsMiddleware
 from nexus_mcp.server.scope_challenge import ScopeChallengeMiddleware
 from nexus_mcp.settings import Settings
 from nexus_mcp.transport.routing_headers import RoutingHeadersMiddleware
@@ -180,6 +179,9 @@ def front_door_paths(settings: Settings) -> tuple[str, ...]:
 
 def http_options(settings: Settings) -> dict[str, Any]:
     """Keyword arguments for FastMCP's ``run_http_async``/``http_app`` (shared with tests)."""
+    # Here, not at the top: it loads FastMCP's OAuth proxy, which stdio never needs.
+    from nexus_mcp.server.oauth_errors import OAuthErrorsMiddleware
+
     allowed_hosts = list(settings.allowed_hosts) or [
         *LOOPBACK_HOSTS,
         # The public address clients and the identity provider's redirects reach.

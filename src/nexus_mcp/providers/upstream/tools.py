@@ -32,9 +32,8 @@ from nexus_mcp.errors import (
 from nexus_mcp.policy.hashing import to_canonical_json
 from nexus_mcp.policy.pins import PinState
 from nexus_mcp.policy.registry import ToolEntry
+from nexus_mcp.policy.upstreams import UPSTREAM_TOOLSET_PREFIX
 from nexus_mcp.providers.upstream.sessions import UpstreamFailure
-
-UPSTREAM_TOOLSET_PREFIX = "upstream:"
 
 
 @dataclass(frozen=True)
