@@ -115,6 +115,9 @@ def write_registry(
     return path
 
 
+STDIO_CONNECT_SECONDS = 30
+
+
 def stdio_upstream(
     server_id: str = "up", *, record: Path | None = None, variant: str | None = None, **extra: Any
 ) -> dict[str, Any]:
@@ -128,6 +131,9 @@ def stdio_upstream(
         "transport": "stdio",
         "command": sys.executable,
         "args": args,
+        # A Python process starting on a machine busy with parallel test workers can take
+        # longer than the default 10 s to answer; tests of the timeout pass their own.
+        "timeouts": {"connect_seconds": STDIO_CONNECT_SECONDS},
         **extra,
     }
 
@@ -173,6 +179,9 @@ def git_upstream(repository: Path | None, server_id: str = "git", **extra: Any) 
         "transport": "stdio",
         "command": sys.executable,
         "args": args,
+        # A Python process starting on a machine busy with parallel test workers can take
+        # longer than the default 10 s to answer; tests of the timeout pass their own.
+        "timeouts": {"connect_seconds": STDIO_CONNECT_SECONDS},
         **extra,
     }
 
