@@ -64,7 +64,10 @@ def chain_line(record: Mapping[str, Any], prev: str) -> tuple[bytes, str]:
     The hash is over the exact bytes of the line without its ``sha256`` field, so verify
     hashes what is on disk and nothing is serialised twice.
     """
-    chained = {k: v for k, v in record.items() if k not in ("sha256", "prev_sha256")}
+    chained = dict(record)  # a copy in C; a record the chain built carries neither field
+    if "sha256" in chained or "prev_sha256" in chained:
+        chained.pop("sha256", None)
+        chained.pop("prev_sha256", None)
     chained["prev_sha256"] = prev
     body = compact_json(chained)
     digest = sha256_hex(body)
