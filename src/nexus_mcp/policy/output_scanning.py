@@ -37,6 +37,7 @@ from nexus_mcp.errors import OutputDeniedError
 from nexus_mcp.policy.secret_scan import (
     DEFAULT_BASE64_LIMIT,
     DEFAULT_HEX_LIMIT,
+    MIN_SCANNED_CHARS,
     SecretScanner,
     Span,
     cut,
@@ -173,7 +174,12 @@ def scan_structured(scanner: SecretScanner, value: Any, findings: Findings) -> A
 def _walk(
     scanner: SecretScanner, value: Any, key: str | None, findings: Findings, depth: int
 ) -> Any:
+    kind = type(value)
+    if kind is int or kind is float or kind is bool or value is None:
+        return value  # nothing to scan (checked first: most leaves of a result)
     if isinstance(value, str):
+        if len(value) < MIN_SCANNED_CHARS:
+            return value  # what ``spans`` answers for it, without the call
         spans = scanner.spans(value, key=key, whole=True)
         if not spans:
             return value

@@ -479,6 +479,7 @@ __all__ = [
     "DEFAULT_BASE64_LIMIT",
     "DEFAULT_HEX_LIMIT",
     "MAX_ENTROPY_CHARS",
+    "MIN_SCANNED_CHARS",
     "REDACTED_PREFIX",
     "SecretScanner",
     "Span",
