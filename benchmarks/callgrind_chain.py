@@ -19,9 +19,9 @@ notice (a 0.1 s memo missing on every call); so the measured process's ``time`` 
     python benchmarks/callgrind_chain.py [--calls 200] [--mode legacy|auto] [--side nexus]
     python benchmarks/callgrind_chain.py --opcodes [--calls 40]    (which Python code)
 
-About half a minute per side and era. Counts are of user-space instructions: the kernel's
-side of the audit ``write``, thread hand-offs and cache misses are not in them (the
-CPU-time ratio of ``bench_chain.py`` is a little higher).
+About a minute per side and era (more on a busy machine). Counts are of user-space
+instructions: the kernel's side of the audit ``write``, thread hand-offs and cache misses
+are not in them (the CPU-time ratio of ``bench_chain.py`` is a little higher).
 """
 
 from __future__ import annotations
