@@ -38,6 +38,10 @@ HEADS_VERSION = 1
 _TAIL_CHUNK = 65536
 _SUFFIX_HEAD = b',"sha256":"'
 _SUFFIX_LEN = len(_SUFFIX_HEAD) + 64 + 2
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEADS_OPEN = b'{"v":%d,"segments":' % HEADS_VERSION
+_HEADS_LIVE = b',"live":{"last_sha256":"'
+_HEADS_BYTES = b'","bytes":'
 _SEGMENT = re.compile(r"\.[1-9][0-9]{0,8}")  # after the log's name: ".1", ".2", ...
 
 
@@ -64,7 +68,10 @@ def chain_line(record: Mapping[str, Any], prev: str) -> tuple[bytes, str]:
     The hash is over the exact bytes of the line without its ``sha256`` field, so verify
     hashes what is on disk and nothing is serialised twice.
     """
-    chained = {k: v for k, v in record.items() if k not in ("sha256", "prev_sha256")}
+    chained = dict(record)  # a copy in C; a record the chain built carries neither field
+    if "sha256" in chained or "prev_sha256" in chained:
+        chained.pop("sha256", None)
+        chained.pop("prev_sha256", None)
     chained["prev_sha256"] = prev
     body = compact_json(chained)
     digest = sha256_hex(body)
@@ -127,6 +134,7 @@ class ChainedJsonlWriter:
         # the size (or the inode, by rotating), and the state is read again from the files.
         self._known: tuple[int, int, str] | None = None
         self._segments: list[dict[str, Any]] = []
+        self._segments_json: bytes | None = None  # their JSON, until they change
         self._heads_size = 0
         self._inode = 0
         self._stored_head = GENESIS
@@ -193,11 +201,13 @@ class ChainedJsonlWriter:
             heads = json.loads(raw) if raw else {}
             segments = heads.get("segments", []) if isinstance(heads, dict) else []
             self._segments = [s for s in segments if isinstance(s, dict)]
+            self._segments_json = None
             live = heads.get("live") if isinstance(heads, dict) else None
             head = live.get("last_sha256") if isinstance(live, dict) else None
             self._stored_head = head if isinstance(head, str) else GENESIS
         except ValueError:
             self._segments = []  # a damaged heads file: verify reports it; keep writing
+            self._segments_json = None
             self._stored_head = GENESIS
 
     def _rotate(self) -> None:
@@ -209,17 +219,29 @@ class ChainedJsonlWriter:
             target = self.path.with_name(f"{self.path.name}.{number}")
         os.rename(self.path, target)
         self._segments.append({"file": target.name, "last_sha256": last})
+        self._segments_json = None
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         self._inode = os.fstat(self._fd).st_ino
 
     def _store_heads(self, last: str, size: int) -> None:
-        heads = {
-            "v": HEADS_VERSION,
-            "segments": self._segments,
-            "live": {"last_sha256": last, "bytes": size},
-        }
-        data = compact_json(heads)
+        if _HEX64.fullmatch(last) is not None:
+            # Every record: the object's bytes around the segments (which change only when a
+            # segment is rotated out), the same bytes compact_json writes for the object.
+            segments = self._segments_json
+            if segments is None:
+                segments = self._segments_json = compact_json(self._segments)
+            data = b"".join(
+                (_HEADS_OPEN, segments, _HEADS_LIVE, last.encode("ascii"), _HEADS_BYTES,
+                 str(size).encode("ascii"), b"}}")
+            )  # fmt: skip
+        else:  # a stored head read back from a damaged heads file: whatever it holds
+            heads = {
+                "v": HEADS_VERSION,
+                "segments": self._segments,
+                "live": {"last_sha256": last, "bytes": size},
+            }
+            data = compact_json(heads)
         assert self._hfd is not None
         # The object only grows (hashes have one length, sizes and segments grow), so it
         # is rewritten in place; padding (JSON whitespace) covers a shorter one, and the

@@ -225,8 +225,9 @@ def _object_checks(schema: dict[str, Any], keys: set[str]) -> list[Check]:
     def check_object(value: Any) -> bool:
         if not isinstance(value, dict):
             return True
-        if any(name not in value for name in needed):
-            return False
+        for name in needed:
+            if name not in value:
+                return False
         for name, item in value.items():
             sub = compiled.get(name)
             if sub is None:

@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nexus_mcp.errors import OutputDeniedError
-from nexus_mcp.policy.redaction import DEFAULT_BASE64_LIMIT, DEFAULT_HEX_LIMIT, Span, cut
+from nexus_mcp.policy.redaction import (
+    DEFAULT_BASE64_LIMIT,
+    DEFAULT_HEX_LIMIT,
+    MIN_SCANNED_CHARS,
+    Span,
+    cut,
+)
 
 if TYPE_CHECKING:
     # The detectors (detect-secrets) load with the first scanner built, not with the
@@ -171,10 +177,15 @@ def scan_structured(scanner: SecretScanner, value: Any, findings: Findings) -> A
     return _walk(scanner, value, None, findings, 0)
 
 
+_SCALARS = frozenset({int, float, bool})
+
+
 def _walk(
     scanner: SecretScanner, value: Any, key: str | None, findings: Findings, depth: int
 ) -> Any:
     if isinstance(value, str):
+        if len(value) < MIN_SCANNED_CHARS:
+            return value  # what ``spans`` answers for it, without the call
         spans = scanner.spans(value, key=key, whole=True)
         if not spans:
             return value
@@ -193,11 +204,18 @@ def _walk(
         changed = False
         out: dict[str, Any] = {}
         for name, item in value.items():
+            # A short key, a number, a boolean or null is returned by _walk as it is: the
+            # call is skipped for them (most members of a result).
+            named = isinstance(name, str)
             new_name = (
-                _walk(scanner, name, None, findings, depth + 1) if isinstance(name, str) else name
+                _walk(scanner, name, None, findings, depth + 1)
+                if named and len(name) >= MIN_SCANNED_CHARS
+                else name
             )
-            new_item = _walk(
-                scanner, item, name if isinstance(name, str) else None, findings, depth + 1
+            new_item = (
+                item
+                if item is None or type(item) in _SCALARS
+                else _walk(scanner, item, name if named else None, findings, depth + 1)
             )
             changed = changed or new_name is not name or new_item is not item
             while new_name in out:  # two keys redacted to the same marker both stay

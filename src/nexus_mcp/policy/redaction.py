@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 DEFAULT_BASE64_LIMIT = 4.5  # detect-secrets' own defaults
 DEFAULT_HEX_LIMIT = 3.0
+MIN_SCANNED_CHARS = 8  # no detector matches fewer characters: shorter text is not scanned
 REDACTED_PREFIX = "[REDACTED:"
 
 
@@ -49,6 +50,7 @@ def cut(text: str, spans: Iterable[Span]) -> str:
 __all__ = [
     "DEFAULT_BASE64_LIMIT",
     "DEFAULT_HEX_LIMIT",
+    "MIN_SCANNED_CHARS",
     "REDACTED_PREFIX",
     "Span",
     "cut",
