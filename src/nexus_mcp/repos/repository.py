@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -66,6 +64,7 @@ from nexus_mcp.repos.patches import (
     parse_numstat,
     to_args,
 )
+from nexus_mcp.repos.scratch import ScratchFolders
 from nexus_mcp.repos.store import StoreGuard, UnsafeStoreError
 from nexus_mcp.workspace.commits import CommitGuard
 from nexus_mcp.workspace.paths import normalize_relative
@@ -186,6 +185,7 @@ class Repository:
         self.zero_sha = zero_sha
         self._index_cache: OrderedDict[str, bytes] = OrderedDict()
         self._index_lock = threading.Lock()
+        self._scratch = ScratchFolders()
 
     @property
     def policy(self) -> WritePolicy | None:
@@ -337,9 +337,8 @@ class Repository:
         """Apply ``patch`` to ``base_commit`` in a throwaway index and object directory:
         an index of the entries the patch reaches (``repos/patches.py``), or of the whole
         tree when only that can tell."""
-        with _scratch() as scratch:
+        with self._scratch.folder() as scratch:
             env = self._scratch_env(scratch, objects=scratch / "objects")
-            (scratch / "objects").mkdir()
             partial = apply_partial(self.runner, base_commit, patch, env)
             if partial is None:
                 return self._analyze(base_commit, patch, env)
@@ -503,7 +502,7 @@ class Repository:
         """
         if branch in self.checked_out_branches():
             raise ConflictError("branch is checked out", reason=REASON_BRANCH_CHECKED_OUT)
-        with _scratch() as scratch:
+        with self._scratch.folder() as scratch:
             env = self._scratch_env(scratch, objects=None)
             self._load_index(analysis.base_commit, env)
             applied = self.runner.run([*APPLY_TO_INDEX, "-"], stdin=patch, env=env, check=False)
@@ -558,6 +557,7 @@ class Repository:
         return env
 
     def close(self) -> None:
+        self._scratch.close()
         self.runner.close()
 
 
@@ -723,15 +723,6 @@ def _is_binary_blob(data: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return is_binary(data[:8192])
-
-
-@contextlib.contextmanager
-def _scratch() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="nexus-repo-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
