@@ -377,10 +377,10 @@ def _whole_names(rest: bytes) -> Iterator[bytes]:
 
 
 def _strip_prefix(name: bytes) -> bytes:
-    """The name without its first component (``a/``), as ``-p1`` reads it; a name with
-    no slash stays whole (git's guess for a patch whose names have none)."""
+    """The name after its first slash (``a/``, or a leading ``/``), as ``-p1`` reads it;
+    a name with no slash stays whole (git's guess for a patch whose names have none)."""
     slash = name.find(b"/")
-    return name[slash + 1 :] if slash > 0 else name
+    return name[slash + 1 :] if slash >= 0 else name
 
 
 def _unquote(text: bytes) -> tuple[bytes, bytes] | None:
