@@ -357,7 +357,10 @@ def _header_names(rest: bytes) -> Iterator[bytes]:
 
 
 def _file_line_names(rest: bytes) -> Iterator[bytes]:
-    """``--- a/X`` or ``+++ b/X``, maybe with a tab and a date after the name."""
+    """``--- a/X`` or ``+++ b/X``, maybe with a tab and a date after the name; none for
+    ``/dev/null`` (a new or a removed file's other side)."""
+    if rest.startswith(b"/dev/null") and rest[9:10] in (b"", b" ", b"\t", b"\r"):
+        return
     if rest.startswith(b'"'):
         quoted = _unquote(rest)
         if quoted is not None:

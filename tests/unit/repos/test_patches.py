@@ -25,6 +25,11 @@ def test_every_name_git_could_read_is_among_the_names(patch: bytes, expected: se
     assert names is not None and expected <= names
 
 
+def test_dev_null_names_nothing() -> None:
+    assert named_paths(b"--- /dev/null\n+++ b/x\n") == {b"x"}
+    assert named_paths(b"--- a/x\n+++ /dev/null\t2020-01-01\n") == {b"x"}
+
+
 def test_no_names_or_too_many_is_none() -> None:
     assert named_paths(b"no patch here\n") is None
     many = b"".join(b"--- a/f%d\n" % number for number in range(MAX_NAMED_PATHS + 1))
