@@ -64,7 +64,7 @@ from nexus_mcp.repos.patches import (
     parse_numstat,
     to_args,
 )
-from nexus_mcp.repos.scratch import ScratchFolders
+from nexus_mcp.repos.scratch import ScratchFolders, read_loose_blobs
 from nexus_mcp.repos.store import StoreGuard, UnsafeStoreError
 from nexus_mcp.workspace.commits import CommitGuard
 from nexus_mcp.workspace.paths import normalize_relative
@@ -443,22 +443,29 @@ class Repository:
         symlinks = tuple(c.path for c in changes if MODE_SYMLINK in (c.old_mode, c.new_mode))
         submodules = tuple(c.path for c in changes if MODE_GITLINK in (c.old_mode, c.new_mode))
         texts = [c for c in changes if c.new_mode in (MODE_FILE, MODE_EXECUTABLE)]
-        binary: list[str] = []
-        if texts:
-            stdin = "".join(f"{sha}\n" for sha in dict.fromkeys(c.new_sha for c in texts))
+        if not texts:
+            return (), symlinks, submodules
+        ids = list(dict.fromkeys(c.new_sha for c in texts))
+        # What this call's git wrote to its scratch objects is read back there.
+        scratch = env.get("GIT_OBJECT_DIRECTORY")
+        blobs = read_loose_blobs(Path(scratch), ids, MAX_SNIFF_OUTPUT_BYTES) if scratch else {}
+        left = [i for i in ids if i not in (blobs or {})]
+        if blobs is not None and left:
             try:
                 batch = self.runner.run(
                     ["cat-file", "--batch"],
-                    stdin=stdin.encode("ascii"),
+                    stdin="".join(f"{i}\n" for i in left).encode("ascii"),
                     env=env,
-                    max_output_bytes=MAX_SNIFF_OUTPUT_BYTES,
+                    max_output_bytes=max(1, MAX_SNIFF_OUTPUT_BYTES - sum(map(len, blobs.values()))),
                 )
+                blobs.update(_parse_batch(batch.stdout))
             except GitOutputTooLargeError:
-                # New content this large is not a reviewable text change: refused.
-                return tuple(c.path for c in texts), symlinks, submodules
-            blobs = _parse_batch(batch.stdout)
-            binary = [c.path for c in texts if _is_binary_blob(blobs.get(c.new_sha, b""))]
-        return tuple(binary), symlinks, submodules
+                blobs = None
+        if blobs is None:
+            # New content this large is not a reviewable text change: refused.
+            return tuple(c.path for c in texts), symlinks, submodules
+        binary = tuple(c.path for c in texts if _is_binary_blob(blobs.get(c.new_sha, b"")))
+        return binary, symlinks, submodules
 
     # --- writes -----------------------------------------------------------------------
 

@@ -9,17 +9,24 @@ index, lock files, loose objects) and kept, with its fan-out folders, for the ne
 one call at a time per folder, at most ``KEEP_IDLE`` idle. A folder holding anything
 else, or that cannot be emptied, is removed instead; every kept one is removed on
 ``close``. Nothing of a call is left for the next one but empty folders of our own.
+
+``read_loose_blobs`` reads back the new content a call's git wrote there (loose objects:
+zlib of ``blob <size>\\0<content>``), each checked against its object id, instead of one
+more ``cat-file`` process; an object not found there (content the repository already
+had) is left to ``cat-file``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 KEEP_IDLE = 4
@@ -61,6 +68,33 @@ class ScratchFolders:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def read_loose_blobs(objects: Path, ids: Iterable[str], max_bytes: int) -> dict[str, bytes] | None:
+    """The blobs among ``ids`` found as loose objects in ``objects`` whose content hashes
+    to their id (a 40-hex id: SHA-1, a 64-hex one: SHA-256); None when together they
+    hold more than ``max_bytes``."""
+    found: dict[str, bytes] = {}
+    total = 0
+    for object_id in ids:
+        try:
+            data = (objects / object_id[:2] / object_id[2:]).read_bytes()
+            inflater = zlib.decompressobj()
+            raw = inflater.decompress(data, max_bytes - total + 64)
+        except (OSError, zlib.error):
+            continue
+        header, _, content = raw.partition(b"\0")
+        kind, _, size = header.partition(b" ")
+        if kind != b"blob" or not size.isdigit():
+            continue
+        if total + int(size) > max_bytes:
+            return None
+        digest = hashlib.sha1 if len(object_id) == 40 else hashlib.sha256
+        if len(content) != int(size) or digest(raw).hexdigest() != object_id:
+            continue
+        found[object_id] = content
+        total += len(content)
+    return found
+
+
 def _emptied(folder: Path) -> bool:
     """Remove every file of ``folder`` and of its objects' fan-out folders; False when it
     holds anything else (a link, another folder, a pack) or a removal fails."""
@@ -94,4 +128,4 @@ def _listed(folder: Path) -> list[os.DirEntry[str]]:
         return list(entries)
 
 
-__all__ = ["KEEP_IDLE", "ScratchFolders"]
+__all__ = ["KEEP_IDLE", "ScratchFolders", "read_loose_blobs"]
