@@ -257,17 +257,22 @@ PATCH = (
 
 
 @pytest.mark.parametrize(
-    ("tool", "args"),
+    ("tool", "args", "slow"),
     [
-        ("create_branch", {"branch": "feature/x", "from_ref": "side", "idempotency_key": "k"}),
+        (
+            "create_branch",
+            {"branch": "feature/x", "from_ref": "side", "idempotency_key": "k"},
+            "cat-file",  # the range's new blob, read to judge it
+        ),
         (
             "apply_patch",
             {"branch": "side", "patch": PATCH, "message": "m", "idempotency_key": "k"},
+            "ls-tree",  # the patch's entries, looked up for its scratch index
         ),
     ],
 )
 async def test_a_write_cancelled_in_its_decision_leaves_no_git_and_no_working_thread(
-    build: Builder, project: Path, slow_git: Path, tool: str, args: dict[str, Any]
+    build: Builder, project: Path, slow_git: Path, tool: str, args: dict[str, Any], slow: str
 ) -> None:
     # The approval layer judges what the write would publish or commit (its range, its
     # patch) before the tool runs. The client goes away while that git hangs: the call is
@@ -280,7 +285,7 @@ async def test_a_write_cancelled_in_its_decision_leaves_no_git_and_no_working_th
         "allowed_operations": ["create_branch", "apply_patch"],
     }
     server = build(policy)
-    (slow_git / "slow-cat-file").touch()
+    (slow_git / f"slow-{slow}").touch()
     async with Client(server.mcp) as client:
         running = asyncio.ensure_future(call(client, tool, {"repo": REPO, **args}))
         assert await settled(lambda: not git_children(), 10.0) is False  # git is hanging
@@ -290,7 +295,7 @@ async def test_a_write_cancelled_in_its_decision_leaves_no_git_and_no_working_th
     # The session is closed: its calls are cancelled.
     assert await settled(git_children) == []
     assert await settled(working_threads) == []
-    (slow_git / "slow-cat-file").unlink()
+    (slow_git / f"slow-{slow}").unlink()
     async with Client(server.mcp) as client:
         again = await call(client, tool, {"repo": REPO, **args, "idempotency_key": "k2"})
         assert again.get("isError") is not True, again

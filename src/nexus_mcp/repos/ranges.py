@@ -51,13 +51,8 @@ from nexus_mcp.errors import ConflictError
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.repos import PatchFacts
 from nexus_mcp.repos.git import GitOutputTooLargeError
-from nexus_mcp.repos.repository import (
-    MODE_GITLINK,
-    MODE_SYMLINK,
-    REASON_UNSAFE_REPOSITORY,
-    Repository,
-    _decode_path,
-)
+from nexus_mcp.repos.patches import MODE_GITLINK, MODE_SYMLINK, decode_path
+from nexus_mcp.repos.repository import REASON_UNSAFE_REPOSITORY, Repository
 
 log = get_logger(__name__)
 
@@ -356,7 +351,7 @@ def _parse_history(raw: bytes) -> list[tuple[str, tuple[str, ...]]]:
         parents = len(meta) - len(meta.lstrip(b":"))
         parts = meta.lstrip(b":").split(b" ")
         modes = tuple(part.decode("ascii", "replace") for part in parts[: parents + 1])
-        records.append((_decode_path(tokens[index + 1]), modes))
+        records.append((decode_path(tokens[index + 1]), modes))
         index += 2
     return records
 

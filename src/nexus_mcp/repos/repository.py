@@ -10,30 +10,33 @@ Writes never touch the working tree or the user's index either:
 - ``create_branch`` is one ``update-ref refs/heads/<name> <commit> <zero>``: it creates
   the branch or fails if it exists, atomically.
 - ``apply_patch`` applies the patch to a private index read from the branch tip
-  (``read-tree``, ``apply --cached``, ``write-tree``), commits that tree with
-  ``commit-tree`` and moves the branch with ``update-ref <branch> <new> <tip>``, a
-  compare-and-swap: the commit lands only if the branch still points at the tip the
-  patch was checked against. A branch checked out in a working tree is refused (moving it
-  under its checkout would leave the user's files reversed against it).
+  (``read-tree``, ``apply --cached``, ``write-tree``), checks that the tree makes the
+  very changes that were measured, commits it with ``commit-tree`` and moves the branch
+  with ``update-ref <branch> <new> <tip>``, a compare-and-swap: the commit lands only if
+  the branch still points at the tip the patch was checked against. A branch checked out
+  in a working tree is refused (moving it under its checkout would leave the user's
+  files reversed against it).
 
-What a patch does is measured by git itself, on the trees: ``analyze_patch`` applies it
-to a throwaway index and a throwaway object directory (the repository's objects are only
-read, through ``GIT_ALTERNATE_OBJECT_DIRECTORIES``), then compares the tip's tree with
-the result (``diff-tree --raw``). Every policy rule is judged on that comparison (every
-path really added, changed or removed, both ends of a rename, modes, content), never on
-a second parse of the patch text that could disagree with git's.
+What a patch does is measured by git itself: ``analyze_patch`` applies it to a throwaway
+index and a throwaway object directory (the repository's objects are only read, through
+``GIT_ALTERNATE_OBJECT_DIRECTORIES``), then compares the tip with the result
+(``diff-index --raw`` on the paths the index holds, or ``diff-tree --raw`` of the whole
+trees). The index holds the tip's entries that git reads to apply that patch, or the
+whole tree when only that can tell (``repos/patches.py``). Every policy rule is judged on
+that comparison (every path really added, changed or removed, both ends of a rename,
+modes, content), never on a second parse of the patch text that could disagree with
+git's: the patch's own names only choose which entries the index holds, and git's names
+are checked against them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-import shutil
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,22 @@ from nexus_mcp.errors import (
 from nexus_mcp.observability.logs import get_logger
 from nexus_mcp.policy.repos import MAX_BRANCH_CHARS, PatchFacts, RepositoryConfig, WritePolicy
 from nexus_mcp.repos.git import GitError, GitOutputTooLargeError, GitResult, GitRunner
+from nexus_mcp.repos.patches import (
+    APPLY_TO_INDEX,
+    LITERAL_PATHS,
+    MODE_GITLINK,
+    MODE_SYMLINK,
+    FileStat,
+    PatchAnalysis,
+    TreeChange,
+    apply_partial,
+    decode_path,
+    effect_of,
+    parse_comparison,
+    parse_numstat,
+    to_args,
+)
+from nexus_mcp.repos.scratch import ScratchFolders, read_loose_blobs
 from nexus_mcp.repos.store import StoreGuard, UnsafeStoreError
 from nexus_mcp.workspace.commits import CommitGuard
 from nexus_mcp.workspace.paths import normalize_relative
@@ -54,10 +73,8 @@ from nexus_mcp.workspace.search import is_binary
 MODE_TREE = "040000"
 MODE_FILE = "100644"
 MODE_EXECUTABLE = "100755"
-MODE_SYMLINK = "120000"
-MODE_GITLINK = "160000"
-MODE_NONE = "000000"
 _COMPARE_TREES = ("diff-tree", "-r", "-z", "--raw", "--numstat", "--text", "-M", "--no-ext-diff")
+_COMPARE_INDEX = ("diff-index", "--cached", *_COMPARE_TREES[1:])
 MAX_REF_CHARS = 256
 # A ref a caller may name: a branch or tag name, or a hex object id, with ~N / ^N steps.
 # No ':' (tree:path syntax), no '@{' (reflog), no '^{/' (message search), no leading '-'.
@@ -93,37 +110,6 @@ class TreeEntry:
         if self.kind == "commit":
             return "submodule"
         return "symlink" if self.mode == MODE_SYMLINK else "file"
-
-
-@dataclass(frozen=True)
-class TreeChange:
-    """One path of a ``diff-tree --raw`` between two trees."""
-
-    status: str  # A, M, D or T
-    old_mode: str
-    new_mode: str
-    new_sha: str
-    path: str
-
-
-@dataclass(frozen=True)
-class FileStat:
-    path: str
-    lines_added: int
-    lines_removed: int
-    old_path: str | None = None
-
-
-@dataclass(frozen=True)
-class PatchAnalysis:
-    """The measured effect of a patch on one commit (module docstring)."""
-
-    base_commit: str
-    applies: bool
-    facts: PatchFacts
-    tree: str | None = None
-    changes: tuple[TreeChange, ...] = ()
-    files: tuple[FileStat, ...] = field(default_factory=tuple)
 
 
 def check_ref(ref: object, *, field_name: str = "ref") -> str:
@@ -199,6 +185,7 @@ class Repository:
         self.zero_sha = zero_sha
         self._index_cache: OrderedDict[str, bytes] = OrderedDict()
         self._index_lock = threading.Lock()
+        self._scratch = ScratchFolders()
 
     @property
     def policy(self) -> WritePolicy | None:
@@ -347,36 +334,61 @@ class Repository:
     # --- patches ----------------------------------------------------------------------
 
     def analyze_patch(self, base_commit: str, patch: bytes) -> PatchAnalysis:
-        """Apply ``patch`` to ``base_commit`` in a throwaway index and object directory."""
-        with _scratch() as scratch:
+        """Apply ``patch`` to ``base_commit`` in a throwaway index and object directory:
+        an index of the entries the patch reaches (``repos/patches.py``), or of the whole
+        tree when only that can tell."""
+        with self._scratch.folder() as scratch:
             env = self._scratch_env(scratch, objects=scratch / "objects")
-            (scratch / "objects").mkdir()
-            return self._analyze(base_commit, patch, env)
+            partial = apply_partial(self.runner, base_commit, patch, env)
+            if partial is None:
+                return self._analyze(base_commit, patch, env)
+            if not partial.applies:
+                assert partial.numstat is not None
+                return self._refused(base_commit, patch, partial.numstat)
+            # Between the commit and the index, on the paths the index holds (not their
+            # folders, which would take in all they hold): the rest of the tree is the
+            # same on both sides.
+            changes, stats = self._compare(
+                [*_COMPARE_INDEX, base_commit, "--", *to_args(partial.paths)],
+                {**env, **LITERAL_PATHS},
+            )
+            return self._applied(base_commit, patch, changes, stats, env)
 
     def _analyze(self, base_commit: str, patch: bytes, env: dict[str, str]) -> PatchAnalysis:
-        diff_bytes = len(patch)
         self._load_index(base_commit, env)
-        applied = self.runner.run(
-            ["apply", "--cached", "--whitespace=nowarn", "-"], stdin=patch, env=env, check=False
-        )
+        applied = self.runner.run([*APPLY_TO_INDEX, "-"], stdin=patch, env=env, check=False)
         if applied.returncode != 0:
-            # What the patch says it does, for the caller's summary: it lands nowhere.
-            stats = self._numstat(patch)
-            facts = PatchFacts(
-                diff_bytes=diff_bytes,
-                changed_paths=tuple(dict.fromkeys(p for s in stats or () for p in _ends(s))),
-                lines_added=sum(s.lines_added for s in stats or ()),
-                lines_removed=sum(s.lines_removed for s in stats or ()),
-            )
-            return PatchAnalysis(base_commit, False, facts, files=tuple(stats or ()))
+            numstat = self.runner.run(["apply", "--numstat", "-z", "-"], stdin=patch, check=False)
+            return self._refused(base_commit, patch, numstat)
         tree = self.runner.run(["write-tree"], env=env).stdout.decode("ascii").strip()
-        base_tree = f"{base_commit}^{{tree}}"
+        changes, stats = self._compare_trees(f"{base_commit}^{{tree}}", tree, env)
+        return self._applied(base_commit, patch, changes, stats, env)
+
+    def _refused(self, base_commit: str, patch: bytes, numstat: GitResult) -> PatchAnalysis:
+        """A patch that does not apply: what it says it does, for the caller's summary
+        (git's own reading of it), landing nowhere."""
+        stats = parse_numstat(numstat.stdout) if numstat.returncode == 0 else None
+        facts = PatchFacts(
+            diff_bytes=len(patch),
+            changed_paths=tuple(dict.fromkeys(p for s in stats or () for p in _ends(s))),
+            lines_added=sum(s.lines_added for s in stats or ()),
+            lines_removed=sum(s.lines_removed for s in stats or ()),
+        )
+        return PatchAnalysis(base_commit, False, facts, files=tuple(stats or ()))
+
+    def _applied(
+        self,
+        base_commit: str,
+        patch: bytes,
+        changes: list[TreeChange],
+        stats: list[FileStat],
+        env: dict[str, str],
+    ) -> PatchAnalysis:
         # Lines are counted between the trees, not read from the patch text: a copy, a
         # binary literal or a mode line changes content the patch's own count never shows.
-        changes, stats = self._compare_trees(base_tree, tree, env)
         binary, symlinks, submodules = self._content_risks(changes, env)
         facts = PatchFacts(
-            diff_bytes=diff_bytes,
+            diff_bytes=len(patch),
             changed_paths=tuple(c.path for c in changes),
             lines_added=sum(s.lines_added for s in stats),
             lines_removed=sum(s.lines_removed for s in stats),
@@ -384,12 +396,7 @@ class Repository:
             symlink_paths=symlinks,
             submodule_paths=submodules,
         )
-        return PatchAnalysis(base_commit, True, facts, tree, tuple(changes), tuple(stats))
-
-    def _numstat(self, patch: bytes) -> list[FileStat] | None:
-        """git's own reading of the patch: lines added and removed per file."""
-        result = self.runner.run(["apply", "--numstat", "-z", "-"], stdin=patch, check=False)
-        return _parse_numstat(result.stdout) if result.returncode == 0 else None
+        return PatchAnalysis(base_commit, True, facts, tuple(changes), tuple(stats))
 
     def _load_index(self, commit: str, env: Mapping[str, str]) -> None:
         """The scratch index of ``commit``'s tree: ``read-tree`` once per commit, then a copy
@@ -421,33 +428,14 @@ class Repository:
         as text (``--text``: attributes cannot hide a file's lines), renames paired
         (``-M``) so a move is not counted twice, while a copy counts every line it adds.
         """
-        raw = self.runner.run(
-            [*_COMPARE_TREES, old, new],
-            env=env,
-        ).stdout
-        tokens = raw.split(b"\0")
-        changes: list[TreeChange] = []
-        index = 0
-        # The raw records come first, each starting with ':' (a path may too, but paths are
-        # read by position); the numstat records are everything after them.
-        while index < len(tokens) - 1 and tokens[index].startswith(b":"):
-            old_mode, new_mode, _old_sha, new_sha, status = (
-                part.decode("ascii") for part in tokens[index][1:].split(b" ")
-            )
-            if status[:1] in ("R", "C"):
-                source, target = tokens[index + 1], tokens[index + 2]
-                index += 3
-                if status[:1] == "R":
-                    changes.append(
-                        TreeChange("D", old_mode, MODE_NONE, self.zero_sha, _decode_path(source))
-                    )
-                changes.append(TreeChange("A", MODE_NONE, new_mode, new_sha, _decode_path(target)))
-                continue
-            path = _decode_path(tokens[index + 1])
-            changes.append(TreeChange(status[:1], old_mode, new_mode, new_sha, path))
-            index += 2
-        stats = _parse_numstat(b"\0".join(tokens[index:])) or []
-        return changes, stats
+        return self._compare([*_COMPARE_TREES, old, new], env)
+
+    def _compare(
+        self, args: Sequence[str], env: dict[str, str]
+    ) -> tuple[list[TreeChange], list[FileStat]]:
+        """The changes and line counts of a ``diff-tree`` or ``diff-index`` with the
+        options of ``_COMPARE_TREES``."""
+        return parse_comparison(self.runner.run(args, env=env).stdout, self.zero_sha)
 
     def _content_risks(
         self, changes: Sequence[TreeChange], env: dict[str, str]
@@ -455,22 +443,29 @@ class Repository:
         symlinks = tuple(c.path for c in changes if MODE_SYMLINK in (c.old_mode, c.new_mode))
         submodules = tuple(c.path for c in changes if MODE_GITLINK in (c.old_mode, c.new_mode))
         texts = [c for c in changes if c.new_mode in (MODE_FILE, MODE_EXECUTABLE)]
-        binary: list[str] = []
-        if texts:
-            stdin = "".join(f"{sha}\n" for sha in dict.fromkeys(c.new_sha for c in texts))
+        if not texts:
+            return (), symlinks, submodules
+        ids = list(dict.fromkeys(c.new_sha for c in texts))
+        # What this call's git wrote to its scratch objects is read back there.
+        scratch = env.get("GIT_OBJECT_DIRECTORY")
+        blobs = read_loose_blobs(Path(scratch), ids, MAX_SNIFF_OUTPUT_BYTES) if scratch else {}
+        left = [i for i in ids if i not in (blobs or {})]
+        if blobs is not None and left:
             try:
                 batch = self.runner.run(
                     ["cat-file", "--batch"],
-                    stdin=stdin.encode("ascii"),
+                    stdin="".join(f"{i}\n" for i in left).encode("ascii"),
                     env=env,
-                    max_output_bytes=MAX_SNIFF_OUTPUT_BYTES,
+                    max_output_bytes=max(1, MAX_SNIFF_OUTPUT_BYTES - sum(map(len, blobs.values()))),
                 )
+                blobs.update(_parse_batch(batch.stdout))
             except GitOutputTooLargeError:
-                # New content this large is not a reviewable text change: refused.
-                return tuple(c.path for c in texts), symlinks, submodules
-            blobs = _parse_batch(batch.stdout)
-            binary = [c.path for c in texts if _is_binary_blob(blobs.get(c.new_sha, b""))]
-        return tuple(binary), symlinks, submodules
+                blobs = None
+        if blobs is None:
+            # New content this large is not a reviewable text change: refused.
+            return tuple(c.path for c in texts), symlinks, submodules
+        binary = tuple(c.path for c in texts if _is_binary_blob(blobs.get(c.new_sha, b"")))
+        return binary, symlinks, submodules
 
     # --- writes -----------------------------------------------------------------------
 
@@ -508,22 +503,21 @@ class Repository:
     ) -> str:
         """Commit what ``analysis`` measured onto ``branch``; returns the new commit.
 
-        The patch is applied again, now into the repository's object store, and must give
-        the very tree that was measured; the branch moves only from the measured base.
+        The patch is applied again, now into the repository's object store, to an index of
+        the whole base tree, and must make the very changes that were measured (on the same
+        base, the same tree); the branch moves only from the measured base.
         """
         if branch in self.checked_out_branches():
             raise ConflictError("branch is checked out", reason=REASON_BRANCH_CHECKED_OUT)
-        with _scratch() as scratch:
+        with self._scratch.folder() as scratch:
             env = self._scratch_env(scratch, objects=None)
             self._load_index(analysis.base_commit, env)
-            applied = self.runner.run(
-                ["apply", "--cached", "--whitespace=nowarn", "-"],
-                stdin=patch,
-                env=env,
-                check=False,
-            )
+            applied = self.runner.run([*APPLY_TO_INDEX, "-"], stdin=patch, env=env, check=False)
+            if applied.returncode != 0 or not analysis.applies:
+                raise ConflictError("patch no longer applies", reason=REASON_BRANCH_MOVED)
             tree = self.runner.run(["write-tree"], env=env).stdout.decode("ascii").strip()
-            if applied.returncode != 0 or tree != analysis.tree:
+            measured = {(c.raw_path, c.new_mode, c.new_sha) for c in analysis.changes}
+            if self._effect_of(analysis.base_commit, tree) != measured:
                 raise ConflictError("patch no longer applies", reason=REASON_BRANCH_MOVED)
         identity = {
             "GIT_AUTHOR_NAME": author[0],
@@ -557,6 +551,11 @@ class Repository:
             raise ConflictError("branch moved", reason=REASON_BRANCH_MOVED)
         return commit
 
+    def _effect_of(self, base_commit: str, tree: str) -> set[tuple[bytes, str, str]]:
+        """What ``tree`` changes from the commit's tree (``effect_of``)."""
+        args = ["diff-tree", "-r", "-z", "--raw", "--no-renames", f"{base_commit}^{{tree}}", tree]
+        return effect_of(self.runner.run(args).stdout)
+
     def _scratch_env(self, scratch: Path, *, objects: Path | None) -> dict[str, str]:
         env = {"GIT_INDEX_FILE": str(scratch / "index")}
         if objects is not None:
@@ -565,6 +564,7 @@ class Repository:
         return env
 
     def close(self) -> None:
+        self._scratch.close()
         self.runner.close()
 
 
@@ -694,41 +694,12 @@ def _parse_ls_tree(record: bytes) -> TreeEntry:
     mode, kind, sha, size = meta.split(maxsplit=3)
     size_text = size.strip()
     return TreeEntry(
-        _decode_path(path),
+        decode_path(path),
         mode.decode("ascii"),
         kind.decode("ascii"),
         sha.decode("ascii"),
         int(size_text) if size_text.isdigit() else None,
     )
-
-
-def _parse_numstat(output: bytes) -> list[FileStat] | None:
-    """``apply --numstat -z``: ``added\tremoved\tpath\0``, or for a rename or copy
-    ``added\tremoved\t\0old\0new\0``; ``-`` counts for binary content."""
-    stats: list[FileStat] = []
-    records = output.split(b"\0")
-    index = 0
-    while index < len(records) - 1:
-        parts = records[index].split(b"\t")
-        index += 1
-        if len(parts) != 3:
-            return None
-        added, removed, path = parts
-        old_path = None
-        if path == b"":
-            if index + 1 >= len(records):
-                return None
-            old_path, path = records[index], records[index + 1]
-            index += 2
-        stats.append(
-            FileStat(
-                _decode_path(path),
-                int(added) if added.isdigit() else 0,
-                int(removed) if removed.isdigit() else 0,
-                _decode_path(old_path) if old_path is not None else None,
-            )
-        )
-    return stats
 
 
 def _parse_batch(output: bytes) -> dict[str, bytes]:
@@ -747,14 +718,6 @@ def _parse_batch(output: bytes) -> dict[str, bytes]:
     return contents
 
 
-def _decode_path(raw: bytes) -> str:
-    """A path as text; bytes that are not UTF-8 become a form no policy pattern allows."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw.decode("utf-8", "backslashreplace")
-
-
 def _ends(stat: FileStat) -> tuple[str, ...]:
     return (stat.old_path, stat.path) if stat.old_path else (stat.path,)
 
@@ -767,15 +730,6 @@ def _is_binary_blob(data: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return is_binary(data[:8192])
-
-
-@contextlib.contextmanager
-def _scratch() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="nexus-repo-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
