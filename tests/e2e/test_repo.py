@@ -245,6 +245,40 @@ async def test_propose_patch_names_protected_branches_and_patches_that_do_not_ap
     assert {r["rule"] for r in review["risks"]} >= {"branch_protected", "does_not_apply"}
 
 
+async def test_propose_patch_owners_follow_the_default_branch_and_missing_tips_are_not_found(
+    build: Builder, project: Path, tmp_path: Path
+) -> None:
+    branch = feature_branch(project)
+    patch = patch_for(project, tmp_path, {"docs/guide.md": "Guide, revised\n"})
+    # The branch cannot rewrite the rules it is judged by.
+    git(project, "checkout", "-q", branch)
+    commit(project, {".github/CODEOWNERS": "* @mallory\n"}, "own everything")
+    git(project, "checkout", "-q", "main")
+    args = {"repo": "proj", "branch": branch, "patch": patch}
+    server = build()
+    repository = server.runtime.repos.catalog.get("proj")  # type: ignore[union-attr]
+    async with Client(server.mcp) as client:
+        before = ok(await call(client, "propose_patch", args))
+        commit(project, {".github/CODEOWNERS": "* @carol\n"}, "new owners")
+        after = ok(await call(client, "propose_patch", args))
+        missing = await call(client, "propose_patch", {**args, "branch": "feature/missing"})
+        # One git process reads both tips; a missing one leaves each to be asked alone.
+        assert repository.branch_and_default_tips(branch) == (
+            rev(project, branch),
+            rev(project, "main"),
+        )
+        assert repository.branch_and_default_tips("feature/missing") is None
+        git(project, "checkout", "-q", "--detach")
+        git(project, "update-ref", "-d", "refs/heads/main")
+        assert repository.branch_and_default_tips(branch) is None
+        no_default = await call(client, "propose_patch", args)
+    assert before["codeowners"]["owners"] == ["@org/writers"]
+    assert before["base_sha"] == after["base_sha"] == rev(project, branch)
+    assert after["codeowners"]["owners"] == ["@carol"]
+    assert code_of(missing) == "NOT_FOUND"
+    assert code_of(no_default) == "NOT_FOUND"
+
+
 # --- create_branch -------------------------------------------------------------------
 
 

@@ -237,6 +237,28 @@ class Repository:
         sha = result.stdout.decode("ascii", "replace").strip()
         return sha if result.returncode == 0 and _HEX_RE.fullmatch(sha) else None
 
+    def branch_and_default_tips(self, branch: str) -> tuple[str, str] | None:
+        """``branch_tip(branch)`` and ``resolve_commit(default_branch)`` in one ``rev-parse``
+        (a git process less), or None when either does not plainly resolve: the caller then
+        asks each on its own, which reports the failure as it always does.
+
+        Not ``--verify``, which takes one name. Each name is checked first (neither starts
+        with ``-`` or ``^`` nor holds ``..``, so each is one revision printed on one line, in
+        order); ``--`` makes a name that names nothing an error, not a path."""
+        check_branch_name(branch)
+        try:
+            default = check_ref(self.default_branch)
+        except InvalidInputError:
+            return None
+        result = self._read(
+            ["rev-parse", "--revs-only", f"refs/heads/{branch}", f"{default}^{{commit}}", "--"],
+            check=False,
+        )
+        shas = result.stdout.decode("ascii", "replace").split()
+        if result.returncode != 0 or len(shas) != 2 or not all(map(_HEX_RE.fullmatch, shas)):
+            return None
+        return shas[0], shas[1]
+
     def is_symbolic(self, branch: str) -> bool:
         """Whether ``refs/heads/<branch>`` is a symbolic ref (an alias of another ref, maybe
         a protected one, maybe one that does not exist yet): writes refuse such a name."""

@@ -448,12 +448,14 @@ class RepoWrites:
                 ):
                     raise MergeBlockedError(reason="codeowners_missing")
 
-    def codeowners(self, repository: Repository) -> CodeOwners:
-        """CODEOWNERS as the default branch has it now (none: nobody owns anything).
+    def codeowners(self, repository: Repository, commit: str | None = None) -> CodeOwners:
+        """CODEOWNERS as the default branch has it now (none: nobody owns anything), or at
+        ``commit``, its tip the caller has just read.
 
         Parsed once per commit of the default branch: the tip is asked every time.
         """
-        commit = repository.resolve_commit(repository.default_branch)
+        if commit is None:
+            commit = repository.resolve_commit(repository.default_branch)
         with self._lock:
             cached = self._codeowners.get(repository.name)
         if cached is not None and cached[0] == commit:

@@ -92,7 +92,12 @@ def build_write_tools(
         data = to_patch_bytes(patch)
 
         def review() -> ProposePatchResult:
-            tip = repository.branch_tip(branch)
+            # Both tips before the analysis, in one git process: the branch's is the commit
+            # the patch is measured on and reported against; the default branch's, whose
+            # CODEOWNERS is reported, is read at that same moment. Either missing: each is
+            # asked on its own, as before, and reported as before.
+            tips = repository.branch_and_default_tips(branch)
+            tip, default_tip = tips if tips is not None else (repository.branch_tip(branch), None)
             if tip is None:
                 raise NotFoundError(reason="branch_not_found")
             policy = repository.policy
@@ -114,7 +119,7 @@ def build_write_tools(
                 risks.append(PolicyRisk(RULE_DOES_NOT_APPLY))
             if not early:
                 risks += patch_risks(policy, analysis.facts)
-            owners = writes.codeowners(repository)
+            owners = writes.codeowners(repository, default_tip)
             paths = analysis.facts.changed_paths
             every_owner = sorted({o for p in paths for o in owners.owners_of(p)})
             unowned = [p for p in paths if not owners.owners_of(p)]
