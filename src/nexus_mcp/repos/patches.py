@@ -16,8 +16,10 @@ few of its entries:
 ``apply_partial`` puts exactly those entries of the commit's tree into a fresh index
 (``ls-tree -t`` of the named paths, which also shows the folders on their way; a second
 ``ls-tree`` of the first parent it did not show as a folder, for a name in a new folder;
-``update-index --index-info``), so git's own checks run on them as they would on the
-whole tree, and the cost follows the patch, not the repository. A named path that is a
+``update-index --index-info``, or the very bytes it would write, written here when every
+entry is a plain file with a plain name: ``write_plain_index``), so git's own checks run
+on them as they would on the whole tree, and the cost follows the patch, not the
+repository. A named path that is a
 folder in the tree is left to the whole-tree index (the answer is None): no ordinary
 patch names one, and the entries below it are as many as the folder holds.
 
@@ -33,10 +35,13 @@ with one that fails on the partial index is judged on the whole tree.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nexus_mcp.policy.repos import PatchFacts
 from nexus_mcp.repos.git import GitResult, GitRunner
@@ -114,7 +119,7 @@ def apply_partial(
             return None
         entries.update(more)
     indexed = {path: entry for path, entry in entries.items() if entry[0] != MODE_TREE}
-    if indexed:
+    if indexed and not write_plain_index(indexed, Path(env["GIT_INDEX_FILE"])):
         runner.run(["update-index", "-z", "--index-info"], stdin=index_info(indexed), env=env)
     applied = runner.run(
         [*APPLY_TO_INDEX, "--numstat", "-z", "--apply", "-"], stdin=patch, env=env, check=False
@@ -230,6 +235,59 @@ def index_info(entries: Mapping[bytes, Entry]) -> bytes:
     """The ``update-index -z --index-info`` input that puts these entries in an index."""
     return b"".join(
         mode + b" " + sha + b"\t" + path + b"\0" for path, (mode, _kind, sha) in entries.items()
+    )
+
+
+# What ``write_plain_index`` writes itself: regular files whose every name part is plain
+# ASCII, so that nothing is left for git's own path checks (``verify_path``: ``.`` and
+# ``..``, ``.git`` in any case or with trailing dots, NTFS short names with ``~``, HFS's
+# ignored code points, backslashes) to refuse; anything else goes through git.
+_PLAIN_MODES = (b"100644", b"100755")
+_PLAIN_PART_RE = re.compile(rb"[A-Za-z0-9_.-]+")
+_OID_RE = re.compile(rb"[0-9a-f]{40}(?:[0-9a-f]{24})?")  # SHA-1 or SHA-256
+_MAX_INDEX_NAME = 0xFFF  # a name this long or longer is flagged as such in its entry
+
+
+def write_plain_index(entries: Mapping[bytes, Entry], index: Path) -> bool:
+    """Write ``index``: the version 2 index ``update-index -z --index-info`` writes for
+    these entries (stat data zero, sorted by name, the object format's checksum), a git
+    process less. False, writing nothing, unless every entry is a plain file with a plain
+    name (``_PLAIN_PART_RE``) and none is a folder of another: git judges those itself."""
+    names = set(entries)
+    if not names or len({len(sha) for _mode, _kind, sha in entries.values()}) != 1:
+        return False
+    parts = [b"DIRC", struct.pack(">II", 2, len(names))]
+    for path in sorted(names):
+        mode, kind, sha = entries[path]
+        if (
+            mode not in _PLAIN_MODES
+            or kind != b"blob"
+            or not _OID_RE.fullmatch(sha)
+            or not _is_plain_name(path, names)
+        ):
+            return False
+        record = struct.pack(">10I", 0, 0, 0, 0, 0, 0, int(mode, 8), 0, 0, 0)
+        record += bytes.fromhex(sha.decode("ascii")) + struct.pack(">H", len(path)) + path
+        parts.append(record + b"\0" * (8 - len(record) % 8))
+    data = b"".join(parts)
+    digest = hashlib.sha1 if len(next(iter(entries.values()))[2]) == 40 else hashlib.sha256
+    index.write_bytes(data + digest(data).digest())
+    return True
+
+
+def _is_plain_name(path: bytes, names: set[bytes]) -> bool:
+    """Every part plain, none ``.``, ``..`` or a spelling of ``.git``, and no folder of
+    the name itself an entry (a file and a folder of one name)."""
+    if len(path) >= _MAX_INDEX_NAME:
+        return False
+    parts = path.split(b"/")
+    if any(b"/".join(parts[:end]) in names for end in range(1, len(parts))):
+        return False
+    return all(
+        _PLAIN_PART_RE.fullmatch(part)
+        and part not in (b".", b"..")
+        and part.lower().rstrip(b".") != b".git"
+        for part in parts
     )
 
 
@@ -439,4 +497,5 @@ __all__ = [
     "parse_numstat",
     "parse_tree_records",
     "to_args",
+    "write_plain_index",
 ]
