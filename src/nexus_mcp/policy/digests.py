@@ -6,13 +6,15 @@ costs a second pass over memory that no longer fits the cache, and the page faul
 fresh multi-megabyte allocation. Here a large value is encoded (or decoded) in pieces of
 a few hundred kilobytes, and each piece is hashed while it is still in the cache.
 
-On a machine with two cores or more, a large value's pieces are hashed by one worker
-thread while the calling thread makes the next piece: ``hashlib`` releases the GIL while
-it hashes a large buffer, and ``str.encode`` and ``pybase64`` hold it, so the two overlap
-and the time approaches the slower of the two instead of their sum. The hand-off is
-synchronous (the caller waits until the worker has taken the piece and is hashing it):
-the caller blocking is what lets the worker take the GIL, so a piece never waits behind
-the interpreter's switch interval.
+Encoding non-ASCII text costs about as much as hashing it. On a machine with two cores
+or more, such a text's pieces are hashed by one worker thread while the calling thread
+encodes the next piece: ``hashlib`` releases the GIL while it hashes a large buffer and
+``str.encode`` holds it, so the two overlap and the time approaches the slower of the two
+instead of their sum. The hand-off is synchronous (the caller waits until the worker has
+taken the piece and is hashing it): the caller blocking is what lets the worker take the
+GIL, so a piece never waits behind the interpreter's switch interval. ASCII text (a copy)
+and base64 (a SIMD decode) cost too little beside the hash to repay the hand-offs, so
+they are made and hashed on the calling thread.
 
 Results are exactly those of the one-shot forms, which the unit tests check property by
 property: ``sha256(text.encode("utf-8"))`` and its length, and
@@ -33,14 +35,16 @@ from collections.abc import Callable, Iterator
 import pybase64
 
 # Characters per piece: 256 Ki characters are at most 1 MiB of UTF-8 (256 KiB of ASCII,
-# 768 KiB of text from the Basic Multilingual Plane), small enough for the cache.
-UTF8_PIECE_CHARS = 1 << 18
-# Base64 pieces are cut at a multiple of four characters (whole quanta): 192 KiB decoded.
-BASE64_PIECE_CHARS = 1 << 18
-# Below this many characters a value is encoded and hashed in one go, on the calling
-# thread: a piece's hand-off costs tens of microseconds, which a small value cannot repay.
-PIECEWISE_MIN_CHARS = 1 << 20
-# From this many characters on, a second core hashes while this one encodes.
+# 768 KiB of text from the Basic Multilingual Plane) and 192 KiB of decoded base64 (a
+# multiple of four characters, whole quanta), small enough to stay in the cache.
+PIECE_CHARS = 1 << 18
+# Below these lengths a value is encoded (decoded) and hashed in one go. Measured on the
+# 2-core machine (benchmarks/bench_documents.py and its notes): an ASCII copy or a SIMD
+# base64 decode is cheap beside the hash, and pieces pay off only once the one-shot
+# preimage is large enough to fall out of the cache; a non-ASCII encode costs about as
+# much as the hash, and overlapping the two on two cores pays off from about 1 MiB.
+ASCII_PIECEWISE_MIN_CHARS = 1 << 21
+BASE64_PIECEWISE_MIN_CHARS = 1 << 22
 THREADED_MIN_CHARS = 1 << 20
 
 
@@ -51,18 +55,19 @@ def digest_utf8(text: str, limit: int) -> tuple[int, str | None]:
     exact, and a lone surrogate anywhere is refused (``UnicodeEncodeError``) however
     large the text, as the one-shot encoding would.
     """
-    if len(text) < PIECEWISE_MIN_CHARS:
+    ascii_text = text.isascii()
+    minimum = ASCII_PIECEWISE_MIN_CHARS if ascii_text else THREADED_MIN_CHARS
+    if len(text) < minimum:
         data = text.encode("utf-8")
         return len(data), hashlib.sha256(data).hexdigest() if len(data) <= limit else None
     pieces = (
-        text[start : start + UTF8_PIECE_CHARS].encode("utf-8")
-        for start in range(0, len(text), UTF8_PIECE_CHARS)
+        text[start : start + PIECE_CHARS].encode("utf-8")
+        for start in range(0, len(text), PIECE_CHARS)
     )
     # UTF-8 has at least one byte per character: a text longer than the limit is over it
     # from the start, so it is only counted.
-    size, digest = _digest_pieces(
-        pieces, limit if len(text) <= limit else -1, threaded=len(text) >= THREADED_MIN_CHARS
-    )
+    hashed = limit if len(text) <= limit else -1
+    size, digest = _digest_pieces(pieces, hashed, threaded=not ascii_text)
     return size, digest.hexdigest() if size <= limit else None
 
 
@@ -74,20 +79,18 @@ def digest_base64(text: str) -> tuple[int, str]:
     as it does inside the whole; padding before the last piece is refused, as the whole's
     strict decoding refuses padding anywhere but at the end.
     """
-    if len(text) < PIECEWISE_MIN_CHARS:
+    if len(text) < BASE64_PIECEWISE_MIN_CHARS:
         data = pybase64.b64decode(text, validate=True)
         return len(data), hashlib.sha256(data).hexdigest()
     # Three bytes for four characters at most: never past len(text), so all is hashed.
-    size, digest = _digest_pieces(
-        _base64_pieces(text), len(text), threaded=len(text) >= THREADED_MIN_CHARS
-    )
+    size, digest = _digest_pieces(_base64_pieces(text), len(text), threaded=False)
     return size, digest.hexdigest()
 
 
 def _base64_pieces(text: str) -> Iterator[bytes]:
-    last = len(text) - BASE64_PIECE_CHARS
-    for start in range(0, len(text), BASE64_PIECE_CHARS):
-        piece = text[start : start + BASE64_PIECE_CHARS]
+    last = len(text) - PIECE_CHARS
+    for start in range(0, len(text), PIECE_CHARS):
+        piece = text[start : start + PIECE_CHARS]
         if start < last and "=" in piece:
             raise binascii.Error("padding before the end of the base64 text")
         yield pybase64.b64decode(piece, validate=True)
@@ -199,10 +202,10 @@ if hasattr(os, "register_at_fork"):
 
 
 __all__ = [
-    "BASE64_PIECE_CHARS",
-    "PIECEWISE_MIN_CHARS",
+    "ASCII_PIECEWISE_MIN_CHARS",
+    "BASE64_PIECEWISE_MIN_CHARS",
+    "PIECE_CHARS",
     "THREADED_MIN_CHARS",
-    "UTF8_PIECE_CHARS",
     "digest_base64",
     "digest_utf8",
 ]

@@ -46,16 +46,20 @@ TEXT = st.text(CHARACTERS, max_size=40)
 SURROGATE = st.characters(categories=("Cs",))
 # (characters per piece, cores): one core hashes on the calling thread, two on the worker.
 PIECES = st.tuples(st.integers(min_value=1, max_value=9), st.sampled_from([1, 2]))
+# Base64 is cut at whole quanta: pieces of 4 to 36 characters.
+QUANTA_PIECES = st.tuples(
+    st.integers(min_value=4, max_value=36).map(lambda n: n - n % 4), st.just(1)
+)
 
 
 @contextmanager
 def pieces_of(chars: int, cores: int) -> Iterator[None]:
-    """Every value piecewise, in pieces of ``chars`` characters (base64: 4 x chars)."""
+    """Every value piecewise, in pieces of ``chars`` characters (for base64, a multiple of 4)."""
     with mock.patch.multiple(
         digests,
-        UTF8_PIECE_CHARS=chars,
-        BASE64_PIECE_CHARS=4 * chars,
-        PIECEWISE_MIN_CHARS=0,
+        PIECE_CHARS=chars,
+        ASCII_PIECEWISE_MIN_CHARS=0,
+        BASE64_PIECEWISE_MIN_CHARS=0,
         THREADED_MIN_CHARS=0,
         _CORES=cores,
     ):
@@ -106,7 +110,7 @@ def test_a_surrogate_pair_written_as_two_code_points_is_two_lone_surrogates() ->
 
 
 def test_the_default_pieces_give_the_one_shot_digest_of_a_large_text() -> None:
-    text = ("caf\u00e9 \u2713 \U0001d11e " * 200_000)[: digests.PIECEWISE_MIN_CHARS * 2 + 5]
+    text = ("caf\u00e9 \u2713 \U0001d11e " * 200_000)[: digests.THREADED_MIN_CHARS * 2 + 5]
     encoded = text.encode("utf-8")
     assert len(text) >= digests.THREADED_MIN_CHARS
     assert digest_utf8(text, 1 << 30) == (len(encoded), sha(encoded))
@@ -114,10 +118,19 @@ def test_the_default_pieces_give_the_one_shot_digest_of_a_large_text() -> None:
     assert digest_utf8(text, len(text) - 1) == (len(encoded), None)
 
 
+def test_the_default_pieces_give_the_one_shot_digest_of_large_ascii_and_base64() -> None:
+    text = ("# notes\n- [x] item\n" * 200_000)[: digests.ASCII_PIECEWISE_MIN_CHARS + 7]
+    assert digest_utf8(text, 1 << 30) == (len(text), sha(text.encode()))
+    data = (bytes(range(256)) * 20_000)[: digests.BASE64_PIECEWISE_MIN_CHARS // 4 * 3 + 1]
+    encoded = base64.b64encode(data).decode("ascii")
+    assert len(encoded) >= digests.BASE64_PIECEWISE_MIN_CHARS
+    assert digest_base64(encoded) == (len(data), sha(data))
+
+
 # --- base64 -----------------------------------------------------------------------------
 
 
-@given(st.binary(max_size=64), PIECES)
+@given(st.binary(max_size=64), QUANTA_PIECES)
 def test_any_bytes_digest_as_their_one_shot_strict_decoding_across_piece_boundaries(
     data: bytes, pieces: tuple[int, int]
 ) -> None:
@@ -147,7 +160,7 @@ def piecewise_base64(text: str) -> tuple[int, str] | None:
     st.integers(min_value=0, max_value=70),
     st.sampled_from(["=", "==", "-", "_", " ", "\n", "*", "\u00e9", "A", "AAAA", ""]),
     st.booleans(),
-    PIECES,
+    QUANTA_PIECES,
 )
 def test_strict_base64_refuses_in_pieces_exactly_what_it_refuses_whole(
     data: bytes, at: int, junk: str, replace: bool, pieces: tuple[int, int]
@@ -233,7 +246,8 @@ def test_a_call_is_measured_and_refused_exactly_as_by_the_one_shot_pipeline(
     pointers = tuple(f"/v{index}" for index in range(len(values)))
     arguments = {pointer[1:]: value for pointer, value in zip(pointers, values, strict=True)}
     spec = DocumentSpec(encoding, pointers, (), 1 << 30, item_limit, batch_limit)  # type: ignore[arg-type]
-    with pieces_of(*pieces):
+    chars, cores = pieces
+    with pieces_of(chars if encoding == "utf8" else 4 * chars, cores):
         assert outcome(spec, arguments) == one_shot_check(spec, arguments)
 
 
@@ -281,7 +295,7 @@ def test_invalid_base64_in_the_first_piece_stops_the_decoding_there(bad: str) ->
     value = Watched(bad + "A" * (400 - len(bad)))
     with pieces_of(8, 2):
         assert refused_code(spec("base64"), value) == Code.DOC_ENCODING_INVALID
-    assert value.reached == 32
+    assert value.reached == 8
 
 
 def test_a_lone_surrogate_in_the_first_piece_stops_the_encoding_there() -> None:
@@ -312,7 +326,10 @@ def test_an_error_on_the_worker_is_raised_in_the_caller_and_the_worker_lives_on(
     with mock.patch.object(digests, "_CORES", 2), pytest.raises(TypeError):
         digests._digest_pieces(pieces, 1 << 30, threaded=True)  # type: ignore[arg-type]
     with pieces_of(3, 2):
-        assert digest_utf8("still hashing", 100) == (13, sha(b"still hashing"))
+        assert digest_utf8("still hashing \u2713", 100) == (
+            17,
+            sha("still hashing \u2713".encode()),
+        )
 
 
 def test_callers_on_several_threads_share_the_worker_and_each_gets_its_own_digest() -> None:
@@ -324,24 +341,25 @@ def test_callers_on_several_threads_share_the_worker_and_each_gets_its_own_diges
 
 def test_a_worker_thread_that_stopped_is_replaced() -> None:
     with pieces_of(3, 2):
-        digest_utf8("start the worker", 100)
+        digest_utf8("start the worker \u2713", 100)
         worker = digests._worker()
         with mock.patch.object(worker.thread, "is_alive", return_value=False):
             replacement = digests._worker()
         assert replacement is not worker
-        assert digest_utf8("hashed by the new one", 100)[1] == sha(b"hashed by the new one")
+        text = "hashed by the new one \u2713"
+        assert digest_utf8(text, 100)[1] == sha(text.encode())
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
 def test_a_forked_child_starts_its_own_worker_instead_of_waiting_on_the_parents() -> None:
     with pieces_of(3, 2):
-        digest_utf8("the parent's worker runs", 100)
+        digest_utf8("the parent's worker runs \u2713", 100)
         with warnings.catch_warnings():
             # Python 3.12+ warns on fork with threads running: that case is this test's.
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:  # pragma: no cover - the child reports by exit status only
-            ok = digest_utf8("the child", 100) == (9, sha(b"the child"))
+            ok = digest_utf8("the child \u2713", 100) == (13, sha("the child \u2713".encode()))
             os._exit(0 if ok else 1)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -359,7 +377,7 @@ def test_one_core_hashes_on_the_calling_thread() -> None:
     before = threading.active_count()
     with mock.patch.multiple(digests, _WORKER=None, _CORES=1):
         with pieces_of(3, 1):
-            assert digest_utf8("no worker", 100) == (9, sha(b"no worker"))
+            assert digest_utf8("no worker \u2713", 100) == (13, sha("no worker \u2713".encode()))
         assert digests._WORKER is None
     assert threading.active_count() == before
 
