@@ -12,9 +12,11 @@ encodes the next piece: ``hashlib`` releases the GIL while it hashes a large buf
 ``str.encode`` holds it, so the two overlap and the time approaches the slower of the two
 instead of their sum. The hand-off is synchronous (the caller waits until the worker has
 taken the piece and is hashing it): the caller blocking is what lets the worker take the
-GIL, so a piece never waits behind the interpreter's switch interval. ASCII text (a copy)
-and base64 (a SIMD decode) cost too little beside the hash to repay the hand-offs, so
-they are made and hashed on the calling thread.
+GIL, so a piece never waits behind the interpreter's switch interval. When other work
+keeps the second core busy the hand-offs cost more than they save; once the caller has
+waited longer than the worker has hashed, the rest is hashed on the calling thread.
+ASCII text (a copy) and base64 (a SIMD decode) cost too little beside the hash to repay
+the hand-offs, so they are made and hashed on the calling thread.
 
 Results are exactly those of the one-shot forms, which the unit tests check property by
 property: ``sha256(text.encode("utf-8"))`` and its length, and
@@ -30,7 +32,8 @@ import hashlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 
 import pybase64
 
@@ -46,6 +49,9 @@ PIECE_CHARS = 1 << 18
 ASCII_PIECEWISE_MIN_CHARS = 1 << 21
 BASE64_PIECEWISE_MIN_CHARS = 1 << 22
 THREADED_MIN_CHARS = 1 << 20
+# Seconds of waiting on the worker a document may spend beyond the worker's own hashing
+# time before its remaining pieces are hashed on the calling thread instead.
+HAND_OFF_ALLOWANCE = 0.001
 
 
 def digest_utf8(text: str, limit: int) -> tuple[int, str | None]:
@@ -105,13 +111,19 @@ def _digest_pieces(
     """
     digest = hashlib.sha256()
     stream = _Stream(digest) if threaded and limit >= 0 and _CORES >= 2 else None
-    feed: Callable[[bytes], None] = digest.update if stream is None else stream.feed
     size = 0
     try:
         for piece in pieces:
             size += len(piece)
-            if size <= limit:
-                feed(piece)
+            if size > limit:
+                continue
+            if stream is None:
+                digest.update(piece)
+            elif not stream.feed(piece):
+                # The other core is busy elsewhere: hash the rest on this thread.
+                handed = stream
+                stream = None
+                handed.finish()
     finally:
         if stream is not None:
             stream.finish()
@@ -121,21 +133,29 @@ def _digest_pieces(
 class _Stream:
     """One document's hash, its pieces handed in order to the shared worker thread."""
 
-    __slots__ = ("digest", "error", "taken")
+    __slots__ = ("digest", "error", "hashed", "taken", "waited")
 
     def __init__(self, digest: hashlib._Hash) -> None:
         self.digest = digest
         self.error: BaseException | None = None
         self.taken = threading.Lock()
         self.taken.acquire()  # released by the worker each time it takes a piece
+        self.waited = 0.0  # seconds the caller spent handing pieces over
+        self.hashed = 0.0  # CPU seconds the worker spent hashing them
 
-    def feed(self, piece: bytes) -> None:
+    def feed(self, piece: bytes) -> bool:
         """Hand ``piece`` over and return once the worker is hashing it.
 
         The worker takes pieces in order, one at a time, so when it takes this one the
-        previous one is hashed: at most one piece of a stream is in flight.
+        previous one is hashed: at most one piece of a stream is in flight. Returns
+        whether handing over still pays: False once the caller has waited longer than
+        hashing the pieces itself would have taken (plus the worker's first wake-up), as
+        when other processes keep the second core busy.
         """
+        started = time.perf_counter()
         self._hand(piece)
+        self.waited += time.perf_counter() - started
+        return self.waited <= self.hashed + HAND_OFF_ALLOWANCE
 
     def finish(self) -> None:
         """Wait until every piece handed over is hashed; raise what the worker raised."""
@@ -162,8 +182,10 @@ class _Worker:
             stream.taken.release()
             if piece is None or stream.error is not None:
                 continue
+            started = time.thread_time()
             try:
                 stream.digest.update(piece)  # releases the GIL while it hashes
+                stream.hashed += time.thread_time() - started
             except BaseException as exc:  # noqa: BLE001 - raised in the caller, as futures do
                 stream.error = exc
 
@@ -204,6 +226,7 @@ if hasattr(os, "register_at_fork"):
 __all__ = [
     "ASCII_PIECEWISE_MIN_CHARS",
     "BASE64_PIECEWISE_MIN_CHARS",
+    "HAND_OFF_ALLOWANCE",
     "PIECE_CHARS",
     "THREADED_MIN_CHARS",
     "digest_base64",

@@ -332,6 +332,20 @@ def test_an_error_on_the_worker_is_raised_in_the_caller_and_the_worker_lives_on(
         )
 
 
+def test_when_handing_over_stops_paying_the_rest_is_hashed_on_the_calling_thread() -> None:
+    # As when other processes keep the second core busy: the caller waited longer than
+    # the worker hashed. The one piece handed over is hashed before the rest, in order.
+    text = "caf\u00e9 \U0001d11e " * 40
+    feed = digests._Stream.feed
+    with (
+        pieces_of(7, 2),
+        mock.patch.object(digests, "HAND_OFF_ALLOWANCE", -1.0),
+        mock.patch.object(digests._Stream, "feed", autospec=True, side_effect=feed) as fed,
+    ):
+        assert digest_utf8(text, 1 << 30) == (len(text.encode()), sha(text.encode()))
+    assert fed.call_count == 1
+
+
 def test_callers_on_several_threads_share_the_worker_and_each_gets_its_own_digest() -> None:
     texts = [f"{index} caf\u00e9 \U0001d11e " * (50 + index) for index in range(16)]
     with pieces_of(7, 2), ThreadPoolExecutor(4) as pool:
