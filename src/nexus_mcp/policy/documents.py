@@ -29,8 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pybase64
-
 from nexus_mcp.errors import (
     DocEncodingInvalidError,
     DocHashMismatchError,
@@ -39,6 +37,7 @@ from nexus_mcp.errors import (
     InvalidInputError,
 )
 from nexus_mcp.ids import new_id
+from nexus_mcp.policy.digests import digest_base64, digest_utf8
 from nexus_mcp.policy.hashing import CONTENT_HASH_ALG, to_canonical_json
 from nexus_mcp.policy.registry import ContentEncoding, DocumentSpec, ToolClass
 
@@ -49,10 +48,6 @@ MAX_POINTER_LENGTH = 1024
 MAX_READ_LIMIT_NAME = "max_read_bytes"
 MAX_WRITE_LIMIT_NAME = "max_write_bytes"
 MAX_BATCH_LIMIT_NAME = "max_batch_bytes"
-
-# Counting UTF-8 bytes of an oversized string chunk by chunk keeps the refusal exact
-# without allocating up to four times its length at once.
-_UTF8_COUNT_CHUNK = 1 << 20
 
 _HASH_RE = re.compile(r"[0-9a-f]{64}")
 _POINTER_RE = re.compile(r"(/([^~/]|~[01])*)*")
@@ -250,10 +245,10 @@ def _measure(
     for pointer in pointers:
         value = resolve_pointer(document, pointer)
         budget = _Budget(pointer, item_limit[0], item_limit[1], batch_limit, total)
-        data = _to_base64_bytes(value, budget) if encoding == "base64" else _to_utf8(value, budget)
-        budget.check(len(data))
-        total += len(data)
-        hashes.append(DocumentHash(pointer, hashlib.sha256(data).hexdigest(), len(data)))
+        measure = _measure_base64 if encoding == "base64" else _measure_utf8
+        size, digest = measure(value, budget)
+        total += size
+        hashes.append(DocumentHash(pointer, digest, size))
     return DocumentCheck(tuple(hashes), total)
 
 
@@ -265,54 +260,54 @@ class _Budget:
     batch_limit: int
     spent: int
 
+    @property
+    def room(self) -> int:
+        """The most bytes this item may have within both limits."""
+        return min(self.item_limit, self.batch_limit - self.spent)
+
     def check(self, size: int) -> None:
+        if size > self.room:
+            raise self.refusal(size)
+
+    def refusal(self, size: int) -> DocSizeExceededError:
         if size > self.item_limit:
-            raise DocSizeExceededError(
+            return DocSizeExceededError(
                 limit_name=self.item_name,
                 limit_bytes=self.item_limit,
                 actual_bytes=size,
                 pointer=self.pointer,
             )
-        if self.spent + size > self.batch_limit:
-            raise DocSizeExceededError(
-                limit_name=MAX_BATCH_LIMIT_NAME,
-                limit_bytes=self.batch_limit,
-                actual_bytes=self.spent + size,
-                pointer=self.pointer,
-            )
+        return DocSizeExceededError(
+            limit_name=MAX_BATCH_LIMIT_NAME,
+            limit_bytes=self.batch_limit,
+            actual_bytes=self.spent + size,
+            pointer=self.pointer,
+        )
 
 
-def _to_utf8(value: Any, budget: _Budget) -> bytes:
+def _measure_utf8(value: Any, budget: _Budget) -> tuple[int, str]:
     if not isinstance(value, str):
         try:
-            return to_canonical_json(value)
+            data = to_canonical_json(value)
         except (TypeError, ValueError) as exc:
             raise DocEncodingInvalidError(encoding="utf8", pointer=budget.pointer) from exc
+        budget.check(len(data))
+        return len(data), hashlib.sha256(data).hexdigest()
     if value.isascii():
-        # ASCII length is the byte length: refuse before copying.
+        # ASCII length is the byte length: refuse before encoding anything.
         budget.check(len(value))
-        return value.encode("ascii")
-    if len(value) > budget.item_limit or budget.spent + len(value) > budget.batch_limit:
-        # UTF-8 is at least one byte per character, so this is over; count it exactly.
-        budget.check(_count_utf8(value, budget.pointer))
-    return _encode_utf8(value, budget.pointer)
-
-
-def _count_utf8(value: str, pointer: str) -> int:
-    return sum(
-        len(_encode_utf8(value[start : start + _UTF8_COUNT_CHUNK], pointer))
-        for start in range(0, len(value), _UTF8_COUNT_CHUNK)
-    )
-
-
-def _encode_utf8(value: str, pointer: str) -> bytes:
     try:
-        return value.encode("utf-8")
+        # A text over the room is still encoded to its end (not hashed): the refusal
+        # names its exact UTF-8 size, and a lone surrogate anywhere is refused first.
+        size, digest = digest_utf8(value, budget.room)
     except UnicodeEncodeError as exc:  # lone surrogates from a JSON "\ud800" escape
-        raise DocEncodingInvalidError(encoding="utf8", pointer=pointer) from exc
+        raise DocEncodingInvalidError(encoding="utf8", pointer=budget.pointer) from exc
+    if digest is None:
+        raise budget.refusal(size)
+    return size, digest
 
 
-def _to_base64_bytes(value: Any, budget: _Budget) -> bytes:
+def _measure_base64(value: Any, budget: _Budget) -> tuple[int, str]:
     if not isinstance(value, str) or len(value) % 4 or not value.isascii():
         raise DocEncodingInvalidError(encoding="base64", pointer=budget.pointer)
     padding = 2 if value.endswith("==") else 1 if value.endswith("=") else 0
@@ -320,9 +315,11 @@ def _to_base64_bytes(value: Any, budget: _Budget) -> bytes:
     try:
         # pybase64 (SIMD) decodes ~30x faster than binascii; validate=True keeps the same
         # strictness (alphabet, padding), which the unit tests pin case by case.
-        return pybase64.b64decode(value, validate=True)
+        size, digest = digest_base64(value)
     except (binascii.Error, ValueError) as exc:
         raise DocEncodingInvalidError(encoding="base64", pointer=budget.pointer) from exc
+    budget.check(size)
+    return size, digest
 
 
 __all__ = [
