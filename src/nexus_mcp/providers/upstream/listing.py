@@ -23,7 +23,8 @@ A page the MCP SDK cannot parse at all (a field of the wrong type) fails the lis
 upstream is down, as for any malformed answer; native tools and other upstreams are not
 affected.
 
-No FastMCP import: the client is passed in (anything with ``list_tools_mcp(cursor=)``).
+No FastMCP import: the client is passed in (anything with ``list_tools_mcp(cursor=)``); a
+page is fetched and validated by ``tool_pages.py``, with the event loop given turns.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, Literal
 from nexus_mcp.policy.hashing import sha256_hex, to_canonical_json
 from nexus_mcp.policy.pins import canonical_definition
 from nexus_mcp.policy.upstreams import TOOL_NAME_RE
+from nexus_mcp.providers.upstream.tool_pages import list_page
 
 MAX_TOOLS_PER_UPSTREAM = 1000  # definitions per listing; the rest are cut
 MAX_LIST_PAGES = 100
@@ -80,7 +82,7 @@ async def fetch_listing(client: Any) -> Listing:
         if listing.pages >= MAX_LIST_PAGES:
             listing.cut = "pages"
             return listing
-        page = await client.list_tools_mcp(cursor=cursor)
+        page = await list_page(client, cursor)  # the loop free while it is validated
         listing.pages += 1
         # A page is the upstream's to size: dumped and measured off the event loop.
         if not await asyncio.to_thread(_take, listing, page.tools):
