@@ -92,6 +92,7 @@ from nexus_mcp.providers.upstream.listing import (
     InvalidDefinition,
     fetch_listing,
 )
+from nexus_mcp.providers.upstream.pacing import keep_out_of_collections
 from nexus_mcp.providers.upstream.pinning import (
     EVENT_UPSTREAM_DOWN,
     EVENT_UPSTREAM_UP,
@@ -538,6 +539,9 @@ class UpstreamServer(PinnedTools, CallerCredentials, Forwarding):
             now = time.monotonic()
             self._listed_at[session.key] = now
             self._verified = (now, self._pins_mtime)
+            # What the listing leaves alive is never walked by a full collection, which
+            # would stop every caller for as long (``pacing.py``).
+            keep_out_of_collections()
 
     async def _recheck_loop(self) -> None:
         """List again every ``recheck_seconds``, list_changed or not (module docstring)."""
