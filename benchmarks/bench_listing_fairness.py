@@ -88,6 +88,15 @@ class Windows:
     wall: dict[str, float] = field(default_factory=lambda: {"idle": 0.0, "active": 0.0})
     listings: int = 0  # upstream listings that started in an active window
     listed_tools: int = 0  # tools in the upstream's listing
+    rss_kib: list[int] = field(default_factory=lambda: [0, 0])  # the server's, before and after
+
+
+def rss_kib(pid: int) -> int:
+    """A process's resident memory (VmRSS, KiB)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
 def listing_starts(record: Path) -> int:
@@ -231,6 +240,7 @@ async def measure(rounds: int, seconds: float, big: int, root: Path) -> list[Row
         await settle(server.pid, record)
         warm: list[float] = []
         await caller_b(b, time.monotonic() + 1.0, warm)
+        windows.rss_kib[0] = rss_kib(server.pid)
         for done in range(rounds):
             for kind in ("idle", "active") if done % 2 == 0 else ("active", "idle"):
                 await window(kind, seconds, b, a, server.pid, record, windows)
@@ -240,6 +250,7 @@ async def measure(rounds: int, seconds: float, big: int, root: Path) -> list[Row
                 f"B's worst {max(windows.worst_per_window['active']) * 1000:.0f} ms active, "
                 f"{max(windows.worst_per_window['idle']) * 1000:.0f} ms idle",
             )
+        windows.rss_kib[1] = rss_kib(server.pid)
         await a.close()
         await b.close()
     return rows(windows, rounds, seconds)
@@ -270,8 +281,8 @@ def rows(w: Windows, rounds: int, seconds: float) -> list[Row]:
         }
         for kind, values in (("idle", idle), ("active", active))
     }
-    idle_cpu_rate = w.cpu["idle"] / w.wall["idle"]
-    listing_cpu = (w.cpu["active"] - idle_cpu_rate * w.wall["active"]) / w.listings
+    per_call_cpu = w.cpu["idle"] / len(idle)  # B's calls (and the idle server) alone
+    listing_cpu = (w.cpu["active"] - per_call_cpu * len(active)) / w.listings
     per_window = ", ".join(f"{v * 1000:.0f}" for v in w.worst_per_window["active"])
     base = "caller B, caller A idle"
     out = [
@@ -291,7 +302,7 @@ def rows(w: Windows, rounds: int, seconds: float) -> list[Row]:
     ]
     out += [
         Row(
-            "upstream listings of 3,000 tools measured",
+            f"upstream listings of {w.listed_tools:,} tools measured",
             "",
             None,
             float(w.listings),
@@ -299,7 +310,8 @@ def rows(w: Windows, rounds: int, seconds: float) -> list[Row]:
             note=(
                 f"{rounds} rounds of {seconds:.0f} s idle + {seconds:.0f} s active; "
                 f"server CPU {listing_cpu * 1000:.0f} ms per listing "
-                f"(the idle windows' CPU rate taken out)"
+                f"(B's calls taken out at their idle CPU per call); server RSS "
+                f"{w.rss_kib[0] / 1024:.0f} -> {w.rss_kib[1] / 1024:.0f} MiB over them"
             ),
         ),
         Row(
@@ -311,7 +323,7 @@ def rows(w: Windows, rounds: int, seconds: float) -> list[Row]:
             note="the machine's own: B's idle max minus its idle median",
         ),
         Row(
-            "caller B's worst added delay by a 3,000-tool listing",
+            f"caller B's worst added delay by a {w.listed_tools:,}-tool listing",
             "",
             None,
             ms["active"]["max"] - ms["idle"]["p50"],
