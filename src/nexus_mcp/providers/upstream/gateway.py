@@ -84,6 +84,7 @@ class UpstreamGateway:
     # What each upstream's last publish registered: (tool, view) by exposed name.
     _published: dict[str, dict[str, tuple[UpstreamTool, ToolView]]] = field(default_factory=dict)
     _access_given: tuple[frozenset[str], frozenset[str]] | None = None
+    _seen: dict[str, dict[str, UpstreamTool]] = field(default_factory=dict)  # last visible
     recorder: Recorder | None = None  # serve --record: the tools as they are published
     # Told after every publish: what callers may see may have changed (server/notify.py).
     on_published: Callable[[], None] | None = None
@@ -209,6 +210,7 @@ class UpstreamGateway:
         self._native = frozenset(book.contracts)
         self._native_writes = access.write_tools
         self._access_given = None  # told in full below
+        self._seen.clear()
         for server in self.servers.values():
             endpoint = server.config.endpoint()
             target = identify_upstream(server.server_id, endpoint)
@@ -223,6 +225,13 @@ class UpstreamGateway:
         if book is None:
             return
         visible = server.visible_tools()
+        if visible is self._seen.get(server.server_id):
+            # The very tool set published last (an upstream's tools are replaced as a
+            # whole, never changed in place): only its prompts or resources changed.
+            if self.on_published is not None:
+                self.on_published()
+            return
+        self._seen[server.server_id] = visible
         before = self._published.get(server.server_id, {})
         for name in before.keys() - visible.keys():
             book.withdraw(name)
