@@ -41,10 +41,14 @@ caller's HTTP headers (FASTMCP4_GUIDE section 7). Here:
   (``PersistedEvidence``), read at start-up: a reverted definition stays quarantined
   across a restart until an operator re-pins the tool (a new stamp in the lock file
   makes every process forget that tool's evidence);
-- listings are fair (issue 22, item 9): one listing of an upstream at a time (the
-  ``_list_gate``), its CPU work (dumping, canonical JSON, sha256) in worker threads, a
-  page at a time, and a verified listing shared: a session opened while one is in flight, or
-  within ``recheck_seconds`` of the last, is verified by it instead of fetching its own;
+- listings are fair (issue 22, item 9; issue 29): one listing of an upstream at a time
+  (the ``_list_gate``); its CPU work on the event loop paced (``pacing.py``: parsing a
+  large message, validating, dumping and measuring, a definition at a time, 2 ms of work
+  then 2 ms for other callers; a worker thread would hold the GIL the loop needs),
+  screening and sha256 in a worker thread; what it leaves alive frozen out of the
+  garbage collector's full collections; and a verified listing shared: a session opened
+  while one is in flight, or within ``recheck_seconds`` of the last, is verified by it
+  instead of fetching its own;
 - definitions are re-checked every ``recheck_seconds`` without any list_changed: on the
   gateway's own session and on the caller sessions in turn (one a round), so a silent
   change on an open session is found within a bounded time (item 15).
