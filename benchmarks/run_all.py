@@ -31,6 +31,7 @@ SCRIPTS = [
     "bench_approvals.py",
     "bench_notes.py",
     "bench_upstream.py",
+    "bench_listing_fairness.py",
     "bench_repo.py",
     "bench_replicas.py",
     "bench_audit_chain.py",

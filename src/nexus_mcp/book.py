@@ -75,6 +75,16 @@ class ToolCatalog:
         input_schema: dict[str, Any],
         annotations: dict[str, Any],
     ) -> None:
+        """Index a tool, replacing its namesake (unless listed again unchanged)."""
+        held = self._entries.get(name)
+        if held is not None and (
+            (held.server_id, held.toolset, held.description, held.risk)
+            == (server_id, toolset, description, risk)
+            and held.input_schema == input_schema
+            and held.annotations == annotations
+        ):
+            return  # listed again unchanged: nothing to index anew
+        self.remove(name)
         entry = CatalogEntry(
             name=name,
             server_id=server_id,
@@ -92,10 +102,14 @@ class ToolCatalog:
     def remove(self, name: str) -> None:
         entry = self._entries.pop(name, None)
         if entry is not None:
-            self._document_frequency.subtract(
-                set(entry.name_tokens) | set(entry.description_tokens)
-            )
-            self._document_frequency += Counter()  # drop the terms no entry has any more
+            terms = set(entry.name_tokens) | set(entry.description_tokens)
+            frequency = self._document_frequency
+            frequency.subtract(terms)
+            # Drop the terms no entry has any more: this entry's only (``+= Counter()``
+            # would scan every term of the catalog, once per tool of a huge listing).
+            for term in terms:
+                if frequency[term] <= 0:
+                    del frequency[term]
 
     def get(self, name: str) -> CatalogEntry | None:
         return self._entries.get(name)
@@ -192,7 +206,6 @@ class ToolBook:
         _set(self._models, name, arguments_model)
         _set(self._checks, name, argument_check)
         _set(self._routes, name, route)
-        self.catalog.remove(name)
         self.catalog.add(
             name=name,
             server_id=server_id,

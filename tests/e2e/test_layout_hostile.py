@@ -342,6 +342,64 @@ def test_the_book_follows_an_upstream_tool_republished_and_withdrawn() -> None:
     assert access.exposed == set()
 
 
+def test_a_tool_published_again_unchanged_is_not_registered_again() -> None:
+    """Every listing of a huge upstream publishes its tools several times (tools, then
+    each kind of item): the book is written only for a tool whose view changed, and a
+    withdrawn tool shown again is registered again."""
+    from nexus_mcp.book import ToolBook
+    from nexus_mcp.policy.targets import ToolTargets
+    from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+
+    class Access:
+        write_tools: frozenset[str] = frozenset()
+        told = 0
+
+        def set_tools(self, *args: Any, **kwargs: Any) -> None:
+            self.told += 1
+
+    puts: list[str] = []
+
+    class CountingBook(ToolBook):
+        def put(self, contract: Any, **kwargs: Any) -> None:
+            puts.append(contract.name)
+            super().put(contract, **kwargs)
+
+    host, book, access = _Host(), CountingBook(), Access()
+    gateway = UpstreamGateway(
+        config=None,  # type: ignore[arg-type]
+        servers={"h": host},  # type: ignore[dict-item]
+        provider=None,  # type: ignore[arg-type]
+        mode="prod",
+        registry=None,  # type: ignore[arg-type]
+    )
+    gateway.bind(book, access, ToolTargets({}, book.toolsets))  # type: ignore[arg-type]
+    told = access.told
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    host.expose(_view("add", schema, "a"), _view("sub", schema, "a"))
+    gateway.publish(host)  # type: ignore[arg-type]
+    assert sorted(puts) == ["h_add", "h_sub"] and access.told == told + 1
+    # The same tool set (its prompts changed), or the same tools with an equal view of
+    # one listed again: nothing is written, the chain is still told.
+    published: list[int] = []
+    gateway.on_published = lambda: published.append(1)
+    gateway.publish(host)  # type: ignore[arg-type]
+    add, sub = host.tools["h_add"], host.tools["h_sub"]
+    sub.view = _view("sub", schema, "a")
+    host.tools = {"h_add": add, "h_sub": sub}
+    gateway.publish(host)  # type: ignore[arg-type]
+    assert sorted(puts) == ["h_add", "h_sub"] and access.told == told + 1
+    assert published == [1, 1]
+    # A changed view is registered again; so is a tool withdrawn and shown again.
+    sub.view = _view("sub", schema, "b")
+    host.tools = {"h_sub": sub}
+    gateway.publish(host)  # type: ignore[arg-type]
+    assert puts[2:] == ["h_sub"] and book.catalog.get("h_add") is None
+    host.tools = {"h_add": add, "h_sub": sub}
+    gateway.publish(host)  # type: ignore[arg-type]
+    assert puts[3:] == ["h_add"] and book.catalog.get("h_add") is not None
+    assert access.told == told + 3  # told of each change of the tool set, only
+
+
 @pytest.mark.parametrize("arguments", [{}, {"path": 5}, {"path": "a.txt", "x": 1}])
 async def test_arguments_the_tool_refuses_do_not_reveal_it_without_the_chain(
     make_server: ServerFactory, arguments: dict[str, Any]

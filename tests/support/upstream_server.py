@@ -1,7 +1,7 @@
 """An upstream MCP server for the gateway tests: a real FastMCP server run as a process.
 
     python tests/support/upstream_server.py --transport stdio|http [--port N]
-        [--record FILE] [--variant NAME] [--flag-file FILE] [--big N]
+        [--record FILE] [--variant NAME] [--flag-file FILE] [--big N] [--relist]
 
 Over HTTP it serves streamable HTTP at ``http://127.0.0.1:PORT/mcp`` and prints
 ``READY PORT`` to stderr once the socket listens (``--port 0``, the default, picks a free
@@ -17,6 +17,8 @@ its text appended (a silent change every process of the upstream shows at once).
 ``--item-flag-file``: the same for the prompt ``greet`` (its description) and the
 resource ``readme`` (its name and description).
 ``--big N``: N more tools with large definitions (a hostile listing of many megabytes).
+``--relist``: a ``relist`` tool that sends ``notifications/tools/list_changed`` and changes
+nothing (each call makes the gateway fetch and verify the whole listing again).
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ def build(
     item_variant: str | None = None,
     echo_name: str = "echo",
     item_flag_file: str | None = None,
+    relist: bool = False,
 ) -> FastMCP[Any]:
     mcp: FastMCP[Any] = FastMCP("upstream-test")
+    if relist:  # first: a gateway cuts a huge listing after its first 1,000 tools
+        add_relist(mcp)
     writes: list[str] = []
     sessions: dict[str, str] = {}
 
@@ -419,6 +424,16 @@ def add_items(mcp: FastMCP[Any], variant: str | None) -> None:
         return {"ok": True}
 
 
+def add_relist(mcp: FastMCP[Any]) -> None:
+    """``--relist``: a tool whose call says tools/list_changed, nothing changed."""
+
+    @mcp.tool(annotations={"readOnlyHint": True})
+    async def relist(ctx: Context) -> dict[str, Any]:
+        """Say tools/list_changed; change nothing."""
+        await ctx.session.send_tool_list_changed()
+        return {"ok": True}
+
+
 def add_subscriptions(mcp: FastMCP[Any]) -> None:
     """``--subscribe``: the server announces ``resources.subscribe``, keeps who subscribed
     to which URI (per session), and its ``touch`` tool tells them
@@ -463,6 +478,7 @@ def main() -> None:
     parser.add_argument("--item-flag-file", default=None)
     parser.add_argument("--rename-echo", default=None, help="list echo under this name")
     parser.add_argument("--subscribe", action="store_true", help="resources/subscribe, touch")
+    parser.add_argument("--relist", action="store_true", help="a tool saying list_changed")
     parser.add_argument("--tls-cert", default=None, help="HTTPS: the server's certificate")
     parser.add_argument("--tls-key", default=None, help="HTTPS: its key")
     parser.add_argument("--tls-client-ca", default=None, help="HTTPS: require client certs")
@@ -475,6 +491,7 @@ def main() -> None:
         item_variant=args.item_variant,
         echo_name=args.rename_echo or "echo",
         item_flag_file=args.item_flag_file,
+        relist=args.relist,
     )
     if args.subscribe:
         add_subscriptions(mcp)

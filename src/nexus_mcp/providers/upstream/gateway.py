@@ -38,7 +38,12 @@ from nexus_mcp.policy.upstreams import (
 from nexus_mcp.providers.upstream.provider import UpstreamProvider
 from nexus_mcp.providers.upstream.sandboxes import plan_upstream_sandboxes
 from nexus_mcp.providers.upstream.server import UpstreamServer
-from nexus_mcp.providers.upstream.tools import UPSTREAM_TOOLSET_PREFIX, check_arguments
+from nexus_mcp.providers.upstream.tools import (
+    UPSTREAM_TOOLSET_PREFIX,
+    ToolView,
+    UpstreamTool,
+    check_arguments,
+)
 from nexus_mcp.settings import Settings
 
 if TYPE_CHECKING:
@@ -76,7 +81,10 @@ class UpstreamGateway:
     _native: frozenset[str] = frozenset()
     _native_writes: frozenset[str] = frozenset()
     _catalog_names: frozenset[str] = frozenset()  # every native tool name, mounted or not
-    _listed: dict[str, set[str]] = field(default_factory=dict)
+    # What each upstream's last publish registered: (tool, view) by exposed name.
+    _published: dict[str, dict[str, tuple[UpstreamTool, ToolView]]] = field(default_factory=dict)
+    _access_given: tuple[frozenset[str], frozenset[str]] | None = None
+    _seen: dict[str, dict[str, UpstreamTool]] = field(default_factory=dict)  # last visible
     recorder: Recorder | None = None  # serve --record: the tools as they are published
     # Told after every publish: what callers may see may have changed (server/notify.py).
     on_published: Callable[[], None] | None = None
@@ -201,6 +209,8 @@ class UpstreamGateway:
         self._access = access
         self._native = frozenset(book.contracts)
         self._native_writes = access.write_tools
+        self._access_given = None  # told in full below
+        self._seen.clear()
         for server in self.servers.values():
             endpoint = server.config.endpoint()
             target = identify_upstream(server.server_id, endpoint)
@@ -215,10 +225,25 @@ class UpstreamGateway:
         if book is None:
             return
         visible = server.visible_tools()
-        for name in self._listed.get(server.server_id, set()) - set(visible):
+        if visible is self._seen.get(server.server_id):
+            # The very tool set published last (an upstream's tools are replaced as a
+            # whole, never changed in place): only its prompts or resources changed.
+            if self.on_published is not None:
+                self.on_published()
+            return
+        self._seen[server.server_id] = visible
+        before = self._published.get(server.server_id, {})
+        for name in before.keys() - visible.keys():
             book.withdraw(name)
-        for tool in visible.values():
+        published: dict[str, tuple[UpstreamTool, ToolView]] = {}
+        for name, tool in visible.items():
             view = tool.view
+            published[name] = (tool, view)
+            held = before.get(name)
+            if held is not None and held[0] is tool and held[1] == view:
+                # Listed again as it was: the book holds it already. (Every listing of a
+                # huge upstream publishes, several times: its tools, prompts, resources.)
+                continue
             contract = server.contract_for(view)
             book.put(
                 contract,
@@ -237,7 +262,7 @@ class UpstreamGateway:
                 self.recorder.record_tool(
                     server.server_id, tool, contract, upstream_tool=view.upstream_name
                 )
-        self._listed[server.server_id] = set(visible)
+        self._published[server.server_id] = published
         self._refresh_access()
         if self.on_published is not None:
             self.on_published()
@@ -253,8 +278,12 @@ class UpstreamGateway:
                 exposed.append(name)
                 if tool.view.tool_class == "write":
                     writes.add(name)
+        given = (frozenset(exposed), frozenset(writes))
+        if given == self._access_given:
+            return  # the same tools as last time: nothing to tell the namespace
+        self._access_given = given
         access.set_tools(
-            self._native | frozenset(exposed),
+            self._native | given[0],
             frozenset(self._native_writes | writes),
             upstream=exposed,
             native=self._catalog_names,

@@ -23,12 +23,12 @@ A page the MCP SDK cannot parse at all (a field of the wrong type) fails the lis
 upstream is down, as for any malformed answer; native tools and other upstreams are not
 affected.
 
-No FastMCP import: the client is passed in (anything with ``list_tools_mcp(cursor=)``).
+No FastMCP import: the client is passed in (anything with ``list_tools_mcp(cursor=)``); a
+page is fetched and validated by ``tool_pages.py``, with the event loop given turns.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,6 +36,8 @@ from typing import Any, Literal
 from nexus_mcp.policy.hashing import sha256_hex, to_canonical_json
 from nexus_mcp.policy.pins import canonical_definition
 from nexus_mcp.policy.upstreams import TOOL_NAME_RE
+from nexus_mcp.providers.upstream.pacing import Pacer
+from nexus_mcp.providers.upstream.tool_pages import list_page
 
 MAX_TOOLS_PER_UPSTREAM = 1000  # definitions per listing; the rest are cut
 MAX_LIST_PAGES = 100
@@ -80,10 +82,11 @@ async def fetch_listing(client: Any) -> Listing:
         if listing.pages >= MAX_LIST_PAGES:
             listing.cut = "pages"
             return listing
-        page = await client.list_tools_mcp(cursor=cursor)
+        page = await list_page(client, cursor)  # the loop free while it is validated
         listing.pages += 1
-        # A page is the upstream's to size: dumped and measured off the event loop.
-        if not await asyncio.to_thread(_take, listing, page.tools):
+        # A page is the upstream's to size: dumped and measured a definition at a time,
+        # paced (``pacing.py``: a worker thread would hold the GIL the loop needs).
+        if not await _take(listing, page.tools):
             return listing
         cursor = page.next_cursor
         if cursor is None:
@@ -100,10 +103,12 @@ async def fetch_listing(client: Any) -> Listing:
         cursors.add(cursor)
 
 
-def _take(listing: Listing, tools: list[Any]) -> bool:
-    """(Worker thread.) Add a page's definitions up to the caps; False when the listing
-    is cut here."""
+async def _take(listing: Listing, tools: list[Any]) -> bool:
+    """Add a page's definitions up to the caps, paced; False when the listing is cut
+    here."""
+    pacer = Pacer()
     for tool in tools:
+        await pacer.step()
         if len(listing.wire) >= MAX_TOOLS_PER_UPSTREAM:
             listing.cut = "tools"
             return False

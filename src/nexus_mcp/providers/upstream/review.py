@@ -152,6 +152,9 @@ async def inspect(context: ReviewContext, server_id: str) -> dict[str, Any]:
         mode=context.mode,
         on_change=lambda _server: None,
         seen=context.shared(),
+        # The same bound on one message as serve's (``limits.max_read_bytes``): a listing
+        # serve reads whole is reviewed whole.
+        max_result_bytes=context.settings.limits.max_read_bytes,
     )
     # Opened as serve opens it: in its sandbox when it has one (refused without bwrap).
     server.sandbox = plan_upstream_sandboxes(

@@ -41,10 +41,14 @@ caller's HTTP headers (FASTMCP4_GUIDE section 7). Here:
   (``PersistedEvidence``), read at start-up: a reverted definition stays quarantined
   across a restart until an operator re-pins the tool (a new stamp in the lock file
   makes every process forget that tool's evidence);
-- listings are fair (issue 22, item 9): one listing of an upstream at a time (the
-  ``_list_gate``), its CPU work (dumping, canonical JSON, sha256) in worker threads, a
-  page at a time, and a verified listing shared: a session opened while one is in flight, or
-  within ``recheck_seconds`` of the last, is verified by it instead of fetching its own;
+- listings are fair (issue 22, item 9; issue 29): one listing of an upstream at a time
+  (the ``_list_gate``); its CPU work on the event loop paced (``pacing.py``: parsing a
+  large message, validating, dumping and measuring, a definition at a time, 2 ms of work
+  then 2 ms for other callers; a worker thread would hold the GIL the loop needs),
+  screening and sha256 in a worker thread; what it leaves alive frozen out of the
+  garbage collector's full collections; and a verified listing shared: a session opened
+  while one is in flight, or within ``recheck_seconds`` of the last, is verified by it
+  instead of fetching its own;
 - definitions are re-checked every ``recheck_seconds`` without any list_changed: on the
   gateway's own session and on the caller sessions in turn (one a round), so a silent
   change on an open session is found within a bounded time (item 15).
@@ -92,6 +96,7 @@ from nexus_mcp.providers.upstream.listing import (
     InvalidDefinition,
     fetch_listing,
 )
+from nexus_mcp.providers.upstream.pacing import keep_out_of_collections
 from nexus_mcp.providers.upstream.pinning import (
     EVENT_UPSTREAM_DOWN,
     EVENT_UPSTREAM_UP,
@@ -538,6 +543,9 @@ class UpstreamServer(PinnedTools, CallerCredentials, Forwarding):
             now = time.monotonic()
             self._listed_at[session.key] = now
             self._verified = (now, self._pins_mtime)
+            # What the listing leaves alive is never walked by a full collection, which
+            # would stop every caller for as long (``pacing.py``).
+            keep_out_of_collections()
 
     async def _recheck_loop(self) -> None:
         """List again every ``recheck_seconds``, list_changed or not (module docstring)."""

@@ -8,6 +8,12 @@ reader: a line longer than ``max_line_chars`` ends the connection (the upstream 
 as for any broken transport; logged, never echoed). FastMCP's ``StdioTransport`` has no
 hook for its stdio client, so ``BoundedStdioTransport`` is a plain ``ClientTransport``
 (one process per session, as ``keep_alive=False`` gives).
+
+A large message (a ``tools/list`` page of thousands of definitions, megabytes on one
+line) is not parsed in one call on the event loop, as the SDK's ``_parse_line`` does
+(one call to the JSON parser, the loop held for all of it): ``large_json.py`` walks its
+outer containers and decodes what is inside them a value at a time, giving the loop a
+turn every few milliseconds; the message is then validated as the SDK validates it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any, TextIO
 
 import anyio
 import anyio.lowlevel
+import mcp_types as types
 from anyio.streams.text import TextReceiveStream
 from fastmcp.client.transports.base import ClientTransport, TransportOptions
 from mcp import ClientSession
@@ -37,8 +44,22 @@ from mcp.client.stdio import (
 from mcp.shared.message import SessionMessage
 
 from nexus_mcp.observability.logs import get_logger
+from nexus_mcp.providers.upstream.large_json import loads_in_steps
 
 log = get_logger(__name__)
+
+LARGE_LINE_CHARS = 256 * 1024  # a line longer than this is parsed in steps
+
+
+async def parse_large_line(line: str) -> SessionMessage | Exception:
+    """``_parse_line``, the loop given a turn while it parses (module docstring)."""
+    try:
+        value = await loads_in_steps(line)
+        message = types.jsonrpc_message_adapter.validate_python(value, by_name=False)
+    except ValueError as exc:  # a JSON error or a ValidationError: as _parse_line returns it
+        log.warning("upstream_message_unparsable", transport="stdio")
+        return exc
+    return SessionMessage(message)
 
 
 class LineBuffer:
@@ -117,8 +138,13 @@ async def bounded_stdio_client(
                     lines = LineBuffer(max_line_chars)
                     async for chunk in stdout:
                         for line in lines.feed(chunk):
+                            message = (
+                                await parse_large_line(line)
+                                if len(line) > LARGE_LINE_CHARS
+                                else _parse_line(line)
+                            )
                             try:
-                                await read_stream_writer.send(_parse_line(line))
+                                await read_stream_writer.send(message)
                             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                                 return
                         if lines.overflowed:
