@@ -45,8 +45,8 @@ caller's HTTP headers (FASTMCP4_GUIDE section 7). Here:
   (the ``_list_gate``); its CPU work on the event loop paced (``pacing.py``: parsing a
   large message, validating, dumping and measuring, a definition at a time, 2 ms of work
   then 2 ms for other callers; a worker thread would hold the GIL the loop needs),
-  screening and sha256 in a worker thread; what it leaves alive frozen out of the
-  garbage collector's full collections; and a verified listing shared: a session opened
+  screening and sha256 in a worker thread (the collector's full collections over what
+  it leaves alive are not avoided: ``pacing.py``); and a verified listing shared: a session opened
   while one is in flight, or within ``recheck_seconds`` of the last, is verified by it
   instead of fetching its own;
 - definitions are re-checked every ``recheck_seconds`` without any list_changed: on the
@@ -96,7 +96,6 @@ from nexus_mcp.providers.upstream.listing import (
     InvalidDefinition,
     fetch_listing,
 )
-from nexus_mcp.providers.upstream.pacing import keep_out_of_collections
 from nexus_mcp.providers.upstream.pinning import (
     EVENT_UPSTREAM_DOWN,
     EVENT_UPSTREAM_UP,
@@ -543,9 +542,6 @@ class UpstreamServer(PinnedTools, CallerCredentials, Forwarding):
             now = time.monotonic()
             self._listed_at[session.key] = now
             self._verified = (now, self._pins_mtime)
-            # What the listing leaves alive is never walked by a full collection, which
-            # would stop every caller for as long (``pacing.py``).
-            keep_out_of_collections()
 
     async def _recheck_loop(self) -> None:
         """List again every ``recheck_seconds``, list_changed or not (module docstring)."""
