@@ -3,15 +3,16 @@ and the event loop given turns while a page of thousands of definitions is parse
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
 
-from nexus_mcp.providers.upstream import large_json, pacing
+from nexus_mcp.providers.upstream import large_json
 from nexus_mcp.providers.upstream.large_json import loads_in_steps
 from nexus_mcp.providers.upstream.stdio import parse_large_line
+
+from .conftest import CountTurns
 
 SAMPLES: list[Any] = [
     {},
@@ -81,27 +82,13 @@ def listing_line(tools: int) -> str:
 
 
 async def test_a_large_listing_gives_the_loop_turns_while_it_is_parsed(
-    monkeypatch: pytest.MonkeyPatch,
+    count_turns: CountTurns,
 ) -> None:
     """Counted, not timed: with a zero slice, the loop gets a turn between definitions."""
-    monkeypatch.setattr(pacing, "SLICE_SECONDS", 0.0)
-    monkeypatch.setattr(pacing, "PAUSE_SECONDS", 0.0)
     line = listing_line(300)
-    turns = 0
-
-    async def ticker() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.ensure_future(ticker())
-    await asyncio.sleep(0)
-    before = turns
-    value = await loads_in_steps(line)
-    task.cancel()
+    value, turns = await count_turns(loads_in_steps(line))
     assert value == json.loads(line)
-    assert turns - before >= 300
+    assert turns >= 300
 
 
 async def test_a_large_line_becomes_the_sdk_s_message() -> None:

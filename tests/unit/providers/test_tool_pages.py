@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import mcp_types
@@ -12,9 +11,10 @@ from fastmcp import Client, FastMCP
 from mcp_types import methods
 from pydantic import ValidationError
 
-from nexus_mcp.providers.upstream import pacing
 from nexus_mcp.providers.upstream.listing import fetch_listing
 from nexus_mcp.providers.upstream.tool_pages import list_page, validated
+
+from .conftest import CountTurns
 
 VERSION = "2025-11-25"
 
@@ -77,27 +77,13 @@ async def test_a_result_the_sdk_refuses_is_refused(raw: dict[str, Any]) -> None:
 
 
 async def test_the_loop_gets_turns_while_a_large_page_is_validated(
-    monkeypatch: pytest.MonkeyPatch,
+    count_turns: CountTurns,
 ) -> None:
     """Counted, not timed: with a zero slice, a turn between definitions."""
-    monkeypatch.setattr(pacing, "SLICE_SECONDS", 0.0)
-    monkeypatch.setattr(pacing, "PAUSE_SECONDS", 0.0)
     raw = {"tools": [{"name": f"t{i}", "inputSchema": {"type": "object"}} for i in range(300)]}
-    turns = 0
-
-    async def ticker() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.ensure_future(ticker())
-    await asyncio.sleep(0)
-    before = turns
-    result = await validated(raw, VERSION)
-    task.cancel()
+    result, turns = await count_turns(validated(raw, VERSION))
     assert result == sdk(raw)
-    assert turns - before >= 300
+    assert turns >= 300
 
 
 async def test_a_client_without_the_sdk_session_is_asked_as_before() -> None:
