@@ -148,6 +148,20 @@ async def approved(
     return await call(client, tool, {**args, "approval_token": token})
 
 
+def commit_directly(repository: Any, branch: str, analysis: Any, patch: bytes) -> str:
+    """``Repository.commit_patch`` as the tool calls it, with a test author and no guard."""
+    commit: str = repository.commit_patch(
+        branch,
+        analysis,
+        patch,
+        message="m",
+        author=("a", "a@x"),
+        committer=("a", "a@x"),
+        guard=None,
+    )
+    return commit
+
+
 def envelope(result: Mapping[str, Any]) -> dict[str, str]:
     assert result["isError"] is True, result
     assert "structuredContent" not in result

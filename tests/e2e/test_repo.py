@@ -24,6 +24,7 @@ from .repo_harness import (
     build,
     call,
     code_of,
+    commit_directly,
     effect_of,
     envelope,
     finished,
@@ -617,15 +618,7 @@ async def test_a_branch_that_moves_under_the_call_is_never_overwritten(
     git(project, "update-ref", f"refs/heads/{branch}", commit_elsewhere(project, tmp_path))
     moved = rev(project, branch)
     with pytest.raises(Exception) as caught:
-        repository.commit_patch(
-            branch,
-            analysis,
-            patch.encode(),
-            message="m",
-            author=("a", "a@x"),
-            committer=("a", "a@x"),
-            guard=None,
-        )
+        commit_directly(repository, branch, analysis, patch.encode())
     assert getattr(caught.value, "code", None) == "CONFLICT"
     assert rev(project, branch) == moved
 

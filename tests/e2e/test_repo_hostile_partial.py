@@ -24,7 +24,7 @@ from nexus_mcp.repos import repository as repository_module
 from nexus_mcp.repos.repository import PatchAnalysis, Repository
 from tests.support.git_repos import git, plumb_commit, rev, state
 
-from .repo_harness import Builder, approved, build, call, code_of, project
+from .repo_harness import Builder, approved, build, call, code_of, commit_directly, project
 
 __all__ = ["build", "project"]  # fixtures, re-exported for pytest
 
@@ -203,15 +203,7 @@ async def test_a_patch_that_applies_is_measured_as_on_the_whole_tree_and_commits
     whole = measure_whole(repository, tip, patch)
     assert analysis == whole
     assert analysis.applies is True
-    commit = repository.commit_patch(
-        BRANCH,
-        analysis,
-        patch.encode(),
-        message="m",
-        author=("a", "a@x"),
-        committer=("a", "a@x"),
-        guard=None,
-    )
+    commit = commit_directly(repository, BRANCH, analysis, patch.encode())
     changed = git(project, "diff-tree", "-r", "--no-renames", "--name-only", tip, commit).split()
     assert sorted(changed) == sorted(analysis.facts.changed_paths)
     assert rev(project, BRANCH) == commit
@@ -226,14 +218,6 @@ async def test_a_commit_whose_tree_would_differ_from_the_measured_one_is_refused
     repository = server.runtime.repos.catalog.get("proj")  # type: ignore[union-attr]
     analysis, _used = measure(repository, tip, patch)
     with pytest.raises(Exception) as caught:
-        repository.commit_patch(
-            BRANCH,
-            analysis,
-            other.encode(),
-            message="m",
-            author=("a", "a@x"),
-            committer=("a", "a@x"),
-            guard=None,
-        )
+        commit_directly(repository, BRANCH, analysis, other.encode())
     assert getattr(caught.value, "code", None) == "CONFLICT"
     assert rev(project, BRANCH) == tip
