@@ -52,6 +52,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from nexus_mcp.observability.logs import LOG_FORMATS, configure_logging
     from nexus_mcp.policy.config_errors import format_problems, split_problems
     from nexus_mcp.server.build import build_server
+    from nexus_mcp.server.heap import freeze_start_up_heap
     from nexus_mcp.settings import ENV_PREFIX, load_settings
     from nexus_mcp.transport.serve import serve
 
@@ -87,6 +88,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"nexus-mcp: {exc}\n")
         return 2
+    freeze_start_up_heap()  # built: the start-up heap is set aside from collections
     try:
         asyncio.run(serve(server))
     except (KeyboardInterrupt, asyncio.CancelledError):  # stopped (transport/serve.py)

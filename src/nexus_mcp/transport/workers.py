@@ -105,6 +105,7 @@ def create_app() -> ASGIApp:
     """A worker's ASGI app: the server built from the parent's settings (uvicorn factory)."""
     from nexus_mcp.observability.logs import configure_logging, enforce_one_handler
     from nexus_mcp.server.build import build_server
+    from nexus_mcp.server.heap import freeze_start_up_heap
     from nexus_mcp.settings import SERVE_FLAGS, load_settings
     from nexus_mcp.transport.serve import LifespanHooks, http_options
 
@@ -118,6 +119,7 @@ def create_app() -> ASGIApp:
     server = build_server(settings, config_file=config)
     enforce_one_handler()
     app = server.mcp.http_app(**http_options(settings))
+    freeze_start_up_heap()  # built: the start-up heap is set aside from collections
     return LifespanHooks(app, stopped=server.close)
 
 

@@ -8,14 +8,16 @@ a caller's request, which takes many short turns of the loop, gets them in the p
 rather than one per slice. The listing takes about twice its CPU time in wall time; no
 caller waits for more than a slice.
 
-The other pause a listing causes is the garbage collector's: a page of thousands of
-definitions makes hundreds of thousands of objects, and CPython's full collection walks
-them in one stop of the whole process (0.2 s of CPU measured, 0.5 s on the loaded 2-core
-machine). ``gc.freeze`` would remove that stop, but it is process-wide: every reference
-cycle alive at a freeze (any caller's finished request or session, not only the
-listing's) would never be collected again, and an upstream sending ``list_changed`` in a
-loop could grow the gateway's memory without bound. So the collector is left alone and
-that pause stays (benchmarks/README.md).
+The other pause a listing causes is the garbage collector's: a listing's objects make
+CPython run full collections, each one stop of the whole process. Most of what those
+walked was the start-up heap (pydantic's compiled validators above all), which the
+serving process now sets aside once, before its first request (``server/heap.py``); what
+remains is the listings' own objects (50-100 ms a collection for a 3,000-tool upstream
+on the 2-core machine, 250-300 ms before). Freezing again during a listing would remove
+that too, but ``gc.freeze`` is process-wide: every reference cycle alive at a freeze (any
+caller's finished request or session, not only the listing's) would never be collected
+again, and an upstream sending ``list_changed`` in a loop could grow the gateway's memory
+without bound. So listings leave the collector alone (benchmarks/README.md).
 """
 
 from __future__ import annotations
