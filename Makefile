@@ -52,6 +52,9 @@ test: $(VENV)/.installed-test
 		echo "==> npm not found: the TypeScript SDK, MCP Inspector and npm reference-server tests will be skipped"; \
 	elif ! $(MAKE) --no-print-directory clients; then \
 		echo "==> npm ci failed: the TypeScript SDK, MCP Inspector and npm reference-server tests will be skipped"; fi
+	@# The hundreds of servers and upstreams the tests start import nexus-mcp from src: compiled
+	@# once here, so a machine with PYTHONDONTWRITEBYTECODE set does not compile it in each.
+	$(BIN)/python -m compileall -q src tests/support benchmarks > /dev/null
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 ## check: lint, format check, strict type check, the package's import contracts and the docs
