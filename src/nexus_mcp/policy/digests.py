@@ -7,16 +7,19 @@ fresh multi-megabyte allocation. Here a large value is encoded (or decoded) in p
 a few hundred kilobytes, and each piece is hashed while it is still in the cache.
 
 Encoding non-ASCII text costs about as much as hashing it. On a machine with two cores
-or more, such a text's pieces are hashed by one worker thread while the calling thread
-encodes the next piece: ``hashlib`` releases the GIL while it hashes a large buffer and
-``str.encode`` holds it, so the two overlap and the time approaches the slower of the two
-instead of their sum. The hand-off is synchronous (the caller waits until the worker has
-taken the piece and is hashing it): the caller blocking is what lets the worker take the
-GIL, so a piece never waits behind the interpreter's switch interval. When other work
-keeps the second core busy the hand-offs cost more than they save; once the caller has
-waited longer than the worker has hashed, the rest is hashed on the calling thread.
-ASCII text (a copy) and base64 (a SIMD decode) cost too little beside the hash to repay
-the hand-offs, so they are made and hashed on the calling thread.
+or more, a large value's pieces are hashed by one worker thread while the calling thread
+makes the next piece: ``hashlib`` releases the GIL while it hashes a large buffer, so the
+two overlap and the time approaches the slower of the two instead of their sum. The
+hand-off is synchronous (the caller waits until the worker has taken the piece and is
+hashing it): the caller blocking is what lets the worker take the GIL, so a piece never
+waits behind the interpreter's switch interval. When other work keeps the second core
+busy the hand-offs cost more than they save; once the caller has waited longer than the
+worker has hashed, the rest is hashed on the calling thread. ASCII text (a copy) and
+base64 (a SIMD decode) cost much less than the hash, and the overlap still repays the
+hand-offs: on the 2-core machine a 5 MiB ASCII text went from 0.76x sha256's time to
+0.88-0.92x, its base64 from 0.68x to 0.89-0.91x (benchmarks/bench_documents.py). On one
+core, pieces are made and hashed in turn, and only values long enough to fall out of the
+cache are cut.
 
 Results are exactly those of the one-shot forms, which the unit tests check property by
 property: ``sha256(text.encode("utf-8"))`` and its length, and
@@ -42,10 +45,10 @@ import pybase64
 # multiple of four characters, whole quanta), small enough to stay in the cache.
 PIECE_CHARS = 1 << 18
 # Below these lengths a value is encoded (decoded) and hashed in one go. Measured on the
-# 2-core machine (benchmarks/bench_documents.py and its notes): an ASCII copy or a SIMD
-# base64 decode is cheap beside the hash, and pieces pay off only once the one-shot
-# preimage is large enough to fall out of the cache; a non-ASCII encode costs about as
-# much as the hash, and overlapping the two on two cores pays off from about 1 MiB.
+# 2-core machine (benchmarks/bench_documents.py and its notes): on two cores, overlapping
+# the making of pieces with their hashing pays off from about 1 Mi characters for every
+# kind; on one core an ASCII copy or a SIMD base64 decode is cheap beside the hash, and
+# pieces pay off only once the one-shot preimage is large enough to fall out of the cache.
 ASCII_PIECEWISE_MIN_CHARS = 1 << 21
 BASE64_PIECEWISE_MIN_CHARS = 1 << 22
 THREADED_MIN_CHARS = 1 << 20
@@ -61,8 +64,8 @@ def digest_utf8(text: str, limit: int) -> tuple[int, str | None]:
     exact, and a lone surrogate anywhere is refused (``UnicodeEncodeError``) however
     large the text, as the one-shot encoding would.
     """
-    ascii_text = text.isascii()
-    minimum = ASCII_PIECEWISE_MIN_CHARS if ascii_text else THREADED_MIN_CHARS
+    overlapped = _CORES >= 2 or not text.isascii()
+    minimum = THREADED_MIN_CHARS if overlapped else ASCII_PIECEWISE_MIN_CHARS
     if len(text) < minimum:
         data = text.encode("utf-8")
         return len(data), hashlib.sha256(data).hexdigest() if len(data) <= limit else None
@@ -73,7 +76,7 @@ def digest_utf8(text: str, limit: int) -> tuple[int, str | None]:
     # UTF-8 has at least one byte per character: a text longer than the limit is over it
     # from the start, so it is only counted.
     hashed = limit if len(text) <= limit else -1
-    size, digest = _digest_pieces(pieces, hashed, threaded=not ascii_text)
+    size, digest = _digest_pieces(pieces, hashed, threaded=True)
     return size, digest.hexdigest() if size <= limit else None
 
 
@@ -85,11 +88,12 @@ def digest_base64(text: str) -> tuple[int, str]:
     as it does inside the whole; padding before the last piece is refused, as the whole's
     strict decoding refuses padding anywhere but at the end.
     """
-    if len(text) < BASE64_PIECEWISE_MIN_CHARS:
+    minimum = THREADED_MIN_CHARS if _CORES >= 2 else BASE64_PIECEWISE_MIN_CHARS
+    if len(text) < minimum:
         data = pybase64.b64decode(text, validate=True)
         return len(data), hashlib.sha256(data).hexdigest()
     # Three bytes for four characters at most: never past len(text), so all is hashed.
-    size, digest = _digest_pieces(_base64_pieces(text), len(text), threaded=False)
+    size, digest = _digest_pieces(_base64_pieces(text), len(text), threaded=True)
     return size, digest.hexdigest()
 
 

@@ -401,3 +401,41 @@ def test_canonical_json_of_a_non_string_is_not_cut_into_pieces() -> None:
         check = check_write_documents(spec(), {"content": {"b": [1, 2], "a": "\u00e9"}})
     canonical = to_canonical_json({"b": [1, 2], "a": "\u00e9"})
     assert check.hashes == (DocumentHash("/content", sha(canonical), len(canonical)),)
+
+
+def test_on_two_cores_ascii_and_base64_are_hashed_on_the_worker_too() -> None:
+    # The overlap repays the hand-offs for an ASCII copy and a base64 decode as well
+    # (module docstring); the results stay the one-shot forms'.
+    text = "# notes\n- [x] item\n" * 30
+    data = bytes(range(256)) * 3
+    encoded = base64.b64encode(data).decode()
+    feed = digests._Stream.feed
+    with (
+        mock.patch.multiple(digests, PIECE_CHARS=16, THREADED_MIN_CHARS=64, _CORES=2),
+        mock.patch.object(digests._Stream, "feed", autospec=True, side_effect=feed) as fed,
+    ):
+        assert digest_utf8(text, 1 << 30) == (len(text), sha(text.encode()))
+        handed_text = fed.call_count
+        assert digest_base64(encoded) == (len(data), sha(data))
+    assert handed_text > 1
+    assert fed.call_count > handed_text
+
+
+def test_on_one_core_ascii_and_base64_below_their_own_thresholds_are_made_whole() -> None:
+    text = "# notes\n- [x] item\n" * 30
+    data = bytes(range(256)) * 3
+    encoded = base64.b64encode(data).decode()
+    with (
+        mock.patch.multiple(
+            digests,
+            PIECE_CHARS=16,
+            THREADED_MIN_CHARS=64,
+            ASCII_PIECEWISE_MIN_CHARS=len(text) + 1,
+            BASE64_PIECEWISE_MIN_CHARS=len(encoded) + 1,
+            _CORES=1,
+        ),
+        mock.patch.object(digests, "_digest_pieces", side_effect=AssertionError) as pieced,
+    ):
+        assert digest_utf8(text, 1 << 30) == (len(text), sha(text.encode()))
+        assert digest_base64(encoded) == (len(data), sha(data))
+    assert pieced.call_count == 0
