@@ -16,8 +16,8 @@ waits behind the interpreter's switch interval. When other work keeps the second
 busy the hand-offs cost more than they save; once the caller has waited longer than the
 worker has hashed, the rest is hashed on the calling thread. ASCII text (a copy) and
 base64 (a SIMD decode) cost much less than the hash, and the overlap still repays the
-hand-offs: on the 2-core machine a 5 MiB ASCII text went from 0.76x sha256's time to
-0.88-0.92x, its base64 from 0.68x to 0.89-0.91x (benchmarks/bench_documents.py). On one
+hand-offs: on the 2-core machine a 5 MiB ASCII text went from 0.76x sha256's throughput
+to 0.87-0.92x, its base64 from 0.68x to 0.85-0.91x (benchmarks/bench_documents.py). On one
 core, pieces are made and hashed in turn, and only values long enough to fall out of the
 cache are cut.
 
