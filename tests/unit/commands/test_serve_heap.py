@@ -18,6 +18,7 @@ from nexus_mcp import cli
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.server import build_server
 from nexus_mcp.settings import Settings
+from tests.support.logging_state import isolated_logging
 
 
 @pytest.fixture
@@ -40,10 +41,11 @@ def test_serve_freezes_the_built_heap_before_it_serves(
     monkeypatch.setattr("nexus_mcp.transport.serve.serve", serve)
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    status = cli.main(
-        ["serve", "--transport", "stdio", "--mode", "dev", "--workspace", str(workspace),
-         "--data-dir", str(tmp_path / "data"), "--log-level", "ERROR"]
-    )  # fmt: skip
+    with isolated_logging():  # serve configures the process's logging first
+        status = cli.main(
+            ["serve", "--transport", "stdio", "--mode", "dev", "--workspace", str(workspace),
+             "--data-dir", str(tmp_path / "data"), "--log-level", "ERROR"]
+        )  # fmt: skip
     assert status == 0
     assert seen["tools"] > 0  # the built server reached the transport
     # Everything the build made is frozen (a plain server: well over 10,000 objects).
