@@ -59,7 +59,7 @@ def bind_native(fn: ToolFunction, connector: Connector) -> Callable[..., Awaitab
     # The contract already holds the description (``contract_of`` read the declared
     # docstring), and no nexus tool documents its parameters in its docstring (their
     # descriptions are the arguments model's). Without a docstring on the wrapper FastMCP
-    # skips its docstring parser (griffe: imported at the first parse, ~60 ms of a stdio
+    # skips its docstring parser (griffe: imported at the first parse, ~0.1 s of a stdio
     # start, and three parsers tried on each of the 19 tools); the listing is the same
     # (tests/unit/providers/test_native_listing.py).
     connector_run.__doc__ = None
