@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -66,9 +67,7 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
-_COMPILED: list[bool] = []
-
-
+@functools.cache
 def compile_sources() -> None:
     """Byte-compile ``src`` once per run, as pip compiles an installed package.
 
@@ -77,11 +76,9 @@ def compile_sources() -> None:
     itself, so without this every start compiled nexus-mcp's ~250 modules from source
     (0.8 s of CPU here), a cost no installed copy pays. The bare baselines import
     nexus-mcp's workspace and tool modules from the same tree, so they read it too."""
-    if not _COMPILED:
-        import compileall
+    import compileall
 
-        compileall.compile_dir(SRC, quiet=1)
-        _COMPILED.append(True)
+    compileall.compile_dir(SRC, quiet=1)
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
