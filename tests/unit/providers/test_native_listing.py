@@ -4,11 +4,13 @@ The wrapper FastMCP registers carries no docstring (``providers/native.py``: Fas
 never loads its docstring parser), so the description comes from the contract and the
 parameters from the signature alone. These tests check that nothing is lost: each tool's
 description and parameters equal what FastMCP derives from the declared function itself,
-docstring and all.
+docstring and all, and no tool module describes a parameter in a docstring.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 from fastmcp.tools import FunctionTool
 
+import nexus_mcp.tools
 from nexus_mcp.observability.audit import MemoryAuditSink
 from nexus_mcp.providers.native import NexusTool
 from nexus_mcp.server import NexusServer, build_server
@@ -70,3 +73,26 @@ def test_a_stdio_server_is_built_without_fastmcps_docstring_parser(tmp_path: Pat
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.strip() == "False"
+
+
+# The docstring sections FastMCP's parser (griffe: Google, NumPy, Sphinx) would read
+# parameter descriptions from.
+PARAMETER_SECTIONS = re.compile(
+    r"^\s*(Args|Arguments|Parameters|Params|Keyword Args|Other Parameters):\s*$"
+    r"|^\s*Parameters\s*\n\s*-{3,}\s*$"
+    r"|^\s*:param\b",
+    re.MULTILINE,
+)
+
+
+def test_no_tool_module_documents_parameters_in_a_docstring() -> None:
+    """Every native toolset, the repositories' included (not built in the server above):
+    a parameter described in a docstring would be lost, the wrapper carrying none."""
+    tools = Path(nexus_mcp.tools.__file__).parent
+    modules = sorted(tools.rglob("*.py"))
+    assert len(modules) >= 5
+    for module in modules:
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                doc = ast.get_docstring(node) or ""
+                assert not PARAMETER_SECTIONS.search(doc), f"{module.name}: {node.name}"
