@@ -283,6 +283,21 @@ def _view(name: str, schema: dict[str, Any], digest: str) -> Any:
     )
 
 
+def _bound_gateway(host: Any, book: Any, access: Any, targets: Any) -> Any:
+    """An ``UpstreamGateway`` over the one stand-in upstream ``h``, bound to ``book``."""
+    from nexus_mcp.providers.upstream.gateway import UpstreamGateway
+
+    gateway = UpstreamGateway(
+        config=None,  # type: ignore[arg-type]
+        servers={"h": host},
+        provider=None,  # type: ignore[arg-type]
+        mode="prod",
+        registry=None,  # type: ignore[arg-type]
+    )
+    gateway.bind(book, access, targets)
+    return gateway
+
+
 def test_the_book_follows_an_upstream_tool_republished_and_withdrawn() -> None:
     """As f800fb1's publish wrote them: a re-published tool's route, argument check and
     catalog entry are the new definition's; a withdrawn one leaves discovery only (its
@@ -292,7 +307,6 @@ def test_the_book_follows_an_upstream_tool_republished_and_withdrawn() -> None:
     from nexus_mcp.errors import InvalidInputError
     from nexus_mcp.policy.targets import ToolTargets, identify_upstream
     from nexus_mcp.principal import Principal
-    from nexus_mcp.providers.upstream.gateway import UpstreamGateway
 
     class Access:
         write_tools: frozenset[str] = frozenset()
@@ -302,14 +316,7 @@ def test_the_book_follows_an_upstream_tool_republished_and_withdrawn() -> None:
 
     host, book, access = _Host(), ToolBook(), Access()
     targets = ToolTargets({}, book.toolsets)
-    gateway = UpstreamGateway(
-        config=None,  # type: ignore[arg-type]
-        servers={"h": host},  # type: ignore[dict-item]
-        provider=None,  # type: ignore[arg-type]
-        mode="prod",
-        registry=None,  # type: ignore[arg-type]
-    )
-    gateway.bind(book, access, targets)  # type: ignore[arg-type]
+    gateway = _bound_gateway(host, book, access, targets)
     alice = Principal(subject="alice", role="admin")
     upstream = identify_upstream("h", ("stdio", "cmd"))
 
@@ -348,7 +355,6 @@ def test_a_tool_published_again_unchanged_is_not_registered_again() -> None:
     withdrawn tool shown again is registered again."""
     from nexus_mcp.book import ToolBook
     from nexus_mcp.policy.targets import ToolTargets
-    from nexus_mcp.providers.upstream.gateway import UpstreamGateway
 
     class Access:
         write_tools: frozenset[str] = frozenset()
@@ -365,14 +371,7 @@ def test_a_tool_published_again_unchanged_is_not_registered_again() -> None:
             super().put(contract, **kwargs)
 
     host, book, access = _Host(), CountingBook(), Access()
-    gateway = UpstreamGateway(
-        config=None,  # type: ignore[arg-type]
-        servers={"h": host},  # type: ignore[dict-item]
-        provider=None,  # type: ignore[arg-type]
-        mode="prod",
-        registry=None,  # type: ignore[arg-type]
-    )
-    gateway.bind(book, access, ToolTargets({}, book.toolsets))  # type: ignore[arg-type]
+    gateway = _bound_gateway(host, book, access, ToolTargets({}, book.toolsets))
     told = access.told
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
     host.expose(_view("add", schema, "a"), _view("sub", schema, "a"))
